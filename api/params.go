@@ -1,0 +1,173 @@
+package api
+
+import (
+	"fmt"
+	"io/fs"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Params are the user's volumeAttributes (kubelet-owned csi.storage.k8s.io/ keys
+// removed). The getters validate and return errors wrapping ErrInvalidParams that
+// name the attribute and the accepted form, ready to show to a pod author.
+type Params map[string]string
+
+// Has reports whether key is set.
+func (p Params) Has(key string) bool {
+	_, ok := p[key]
+	return ok
+}
+
+// String returns the value of key, or def when it is not set.
+func (p Params) String(key, def string) string {
+	if v, ok := p[key]; ok {
+		return v
+	}
+	return def
+}
+
+// OneOf returns the value of key, or def when unset; a value outside allowed is an
+// error.
+func (p Params) OneOf(key, def string, allowed ...string) (string, error) {
+	v, ok := p[key]
+	if !ok {
+		return def, nil
+	}
+	for _, a := range allowed {
+		if v == a {
+			return v, nil
+		}
+	}
+	return "", InvalidParamf("attribute %q: %q is not one of %s", key, v, strings.Join(allowed, ", "))
+}
+
+// Quantity parses key as a Kubernetes quantity ("64Mi", "1G", "1048576") and returns
+// its value in bytes, or def when unset. Zero, negative and fractional-byte values
+// are errors.
+func (p Params) Quantity(key string, def int64) (int64, error) {
+	v, ok := p[key]
+	if !ok {
+		return def, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, InvalidParamf("attribute %q: %q is not a quantity (use a value like 64Mi or 1Gi)", key, v)
+	}
+	if q.Sign() <= 0 {
+		return 0, InvalidParamf("attribute %q: %q must be greater than zero", key, v)
+	}
+	n, exact := q.AsInt64()
+	if !exact || n <= 0 {
+		if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) > 0 {
+			return 0, InvalidParamf("attribute %q: %q is too large", key, v)
+		}
+		return 0, InvalidParamf("attribute %q: %q is not a whole number of bytes", key, v)
+	}
+	return n, nil
+}
+
+// Int parses key as a base-10 integer within [min, max], or returns def when unset.
+func (p Params) Int(key string, def, min, max int64) (int64, error) {
+	v, ok := p[key]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < min || n > max {
+		return 0, InvalidParamf("attribute %q: %q is not an integer between %d and %d", key, v, min, max)
+	}
+	return n, nil
+}
+
+// Bool parses key as "true" or "false", or returns def when unset.
+func (p Params) Bool(key string, def bool) (bool, error) {
+	v, ok := p[key]
+	if !ok {
+		return def, nil
+	}
+	switch v {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, InvalidParamf("attribute %q: %q must be \"true\" or \"false\"", key, v)
+}
+
+// FileMode parses key as an octal permission mode ("0755", "1777"), or returns def
+// when unset. Only permission, sticky, setgid and setuid bits are accepted.
+func (p Params) FileMode(key string, def fs.FileMode) (fs.FileMode, error) {
+	v, ok := p[key]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || n > 0o7777 {
+		return 0, InvalidParamf("attribute %q: %q is not an octal mode such as 0755", key, v)
+	}
+	m := fs.FileMode(n & 0o777)
+	if n&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	if n&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if n&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	return m, nil
+}
+
+// Only returns an error naming every attribute not in known, so that a typo in a pod
+// spec fails loudly instead of being ignored.
+func (p Params) Only(known ...string) error {
+	var unknown []string
+	for k := range p {
+		found := false
+		for _, kk := range known {
+			if k == kk {
+				found = true
+				break
+			}
+		}
+		if !found {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	sort.Strings(known)
+	return InvalidParamf("unknown attribute(s) %s; this driver accepts %s",
+		quoteAll(unknown), quoteAll(known))
+}
+
+func quoteAll(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	q := make([]string, len(s))
+	for i, v := range s {
+		q[i] = strconv.Quote(v)
+	}
+	return strings.Join(q, ", ")
+}
+
+// Clone returns a copy of p.
+func (p Params) Clone() Params {
+	if p == nil {
+		return nil
+	}
+	c := make(Params, len(p))
+	for k, v := range p {
+		c[k] = v
+	}
+	return c
+}
+
+var _ fmt.Stringer = Secrets(nil)

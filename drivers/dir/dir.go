@@ -1,0 +1,141 @@
+// Package dir is a directory backend: each volume is a directory under the
+// backend's root (normally in the driver's state dir), bind-mounted at the pod's
+// target on Linux and linked on Windows. It survives driver restarts and node
+// reboots until the volume is unpublished.
+//
+// A directory cannot enforce a size: the "size" attribute is refused unless
+// Options.AllowSoftSize is set, in which case it is recorded but not enforced.
+// Use the tmpfs or loop backend for hard limits.
+//
+// Attributes: "mode" (octal, default 0777), "uid", "gid" (Linux).
+package dir
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// Attribute names.
+const (
+	ParamMode = "mode"
+	ParamUID  = "uid"
+	ParamGID  = "gid"
+)
+
+// Options configure the backend.
+type Options struct {
+	// Root is the directory holding one subdirectory per volume. Required.
+	Root string
+	// AllowSoftSize accepts the "size" attribute without enforcing it.
+	// Defaults to false: "size" is refused with a message naming hard-limit
+	// backends.
+	AllowSoftSize bool
+}
+
+// Backend implements framework.Backend, framework.Validator and framework.Lister.
+type Backend struct{ opts Options }
+
+// New returns a directory backend.
+func New(opts Options) (*Backend, error) {
+	if !filepath.IsAbs(opts.Root) {
+		return nil, fmt.Errorf("dir backend: Root %q must be an absolute path", opts.Root)
+	}
+	return &Backend{opts: opts}, nil
+}
+
+// Validate checks the attributes.
+func (b *Backend) Validate(v *api.Volume) error {
+	if err := v.Params.Only(ParamMode, ParamUID, ParamGID); err != nil {
+		return err
+	}
+	if v.FSType != "" {
+		return api.InvalidParamf("fsType %q is not supported by the dir backend; leave it unset", v.FSType)
+	}
+	if v.Size > 0 && !b.opts.AllowSoftSize {
+		return api.InvalidParamf("the dir backend cannot enforce attribute %q; remove it or use a backend with a hard limit (tmpfs, loop)", api.ParamSize)
+	}
+	_, _, _, err := b.owner(v)
+	return err
+}
+
+func (b *Backend) owner(v *api.Volume) (mode fs.FileMode, uid, gid int64, err error) {
+	if mode, err = v.Params.FileMode(ParamMode, 0o777); err != nil {
+		return
+	}
+	if uid, err = v.Params.Int(ParamUID, -1, 0, math.MaxUint32-1); err != nil {
+		return
+	}
+	gid, err = v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
+	if gid < 0 && v.FSGroup != nil {
+		gid = *v.FSGroup
+	}
+	return
+}
+
+func (b *Backend) path(id string) (string, error) {
+	if id == "" || strings.ContainsAny(id, `/\`) || id == "." || id == ".." {
+		return "", fmt.Errorf("dir backend: invalid volume ID %q", id)
+	}
+	return filepath.Join(b.opts.Root, id), nil
+}
+
+// Create makes the volume's directory; an existing one is kept (idempotent).
+func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
+	p, err := b.path(v.ID)
+	if err != nil {
+		return api.Source{}, err
+	}
+	mode, uid, gid, err := b.owner(v)
+	if err != nil {
+		return api.Source{}, err
+	}
+	if err := os.MkdirAll(b.opts.Root, 0o700); err != nil {
+		return api.Source{}, err
+	}
+	if err := os.Mkdir(p, 0o700); err != nil && !os.IsExist(err) {
+		return api.Source{}, err
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		return api.Source{}, err
+	}
+	if uid >= 0 || gid >= 0 {
+		if err := os.Lchown(p, int(uid), int(gid)); err != nil {
+			return api.Source{}, fmt.Errorf("setting owner: %w", err)
+		}
+	}
+	return api.Source{Path: p}, nil
+}
+
+// Delete removes the volume's directory and everything in it.
+func (b *Backend) Delete(_ context.Context, v *api.Volume) error {
+	p, err := b.path(v.ID)
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(p)
+}
+
+// List returns the IDs of the volume directories present.
+func (b *Backend) List(context.Context) ([]string, error) {
+	entries, err := os.ReadDir(b.opts.Root)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "csi-") {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}

@@ -1,0 +1,142 @@
+// Package tmpfs is a memory-backed backend: each volume is a tmpfs mounted
+// straight onto the pod's target path with a hard size limit (size=). Nothing is
+// written to disk and nothing survives a node reboot.
+//
+// tmpfs pages count against node memory (and are charged to the driver's memory
+// cgroup, not the pod's): budget them like memory, not like disk.
+//
+// Attributes: "size" (handled by the framework; required unless Options.DefaultSize
+// is set), "mode" (octal, default 0777 with the sticky bit off: 0755 when uid is set),
+// "uid", "gid", "nr_inodes". fsType must be unset or "tmpfs". Linux only: on other
+// platforms Create fails with mount.ErrNotSupported.
+package tmpfs
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math"
+	"runtime"
+	"strconv"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+)
+
+// Attribute names.
+const (
+	ParamMode     = "mode"
+	ParamUID      = "uid"
+	ParamGID      = "gid"
+	ParamNrInodes = "nr_inodes"
+)
+
+// SourceName is the mount source shown in /proc/mounts for Ephemera's tmpfs
+// volumes.
+const SourceName = "ephemera-tmpfs"
+
+// Options configure the backend.
+type Options struct {
+	// DefaultSize applies to volumes without a "size" attribute. Defaults to 0:
+	// "size" is required, so a tmpfs is never mounted without a limit.
+	DefaultSize int64
+	// DefaultMode is the root directory mode. Defaults to 01777 like /tmp, so any
+	// container user can write; pods set "mode" to narrow it.
+	DefaultMode fs.FileMode
+}
+
+// Backend implements framework.Backend and framework.Validator.
+type Backend struct{ opts Options }
+
+// New returns a tmpfs backend.
+func New(opts Options) *Backend {
+	if opts.DefaultMode == 0 {
+		opts.DefaultMode = 0o777 | fs.ModeSticky
+	}
+	return &Backend{opts: opts}
+}
+
+// Validate checks the tmpfs attributes and applies the default size.
+func (b *Backend) Validate(v *api.Volume) error {
+	if err := v.Params.Only(ParamMode, ParamUID, ParamGID, ParamNrInodes); err != nil {
+		return err
+	}
+	if v.FSType != "" && v.FSType != "tmpfs" {
+		return api.InvalidParamf("fsType %q is not supported by the tmpfs backend; leave it unset", v.FSType)
+	}
+	if v.Size == 0 {
+		if b.opts.DefaultSize == 0 {
+			return api.InvalidParamf("attribute %q is required for tmpfs volumes (for example size: 64Mi); tmpfs uses node memory", api.ParamSize)
+		}
+		v.Size = b.opts.DefaultSize
+	}
+	_, err := b.options(v)
+	return err
+}
+
+func (b *Backend) options(v *api.Volume) ([]string, error) {
+	mode, err := v.Params.FileMode(ParamMode, b.opts.DefaultMode)
+	if err != nil {
+		return nil, err
+	}
+	uid, err := v.Params.Int(ParamUID, -1, 0, math.MaxUint32-1)
+	if err != nil {
+		return nil, err
+	}
+	gid, err := v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
+	if err != nil {
+		return nil, err
+	}
+	inodes, err := v.Params.Int(ParamNrInodes, 0, 1, math.MaxInt64)
+	if err != nil {
+		return nil, err
+	}
+	if gid < 0 && v.FSGroup != nil {
+		gid = *v.FSGroup
+		if !v.Params.Has(ParamMode) {
+			mode = fs.ModeSetgid | 0o775
+		}
+	}
+	opts := []string{"size=" + strconv.FormatInt(v.Size, 10), "mode=" + octal(mode)}
+	if uid >= 0 {
+		opts = append(opts, "uid="+strconv.FormatInt(uid, 10))
+	}
+	if gid >= 0 {
+		opts = append(opts, "gid="+strconv.FormatInt(gid, 10))
+	}
+	if inodes > 0 {
+		opts = append(opts, "nr_inodes="+strconv.FormatInt(inodes, 10))
+	}
+	return opts, nil
+}
+
+// octal renders a FileMode the way tmpfs' mode= option expects.
+func octal(m fs.FileMode) string {
+	n := uint32(m.Perm())
+	if m&fs.ModeSticky != 0 {
+		n |= 0o1000
+	}
+	if m&fs.ModeSetgid != 0 {
+		n |= 0o2000
+	}
+	if m&fs.ModeSetuid != 0 {
+		n |= 0o4000
+	}
+	return fmt.Sprintf("%04o", n)
+}
+
+// Create returns the tmpfs to mount at the target. The framework mounts it; there
+// is no storage to create beforehand.
+func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
+	if runtime.GOOS != "linux" {
+		return api.Source{}, fmt.Errorf("tmpfs volumes: %w (use the dir backend)", mount.ErrNotSupported)
+	}
+	opts, err := b.options(v)
+	if err != nil {
+		return api.Source{}, err
+	}
+	return api.Source{Path: SourceName, FSType: "tmpfs", Options: opts}, nil
+}
+
+// Delete has nothing to free: unmounting the target released the memory.
+func (b *Backend) Delete(context.Context, *api.Volume) error { return nil }

@@ -1,0 +1,72 @@
+package framework
+
+import (
+	"context"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// A Backend provides the storage behind one volume. The framework owns everything
+// else: validation of the request, state, locking, publishing (mount or link at the
+// target), rollback, reconcile after a crash and cleanup.
+//
+// Both methods must be idempotent: the framework calls Create again for the same
+// volume after a crash or a retry, and Delete for storage that may already be gone.
+type Backend interface {
+	// Create provisions the storage for v and returns what to publish at the
+	// target. It may record data it needs at teardown in v.State. Errors should
+	// wrap one of the api sentinel errors.
+	Create(ctx context.Context, v *api.Volume) (api.Source, error)
+	// Delete frees the storage of v. It returns nil when it is already gone. It
+	// receives the volume as persisted at Create (without Secrets).
+	Delete(ctx context.Context, v *api.Volume) error
+}
+
+// Validator is implemented by backends that accept volume attributes. Validate runs
+// before any side effect of a first publish; it receives v.Params without the
+// framework's own attributes ("size", "backend") and may fill in defaults on v
+// (for example v.Size). Errors should wrap api.ErrInvalidParams and tell the pod
+// author what to change. A backend that is not a Validator accepts no attributes.
+type Validator interface {
+	Validate(v *api.Volume) error
+}
+
+// Lister is implemented by backends that can enumerate the volumes they hold
+// storage for. The startup reconcile deletes storage no record refers to.
+type Lister interface {
+	List(ctx context.Context) (volumeIDs []string, err error)
+}
+
+// ContentProvider puts files into a volume after its storage is published and
+// before the pod sees it.
+type ContentProvider interface {
+	Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
+}
+
+// BackendFuncs adapts plain functions to the Backend interface. A nil DeleteFunc
+// deletes nothing.
+type BackendFuncs struct {
+	CreateFunc func(ctx context.Context, v *api.Volume) (api.Source, error)
+	DeleteFunc func(ctx context.Context, v *api.Volume) error
+}
+
+// Create calls f.CreateFunc.
+func (f BackendFuncs) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
+	return f.CreateFunc(ctx, v)
+}
+
+// Delete calls f.DeleteFunc when set.
+func (f BackendFuncs) Delete(ctx context.Context, v *api.Volume) error {
+	if f.DeleteFunc == nil {
+		return nil
+	}
+	return f.DeleteFunc(ctx, v)
+}
+
+// ContentFunc adapts a function to the ContentProvider interface.
+type ContentFunc func(ctx context.Context, v *api.Volume) (map[string]api.File, error)
+
+// Content calls f.
+func (f ContentFunc) Content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
+	return f(ctx, v)
+}

@@ -1,0 +1,218 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/registration"
+	"github.com/ephemera-csi/ephemera/framework/store"
+	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
+)
+
+// StateFile is the name of the bbolt file in Options.StateDir.
+const StateFile = "state.db"
+
+// Driver is an ephemeral inline CSI node plugin: the CSI Identity and Node
+// services, durable per-volume state, and the startup reconcile. Create it with
+// New and serve with Run.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+
+	opts    Options
+	mounter mount.Interface
+	store   store.Store
+
+	locks    volumeLocks
+	inflight chan struct{}
+	volumes  atomic.Int64 // records in the store, for MaxVolumesPerNode
+	ready    atomic.Bool
+	running  atomic.Bool
+
+	capabilities *csi.NodeGetCapabilitiesResponse
+	nodeInfo     *csi.NodeGetInfoResponse
+	pluginInfo   *csi.GetPluginInfoResponse
+
+	mu     sync.Mutex
+	server *grpc.Server // set while serving, for tests
+}
+
+// New validates opts and returns a Driver. It starts nothing and does no I/O; call
+// Run to serve.
+func New(opts Options) (*Driver, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("invalid driver options: %w", err)
+	}
+	d := &Driver{
+		opts:     opts,
+		mounter:  opts.Mounter,
+		store:    opts.Store,
+		inflight: make(chan struct{}, opts.MaxInFlight),
+		capabilities: &csi.NodeGetCapabilitiesResponse{
+			Capabilities: nodeCapabilities(),
+		},
+		nodeInfo: &csi.NodeGetInfoResponse{
+			NodeId:            opts.NodeID,
+			MaxVolumesPerNode: opts.MaxVolumesPerNode,
+		},
+		pluginInfo: &csi.GetPluginInfoResponse{
+			Name:          opts.DriverName,
+			VendorVersion: opts.Version,
+		},
+	}
+	if d.mounter == nil {
+		d.mounter = mount.New()
+	}
+	return d, nil
+}
+
+// nodeCapabilities lists what the driver really implements. Ephemeral inline
+// volumes are never staged or expanded.
+func nodeCapabilities() []*csi.NodeServiceCapability {
+	return nil
+}
+
+// Options returns the options after defaults were applied.
+func (d *Driver) Options() Options { return d.opts }
+
+// Ready reports whether the startup reconcile finished and the driver serves.
+func (d *Driver) Ready() bool { return d.ready.Load() }
+
+// Run opens the state, reconciles it with the mount table and the backends, then
+// serves the CSI endpoint (and the kubelet registration socket when enabled) until
+// ctx ends. It then stops gracefully, removes its sockets and closes the state.
+// Run returns an error when startup fails or the kubelet refuses the
+// registration; the process should then exit non-zero and be restarted.
+func (d *Driver) Run(ctx context.Context) (err error) {
+	if !d.running.CompareAndSwap(false, true) {
+		return errors.New("driver is already running")
+	}
+	log := d.opts.Logger.WithValues("driver", d.opts.DriverName)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	if d.store == nil {
+		if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
+			return fmt.Errorf("creating state dir: %w", err)
+		}
+		st, err := boltstore.Open(filepath.Join(d.opts.StateDir, StateFile), boltstore.Options{Timeout: d.opts.StoreTimeout})
+		if err != nil {
+			return fmt.Errorf("opening driver state: %w", err)
+		}
+		d.store = st
+		defer func() {
+			if cerr := st.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("closing driver state: %w", cerr)
+			}
+		}()
+	}
+
+	start := time.Now()
+	if err := d.reconcile(ctx); err != nil {
+		return fmt.Errorf("startup reconcile: %w", err)
+	}
+	log.Info("Reconciled state", logkeys.Count, d.volumes.Load(), logkeys.Duration, time.Since(start))
+
+	sock, _ := socketPath(d.opts.Endpoint)
+	lis, err := listenUnix(sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(sock)
+
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	d.mu.Lock()
+	d.server = srv
+	d.mu.Unlock()
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(lis) }()
+	d.ready.Store(true)
+	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, "version", d.opts.Version, "node", d.opts.NodeID)
+
+	if d.opts.RegisterWithKubelet {
+		reg, err := registration.New(registration.Options{
+			DriverName:      d.opts.DriverName,
+			Endpoint:        sock,
+			RegistrationDir: filepath.Join(d.opts.KubeletRootDir, "plugins_registry"),
+			Logger:          log,
+		})
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		go func() {
+			if err := reg.Run(ctx); err != nil {
+				errc <- fmt.Errorf("kubelet registration: %w", err)
+			}
+		}()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	d.ready.Store(false)
+	cancel()
+	stopGracefully(srv, 10*time.Second)
+	log.Info("Stopped serving")
+	return err
+}
+
+// stopGracefully lets in-flight calls finish for up to grace, then cuts them off.
+func stopGracefully(srv *grpc.Server, grace time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		srv.Stop()
+		<-done
+	}
+}
+
+// listenUnix creates the socket's directory (0700), removes a stale socket left by
+// a killed process and listens with mode 0600.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("creating socket dir: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket && !isWindows {
+			return nil, fmt.Errorf("endpoint %s exists and is not a socket; refusing to remove it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket: %w", err)
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if !isWindows {
+		if err := os.Chmod(path, 0o600); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("securing socket: %w", err)
+		}
+	}
+	return lis, nil
+}

@@ -1,0 +1,145 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ephemera-csi/ephemera/framework"
+)
+
+// Harness is a driver running in-process for one test, with a connected CSI
+// client and a kubelet simulator pointed at it.
+type Harness struct {
+	// Node and Identity are clients of the running driver.
+	Node     csi.NodeClient
+	Identity csi.IdentityClient
+	// Kubelet sends kubelet-exact requests to the driver.
+	Kubelet *Kubelet
+	// Options are the driver's options after Start filled in the test defaults.
+	Options framework.Options
+
+	t      testing.TB
+	conn   *grpc.ClientConn
+	driver *framework.Driver
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Start runs a driver built from opts until the test ends and returns a harness
+// for it. Options left empty get test values: DriverName "test.csi.ephemera.dev",
+// NodeID "node-1", KubeletRootDir and StateDir in t.TempDir(), and an Endpoint in
+// a short temporary directory (unix socket paths are limited to 107 bytes).
+//
+// Start fails the test if the driver does not become ready. At cleanup the
+// driver is stopped and its Run error, if any, fails the test.
+func Start(t testing.TB, opts framework.Options) *Harness {
+	t.Helper()
+	if opts.DriverName == "" {
+		opts.DriverName = "test.csi.ephemera.dev"
+	}
+	if opts.NodeID == "" {
+		opts.NodeID = "node-1"
+	}
+	if opts.KubeletRootDir == "" {
+		opts.KubeletRootDir = filepath.Join(t.TempDir(), "kubelet")
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(t.TempDir(), "state")
+	}
+	if opts.Endpoint == "" {
+		dir, err := os.MkdirTemp("", "ephemera-sock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		opts.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
+	}
+	if err := os.MkdirAll(filepath.Join(opts.KubeletRootDir, "pods"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	h := &Harness{t: t, Options: opts}
+	h.start()
+	conn, err := grpc.NewClient(opts.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.conn = conn
+	h.Node = csi.NewNodeClient(conn)
+	h.Identity = csi.NewIdentityClient(conn)
+	h.Kubelet = NewKubelet(KubeletOptions{
+		Root:       opts.KubeletRootDir,
+		Endpoint:   opts.Endpoint,
+		DriverName: opts.DriverName,
+		NodeName:   opts.NodeID,
+	})
+	t.Cleanup(func() {
+		conn.Close()
+		h.stop()
+	})
+	return h
+}
+
+// Driver returns the running driver.
+func (h *Harness) Driver() *framework.Driver { return h.driver }
+
+func (h *Harness) start() {
+	h.t.Helper()
+	d, err := framework.New(h.Options)
+	if err != nil {
+		h.t.Fatalf("framework.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.driver, h.cancel, h.done = d, cancel, make(chan error, 1)
+	go func() { h.done <- d.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	sock := h.Options.Endpoint[len("unix://"):]
+	for !d.Ready() || !exists(sock) {
+		select {
+		case err := <-h.done:
+			cancel()
+			h.done = nil
+			h.t.Fatalf("driver stopped during startup: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatal("driver not ready after 30s")
+		}
+	}
+}
+
+// Stop stops the driver gracefully, as at the end of the test; Restart starts it
+// again. Stopping a stopped driver does nothing.
+func (h *Harness) Stop() { h.stop() }
+
+func (h *Harness) stop() {
+	if h.done == nil {
+		return
+	}
+	h.cancel()
+	err := <-h.done
+	h.done = nil
+	if err != nil && !errors.Is(err, context.Canceled) {
+		h.t.Errorf("driver Run: %v", err)
+	}
+}
+
+// Restart stops the driver gracefully and starts a new one with the same
+// options and state, as after a driver container restart. Clients keep working.
+func (h *Harness) Restart() {
+	h.t.Helper()
+	h.Stop()
+	h.start()
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}

@@ -1,0 +1,30 @@
+// Package failpoint lets crash tests kill the driver at a named side-effect
+// boundary. It is compiled in only with the build tag "failpoints"; in normal
+// builds Hit is an empty function the compiler removes.
+//
+// With the tag, EPHEMERA_FAILPOINT=name[,name...] makes Hit(name) send SIGKILL to
+// the process, which is exactly what a node's OOM killer or a kill -9 does.
+package failpoint
+
+// Names of the failpoints; tests iterate over All.
+const (
+	PublishAfterIntent       = "publish-after-intent"
+	PublishAfterCreate       = "publish-after-create"
+	PublishAfterMkdir        = "publish-after-mkdir"
+	PublishAfterMount        = "publish-after-mount"
+	PublishAfterContent      = "publish-after-content"
+	PublishAfterDone         = "publish-after-done"
+	UnpublishAfterIntent     = "unpublish-after-intent"
+	UnpublishAfterUnmount    = "unpublish-after-unmount"
+	UnpublishAfterRemoveDir  = "unpublish-after-rmdir"
+	UnpublishAfterDelete     = "unpublish-after-delete"
+	UnpublishAfterRecordGone = "unpublish-after-record-gone"
+)
+
+// Publish and Unpublish list the failpoints of each operation in order.
+var (
+	Publish = []string{PublishAfterIntent, PublishAfterCreate, PublishAfterMkdir,
+		PublishAfterMount, PublishAfterContent, PublishAfterDone}
+	Unpublish = []string{UnpublishAfterIntent, UnpublishAfterUnmount,
+		UnpublishAfterRemoveDir, UnpublishAfterDelete, UnpublishAfterRecordGone}
+)

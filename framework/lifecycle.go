@@ -1,0 +1,356 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/failpoint"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+func wrapperspbBool(b bool) *wrapperspb.BoolValue { return wrapperspb.Bool(b) }
+
+// healthy reports whether the state store answers.
+func (d *Driver) healthy(ctx context.Context) error {
+	if d.store == nil {
+		return errors.New("state store is not open")
+	}
+	if _, err := d.store.Get(ctx, "\x00probe"); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("state store: %w", err)
+	}
+	return nil
+}
+
+// NodePublishVolume implements csi.NodeServer; see DESIGN.md section 4b.
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	pr, err := d.parsePublish(req)
+	if err != nil {
+		return nil, err
+	}
+	release, err := d.begin(pr.vol.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	defer cancel()
+	log := klog.FromContext(ctx).WithValues(logkeys.Backend, pr.vol.Backend)
+	ctx = klog.NewContext(ctx, log)
+
+	rec, err := d.store.Get(ctx, pr.vol.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return d.publishNew(ctx, pr)
+	case err != nil:
+		return nil, transient(fmt.Errorf("reading volume state: %w", err))
+	}
+	if rec.Hash != pr.hash || rec.TargetPath != pr.vol.TargetPath {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
+	}
+	switch rec.Phase {
+	case store.PhasePublished:
+		return d.republish(ctx, pr, rec)
+	default:
+		// A publish or unpublish that was cut short and not yet reconciled (its
+		// rollback failed earlier): finish tearing it down, then start afresh.
+		log.Info("Finishing interrupted operation before publishing", logkeys.Phase, rec.Phase)
+		if err := d.teardown(ctx, rec); err != nil {
+			return nil, transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
+		}
+		return d.publishNew(ctx, pr)
+	}
+}
+
+// republish handles a NodePublish for a volume already answered OK: the kubelet
+// restarted, or the CSIDriver has requiresRepublish. It never unmounts a live
+// volume. A volume whose mount vanished (node reboot, someone unmounted it) is
+// repaired.
+func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
+	log := klog.FromContext(ctx)
+	mounted, err := d.mounter.IsMountPoint(rec.TargetPath)
+	if err != nil {
+		return nil, transient(fmt.Errorf("checking target: %w", err))
+	}
+	if mounted {
+		log.V(2).Info("Volume already published")
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	log.Info("Published volume is not mounted; repairing")
+	v := pr.vol
+	v.State = rec.State
+	src, err := pr.backend.Create(ctx, v)
+	if err == nil {
+		err = d.mountAndFill(ctx, pr, src)
+	}
+	if err != nil {
+		// Keep the record: the kubelet retries or unpublishes.
+		return nil, transient(fmt.Errorf("repairing volume: %w", err))
+	}
+	rec.Source, rec.State, rec.Updated = &src, v.State, time.Now().UTC()
+	if err := d.store.Put(ctx, rec); err != nil {
+		return nil, transient(fmt.Errorf("saving repaired volume: %w", err))
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// publishNew is the first publish of a volume: durable intent, backend, target,
+// mount, content, durable completion. On failure everything is rolled back.
+func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
+	log := klog.FromContext(ctx)
+	v := pr.vol
+	if max := d.opts.MaxVolumesPerNode; max > 0 {
+		if n := d.volumes.Add(1); n > max {
+			d.volumes.Add(-1)
+			return nil, status.Errorf(codes.ResourceExhausted, "node already has %d volumes of %s (MaxVolumesPerNode %d)", n-1, d.opts.DriverName, max)
+		}
+	} else {
+		d.volumes.Add(1)
+	}
+	now := time.Now().UTC()
+	rec := &store.Record{
+		VolumeID:   v.ID,
+		VolumeName: v.Name,
+		TargetPath: v.TargetPath,
+		Pod:        v.Pod,
+		Backend:    v.Backend,
+		Params:     pr.params,
+		Hash:       pr.hash,
+		Size:       v.Size,
+		FSType:     v.FSType,
+		ReadOnly:   v.ReadOnly,
+		FSGroup:    v.FSGroup,
+		Phase:      store.PhasePublishing,
+		Created:    now,
+		Updated:    now,
+	}
+	if err := d.store.Put(ctx, rec); err != nil {
+		d.volumes.Add(-1)
+		return nil, transient(fmt.Errorf("saving volume intent: %w", err))
+	}
+	failpoint.Hit(failpoint.PublishAfterIntent)
+
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Roll back with a fresh context: the request's may be what failed.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if uerr := d.teardown(rctx, rec); uerr != nil {
+			log.Error(uerr, "Rollback of failed publish incomplete; the volume is kept for cleanup")
+			err = transient(fmt.Errorf("publish failed: %v; rollback incomplete: %v", toStatus(err), uerr))
+			return
+		}
+		log.V(2).Info("Rolled back failed publish")
+	}()
+
+	src, err := pr.backend.Create(ctx, v)
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
+	}
+	failpoint.Hit(failpoint.PublishAfterCreate)
+	rec.Source, rec.State = &src, v.State
+	if err := d.mountAndFill(ctx, pr, src); err != nil {
+		return nil, err
+	}
+	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	if err := d.store.Put(ctx, rec); err != nil {
+		return nil, transient(fmt.Errorf("saving published volume: %w", err))
+	}
+	failpoint.Hit(failpoint.PublishAfterDone)
+	log.V(2).Info("Published volume", "size", v.Size)
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// mountAndFill creates the target, publishes src there, writes the content and
+// applies read-only.
+func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.Source) error {
+	v := pr.vol
+	if err := d.mounter.MakeTarget(d.opts.KubeletRootDir, v.TargetPath); err != nil {
+		return fmt.Errorf("creating target: %w", err)
+	}
+	failpoint.Hit(failpoint.PublishAfterMkdir)
+	if err := d.mounter.Mount(src, v.TargetPath); err != nil {
+		return fmt.Errorf("publishing at target: %w", err)
+	}
+	failpoint.Hit(failpoint.PublishAfterMount)
+	if d.opts.Content != nil {
+		files, err := d.opts.Content.Content(ctx, v)
+		if err != nil {
+			return fmt.Errorf("content provider: %w", err)
+		}
+		if err := writeFiles(v.TargetPath, files); err != nil {
+			return fmt.Errorf("writing content: %w", err)
+		}
+	}
+	failpoint.Hit(failpoint.PublishAfterContent)
+	if v.ReadOnly {
+		if err := d.mounter.SetReadOnly(v.TargetPath); err != nil {
+			return fmt.Errorf("making volume read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeFiles writes files below dir without following links out of it.
+func writeFiles(dir string, files map[string]api.File) error {
+	if len(files) == 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for name, f := range files {
+		clean := filepath.Clean(filepath.FromSlash(name))
+		if name == "" || filepath.IsAbs(clean) || clean == "." || strings.HasPrefix(clean, "..") {
+			return fmt.Errorf("%w: content file name %q must be a relative path inside the volume", api.ErrInvalidParams, name)
+		}
+		if d := filepath.Dir(clean); d != "." {
+			if err := root.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		mode := f.Mode.Perm()
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := root.WriteFile(clean, f.Data, mode); err != nil {
+			return err
+		}
+		if err := root.Chmod(clean, mode); err != nil { // not subject to umask
+			return err
+		}
+	}
+	return nil
+}
+
+// NodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
+// target path alone and is OK when anything is already gone.
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalidArgf("volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, invalidArgf("target_path is required")
+	}
+	t, err := parseTargetPath(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	if err != nil {
+		return nil, invalidArgf("%v", err)
+	}
+	if err := checkVolumeID(id, t); err != nil {
+		return nil, invalidArgf("%v; nothing was touched", err)
+	}
+	release, err := d.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	defer cancel()
+
+	rec, err := d.store.Get(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		// Unknown volume: clean the target best-effort (a mount stacked by an
+		// older driver, an empty directory) and succeed.
+		rec = &store.Record{VolumeID: id, TargetPath: req.GetTargetPath(), Phase: store.PhaseUnpublishing}
+		if err := d.unpublishTarget(rec.TargetPath); err != nil {
+			return nil, err
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	case err != nil:
+		return nil, transient(fmt.Errorf("reading volume state: %w", err))
+	}
+	if rec.Phase != store.PhaseUnpublishing {
+		rec.Phase, rec.Updated = store.PhaseUnpublishing, time.Now().UTC()
+		if err := d.store.Put(ctx, rec); err != nil {
+			return nil, transient(fmt.Errorf("saving unpublish intent: %w", err))
+		}
+	}
+	failpoint.Hit(failpoint.UnpublishAfterIntent)
+	if err := d.teardown(ctx, rec); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).V(2).Info("Unpublished volume")
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// unpublishTarget unmounts everything at target and removes the directory.
+func (d *Driver) unpublishTarget(target string) error {
+	if err := d.mounter.Unmount(target); err != nil {
+		return fmt.Errorf("unmounting target: %w", err)
+	}
+	failpoint.Hit(failpoint.UnpublishAfterUnmount)
+	if err := d.mounter.RemoveTarget(d.opts.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing target directory: %w", err)
+	}
+	failpoint.Hit(failpoint.UnpublishAfterRemoveDir)
+	return nil
+}
+
+// teardown undoes everything a record stands for, in reverse order: unmount,
+// target directory, backend storage, record. Every step is OK when already done,
+// so it serves rollback, unpublish, reconcile and retries alike.
+func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
+	if err := d.unpublishTarget(rec.TargetPath); err != nil {
+		return err
+	}
+	if b, ok := d.opts.Backends[rec.Backend]; ok {
+		if err := b.Delete(ctx, recordVolume(rec)); err != nil {
+			return fmt.Errorf("backend %s: deleting storage: %w", rec.Backend, err)
+		}
+	} else if rec.Backend != "" {
+		return fmt.Errorf("volume uses backend %q, which this driver no longer has; re-enable it to clean up", rec.Backend)
+	}
+	failpoint.Hit(failpoint.UnpublishAfterDelete)
+	if err := d.store.Delete(ctx, rec.VolumeID); err != nil {
+		return transient(fmt.Errorf("deleting volume record: %w", err))
+	}
+	d.volumes.Add(-1)
+	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
+	return nil
+}
+
+// recordVolume rebuilds the backend's view of a persisted volume.
+func recordVolume(rec *store.Record) *api.Volume {
+	params := api.Params(rec.Params).Clone()
+	for _, k := range frameworkParams {
+		delete(params, k)
+	}
+	return &api.Volume{
+		ID:         rec.VolumeID,
+		Name:       rec.VolumeName,
+		TargetPath: rec.TargetPath,
+		Pod:        rec.Pod,
+		Backend:    rec.Backend,
+		ReadOnly:   rec.ReadOnly,
+		FSType:     rec.FSType,
+		FSGroup:    rec.FSGroup,
+		Size:       rec.Size,
+		Params:     params,
+		State:      rec.State,
+	}
+}
+
+// orphanVolume is the view of storage found in a backend's inventory without a
+// record: only the ID and backend are known.
+func orphanVolume(id, backend string) *api.Volume {
+	return &api.Volume{ID: id, Backend: backend}
+}

@@ -1,0 +1,206 @@
+package framework
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// Options configure a Driver. Pass them by value to New; zero values take the
+// documented defaults.
+type Options struct {
+	// DriverName is the CSI driver name, which must match the CSIDriver object
+	// (for example "scratch.csi.ephemera.dev"). Required.
+	DriverName string
+	// Version is reported by GetPluginInfo. Defaults to "dev".
+	Version string
+	// NodeID is reported by NodeGetInfo; normally the Kubernetes node name.
+	// Required.
+	NodeID string
+	// Endpoint is the unix socket the CSI services listen on, as "unix:///path"
+	// (or "unix://C:\path" on Windows). Defaults to
+	// "unix://<KubeletRootDir>/plugins/<DriverName>/csi.sock".
+	Endpoint string
+	// StateDir holds the driver's bbolt state (state.db) and backend data.
+	// Defaults to /var/lib/ephemera/<DriverName> (C:\var\lib\ephemera\<DriverName>
+	// on Windows). Must not be under /tmp on a real node: it must survive reboots
+	// of the driver container.
+	StateDir string
+	// KubeletRootDir is the kubelet's --root-dir. Target paths outside
+	// <KubeletRootDir>/pods/ are refused. Defaults to /var/lib/kubelet
+	// (C:\var\lib\kubelet on Windows).
+	KubeletRootDir string
+	// Backends maps backend names to implementations. Required: at least one.
+	Backends map[string]Backend
+	// DefaultBackend is used when a volume has no "backend" attribute. Defaults to
+	// the only backend when there is exactly one; required otherwise.
+	DefaultBackend string
+	// Content, when set, fills every volume with files at publish.
+	Content ContentProvider
+	// MaxVolumesPerNode is reported in NodeGetInfo (the scheduler then places at
+	// most that many pods using this driver's volumes on a node) and enforced at
+	// publish. Defaults to 0: no limit.
+	MaxVolumesPerNode int64
+	// MaxVolumeSize caps the "size" attribute in bytes. Defaults to 0: no cap
+	// beyond the backend's own.
+	MaxVolumeSize int64
+	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
+	// get ResourceExhausted and the kubelet retries. Defaults to 64.
+	MaxInFlight int
+	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
+	// 2 minute deadline so rollback still has time. Defaults to 90s.
+	OperationTimeout time.Duration
+	// StoreTimeout is how long opening the state file waits for its lock before
+	// failing with a clear error (another driver process holds it). Defaults to 5s.
+	StoreTimeout time.Duration
+	// RegisterWithKubelet serves the kubelet plugin registration API on
+	// <KubeletRootDir>/plugins_registry/<DriverName>-reg.sock so no
+	// node-driver-registrar sidecar is needed. Defaults to false.
+	RegisterWithKubelet bool
+	// Logger is the root logger. Defaults to klog.Background().
+	Logger klog.Logger
+
+	// Mounter is the platform seam that publishes volumes. Defaults to
+	// mount.New() (mount(2) on Linux, directory symlinks on Windows); unit tests
+	// pass mount.NewFake().
+	Mounter mount.Interface
+	// Store holds the per-volume state. Defaults to a bbolt file at
+	// <StateDir>/state.db; unit tests may pass memstore.New().
+	Store store.Store
+}
+
+// frameworkParams are the attributes the framework consumes itself.
+var frameworkParams = []string{api.ParamSize, api.ParamBackend}
+
+func (o *Options) setDefaults() {
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.KubeletRootDir == "" {
+		o.KubeletRootDir = defaultKubeletRoot
+	}
+	if o.StateDir == "" && o.DriverName != "" {
+		o.StateDir = filepath.Join(defaultStateRoot, o.DriverName)
+	}
+	if o.Endpoint == "" && o.DriverName != "" {
+		o.Endpoint = "unix://" + filepath.Join(o.KubeletRootDir, "plugins", o.DriverName, "csi.sock")
+	}
+	if o.DefaultBackend == "" && len(o.Backends) == 1 {
+		for name := range o.Backends {
+			o.DefaultBackend = name
+		}
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 64
+	}
+	if o.OperationTimeout == 0 {
+		o.OperationTimeout = 90 * time.Second
+	}
+	if o.StoreTimeout == 0 {
+		o.StoreTimeout = 5 * time.Second
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = klog.Background()
+	}
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if o.DriverName == "" {
+		errs = append(errs, errors.New("DriverName is required"))
+	} else if err := validateDriverName(o.DriverName); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NodeID == "" {
+		errs = append(errs, errors.New("NodeID is required (normally the node name, e.g. from the downward API spec.nodeName)"))
+	}
+	if _, err := socketPath(o.Endpoint); err != nil {
+		errs = append(errs, err)
+	}
+	if !isAbs(o.StateDir) {
+		errs = append(errs, fmt.Errorf("StateDir %q must be an absolute path", o.StateDir))
+	}
+	if !isAbs(o.KubeletRootDir) {
+		errs = append(errs, fmt.Errorf("KubeletRootDir %q must be an absolute path", o.KubeletRootDir))
+	}
+	if len(o.Backends) == 0 {
+		errs = append(errs, errors.New("at least one backend is required"))
+	}
+	for name, b := range o.Backends {
+		if name == "" || strings.ContainsAny(name, " ,=/\\") {
+			errs = append(errs, fmt.Errorf("backend name %q must be non-empty without spaces, commas, '=' or slashes", name))
+		}
+		if b == nil {
+			errs = append(errs, fmt.Errorf("backend %q is nil", name))
+		}
+	}
+	if o.DefaultBackend == "" && len(o.Backends) > 1 {
+		errs = append(errs, fmt.Errorf("DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
+	} else if _, ok := o.Backends[o.DefaultBackend]; !ok && len(o.Backends) > 0 {
+		errs = append(errs, fmt.Errorf("DefaultBackend %q is not one of the backends (%s)", o.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
+	}
+	if o.MaxVolumesPerNode < 0 || o.MaxVolumeSize < 0 || o.MaxInFlight < 0 {
+		errs = append(errs, errors.New("MaxVolumesPerNode, MaxVolumeSize and MaxInFlight must not be negative"))
+	}
+	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
+		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// validateDriverName applies the CSI rule: at most 63 characters, alphanumerics,
+// '-', '_' and '.', beginning and ending with an alphanumeric.
+func validateDriverName(n string) error {
+	bad := len(n) > 63
+	for i, r := range n {
+		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || i == len(n)-1 || !strings.ContainsRune("-_.", r)) {
+			bad = true
+		}
+	}
+	if bad {
+		return fmt.Errorf("DriverName %q must be at most 63 characters of [A-Za-z0-9._-], starting and ending with a letter or digit", n)
+	}
+	return nil
+}
+
+// socketPath extracts the socket path from a "unix://" endpoint.
+func socketPath(endpoint string) (string, error) {
+	p, ok := strings.CutPrefix(endpoint, "unix://")
+	if !ok {
+		p, ok = strings.CutPrefix(endpoint, "unix:")
+	}
+	if !ok || !isAbs(p) {
+		return "", fmt.Errorf("Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
+	}
+	if len(p) > 107 {
+		return "", fmt.Errorf("Endpoint socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
+	}
+	return p, nil
+}
+
+func isAbs(p string) bool {
+	if runtime.GOOS == "windows" {
+		return filepath.IsAbs(p) || strings.HasPrefix(p, `\`) || strings.HasPrefix(p, "/")
+	}
+	return filepath.IsAbs(p)
+}
+
+func backendNames(m map[string]Backend) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

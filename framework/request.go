@@ -1,0 +1,187 @@
+package framework
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+var isWindows = runtime.GOOS == "windows"
+
+// publishRequest is a validated NodePublishVolumeRequest.
+type publishRequest struct {
+	vol     *api.Volume
+	backend Backend
+	// params are all user attributes, including the framework's own; they are
+	// persisted and hashed.
+	params api.Params
+	hash   string
+}
+
+// parsePublish validates req against the ephemeral inline contract and returns
+// the typed volume. It does no I/O. Every error is InvalidArgument and says what
+// to fix; the backend's Validate errors are mapped by toStatus.
+func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishRequest, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalidArgf("volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, invalidArgf("target_path is required")
+	}
+	if req.GetStagingTargetPath() != "" {
+		return nil, invalidArgf("staging_target_path is set, but %s serves only ephemeral inline volumes, which are never staged", d.opts.DriverName)
+	}
+	capability := req.GetVolumeCapability()
+	if capability == nil {
+		return nil, invalidArgf("volume_capability is required")
+	}
+	if capability.GetBlock() != nil {
+		return nil, invalidArgf("block access is not supported: %s provides filesystem volumes only", d.opts.DriverName)
+	}
+	mnt := capability.GetMount()
+	if mnt == nil {
+		return nil, invalidArgf("volume_capability must have access_type mount")
+	}
+	if len(mnt.GetMountFlags()) > 0 {
+		return nil, invalidArgf("mount_flags %v are not supported for inline volumes", mnt.GetMountFlags())
+	}
+	switch m := capability.GetAccessMode().GetMode(); m {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY:
+	default:
+		return nil, invalidArgf("access mode %s is not supported: inline volumes are single-node (the kubelet sends SINGLE_NODE_WRITER)", m)
+	}
+
+	vc := req.GetVolumeContext()
+	eph, hasEph := vc[api.KeyEphemeral]
+	uid, hasUID := vc[api.KeyPodUID]
+	if !hasEph || !hasUID {
+		return nil, invalidArgf("volume_context lacks pod information: CSIDriver %s must set podInfoOnMount: true (and volumeLifecycleModes: [Ephemeral])", d.opts.DriverName)
+	}
+	if eph != "true" {
+		return nil, invalidArgf("%s=%q: %s serves only ephemeral inline volumes (pod.spec.volumes[].csi), not PersistentVolumes; keep volumeLifecycleModes: [Ephemeral] on the CSIDriver", api.KeyEphemeral, eph, d.opts.DriverName)
+	}
+	name, namespace := vc[api.KeyPodName], vc[api.KeyPodNamespace]
+	if name == "" || namespace == "" || uid == "" {
+		return nil, invalidArgf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
+	}
+
+	t, err := parseTargetPath(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	if err != nil {
+		return nil, invalidArgf("%v", err)
+	}
+	if t.podUID != uid {
+		return nil, invalidArgf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.podUID, api.KeyPodUID, uid)
+	}
+	if err := checkVolumeID(req.GetVolumeId(), t); err != nil {
+		return nil, invalidArgf("%v", err)
+	}
+
+	params := api.Params{}
+	for k, v := range vc {
+		if !strings.HasPrefix(k, api.ReservedPrefix) {
+			params[k] = v
+			continue
+		}
+		switch k {
+		case api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, api.KeyServiceAccountName,
+			api.KeyEphemeral, api.KeyServiceAccountTokens:
+		default:
+			return nil, invalidArgf("attribute %q uses the reserved prefix %s; remove it from volumeAttributes", k, api.ReservedPrefix)
+		}
+	}
+
+	backendName := params.String(api.ParamBackend, d.opts.DefaultBackend)
+	backend, ok := d.opts.Backends[backendName]
+	if !ok {
+		return nil, invalidArgf("attribute %q: unknown backend %q; this driver has %s", api.ParamBackend, backendName, strings.Join(backendNames(d.opts.Backends), ", "))
+	}
+	size, err := params.Quantity(api.ParamSize, 0)
+	if err != nil {
+		return nil, err
+	}
+	if d.opts.MaxVolumeSize > 0 && size > d.opts.MaxVolumeSize {
+		return nil, invalidArgf("attribute %q: %d bytes exceeds this driver's maximum volume size of %d bytes", api.ParamSize, size, d.opts.MaxVolumeSize)
+	}
+	var fsGroup *int64
+	if g := mnt.GetVolumeMountGroup(); g != "" {
+		n, err := strconv.ParseInt(g, 10, 64)
+		if err != nil || n < 0 {
+			return nil, invalidArgf("volume_mount_group %q is not a group ID", g)
+		}
+		fsGroup = &n
+	}
+
+	backendParams := params.Clone()
+	for _, k := range frameworkParams {
+		delete(backendParams, k)
+	}
+	v := &api.Volume{
+		ID:         req.GetVolumeId(),
+		Name:       t.volumeName,
+		TargetPath: req.GetTargetPath(),
+		Pod: api.Pod{
+			Namespace:      namespace,
+			Name:           name,
+			UID:            uid,
+			ServiceAccount: vc[api.KeyServiceAccountName],
+		},
+		Backend:  backendName,
+		ReadOnly: req.GetReadonly(),
+		FSType:   mnt.GetFsType(),
+		FSGroup:  fsGroup,
+		Size:     size,
+		Params:   backendParams,
+		Secrets:  api.Secrets(req.GetSecrets()),
+	}
+	if val, ok := backend.(Validator); ok {
+		if err := val.Validate(v); err != nil {
+			if !errors.Is(err, api.ErrInvalidParams) {
+				return nil, err
+			}
+			return nil, invalidArgf("%v", err)
+		}
+	} else {
+		if err := v.Params.Only(); err != nil {
+			return nil, invalidArgf("backend %q: %v", backendName, err)
+		}
+		if v.FSType != "" {
+			return nil, invalidArgf("fsType %q is not supported by backend %q; leave fsType unset", v.FSType, backendName)
+		}
+	}
+	return &publishRequest{vol: v, backend: backend, params: params, hash: requestHash(v, params)}, nil
+}
+
+// requestHash identifies what a pod asked for. A second publish of the same volume
+// with another hash is AlreadyExists. Tokens and secrets are excluded: they change
+// on every republish.
+func requestHash(v *api.Volume, params api.Params) string {
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	kv := make([]string, 0, 2*len(keys))
+	for _, k := range keys {
+		kv = append(kv, k, params[k])
+	}
+	b, _ := json.Marshal(struct {
+		Backend  string
+		Params   []string
+		ReadOnly bool
+		FSType   string
+		FSGroup  *int64
+		Size     int64
+	}{v.Backend, kv, v.ReadOnly, v.FSType, v.FSGroup, v.Size})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}

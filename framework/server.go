@@ -1,0 +1,148 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+)
+
+// intercept wraps every RPC: it attaches a contextual logger carrying the
+// volume's identity, logs the sanitized request and the outcome, turns panics into
+// Internal and maps every error through toStatus.
+func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	log := d.opts.Logger.WithValues(logkeys.Method, info.FullMethod)
+	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
+		log = log.WithValues(logkeys.VolumeID, r.GetVolumeId())
+	}
+	if r, ok := req.(interface{ GetTargetPath() string }); ok && r.GetTargetPath() != "" {
+		log = log.WithValues(logkeys.TargetPath, r.GetTargetPath())
+	}
+	if r, ok := req.(*csi.NodePublishVolumeRequest); ok {
+		vc := r.GetVolumeContext()
+		if ns, name := vc[api.KeyPodNamespace], vc[api.KeyPodName]; name != "" {
+			log = log.WithValues(logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, vc[api.KeyPodUID])
+		}
+	}
+	ctx = klog.NewContext(ctx, log)
+	hot := info.FullMethod == "/csi.v1.Node/NodeGetCapabilities" || info.FullMethod == "/csi.v1.Identity/Probe"
+	if !hot {
+		log.V(4).Info("Request", logkeys.Request, sanitize(req))
+	}
+	start := time.Now()
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, p)
+		}
+		err = toStatus(err)
+		if err != nil {
+			log.Error(err, "Request failed", logkeys.Code, status.Code(err), logkeys.Duration, time.Since(start))
+		} else if !hot {
+			log.V(2).Info("Request done", logkeys.Duration, time.Since(start))
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// sanitize returns a log-safe view of a request: secrets stripped by
+// protosanitizer, and service-account tokens (which arrive in volume_context,
+// not a secret field, before Kubernetes 1.35) replaced too.
+func sanitize(req any) fmt.Stringer {
+	if r, ok := req.(*csi.NodePublishVolumeRequest); ok {
+		if _, has := r.GetVolumeContext()[api.KeyServiceAccountTokens]; has {
+			c := proto.Clone(r).(*csi.NodePublishVolumeRequest)
+			c.VolumeContext[api.KeyServiceAccountTokens] = "***stripped***"
+			req = c
+		}
+	}
+	return protosanitizer.StripSecrets(req)
+}
+
+// volumeLocks is a set of per-volume locks. TryAcquire never blocks: the CSI spec
+// wants Aborted for a second concurrent operation on one volume.
+type volumeLocks struct{ m sync.Map }
+
+func (l *volumeLocks) TryAcquire(id string) bool {
+	_, held := l.m.LoadOrStore(id, struct{}{})
+	return !held
+}
+
+func (l *volumeLocks) Release(id string) { l.m.Delete(id) }
+
+// begin admits one volume operation: the global in-flight cap first
+// (ResourceExhausted), then the volume's lock (Aborted). The returned func
+// releases both.
+func (d *Driver) begin(id string) (func(), error) {
+	select {
+	case d.inflight <- struct{}{}:
+	default:
+		return nil, status.Errorf(codes.ResourceExhausted, "%d volume operations are already in flight on this node (MaxInFlight); retry later", cap(d.inflight))
+	}
+	if !d.locks.TryAcquire(id) {
+		<-d.inflight
+		return nil, status.Errorf(codes.Aborted, "an operation for volume %s is already in progress", id)
+	}
+	return func() {
+		d.locks.Release(id)
+		<-d.inflight
+	}, nil
+}
+
+// GetPluginInfo implements csi.IdentityServer.
+func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return d.pluginInfo, nil
+}
+
+// GetPluginCapabilities implements csi.IdentityServer: a node-only plugin has no
+// controller service and no topology.
+func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return &csi.GetPluginCapabilitiesResponse{}, nil
+}
+
+// Probe implements csi.IdentityServer. It is not ready until the startup reconcile
+// finished, and fails when the state store is unusable.
+func (d *Driver) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	if err := d.healthy(ctx); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "driver not healthy: %v", err)
+	}
+	return &csi.ProbeResponse{Ready: wrapperspbBool(d.ready.Load())}, nil
+}
+
+// NodeGetInfo implements csi.NodeServer.
+func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return d.nodeInfo, nil
+}
+
+// NodeGetCapabilities implements csi.NodeServer. The kubelet calls it twice per
+// publish; the response is built once.
+func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return d.capabilities, nil
+}
+
+// NodeStageVolume implements csi.NodeServer: inline volumes are never staged.
+func (d *Driver) NodeStageVolume(context.Context, *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
+}
+
+// NodeUnstageVolume implements csi.NodeServer: inline volumes are never staged.
+func (d *Driver) NodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
+}
+
+// NodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
+func (d *Driver) NodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
+}

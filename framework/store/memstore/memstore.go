@@ -1,0 +1,126 @@
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// errClosed is returned by every call after Close.
+var errClosed = errors.New("memstore: store is closed")
+
+// Store is an in-memory [store.Store]. The zero value is not usable; call [New].
+type Store struct {
+	mu      sync.RWMutex
+	records map[string]*store.Record
+	closed  bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{records: make(map[string]*store.Record)}
+}
+
+// Get implements [store.Store]. The result is a copy.
+func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	r, ok := s.records[id]
+	if !ok {
+		return nil, fmt.Errorf("memstore: get: %w: %q", store.ErrNotFound, id)
+	}
+	return clone(r), nil
+}
+
+// Put implements [store.Store]. It stores a copy of r after setting r.Version.
+func (s *Store) Put(ctx context.Context, r *store.Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if r == nil {
+		return errors.New("memstore: put: nil record")
+	}
+	if r.VolumeID == "" {
+		return errors.New("memstore: put: empty volume ID")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	r.Version = store.RecordVersion
+	s.records[r.VolumeID] = clone(r)
+	return nil
+}
+
+// Delete implements [store.Store]. Deleting an unknown ID is not an error.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	delete(s.records, id)
+	return nil
+}
+
+// List implements [store.Store]. The records are copies, ordered by volume ID.
+func (s *Store) List(ctx context.Context) ([]*store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	ids := slices.Sorted(maps.Keys(s.records))
+	out := make([]*store.Record, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, clone(s.records[id]))
+	}
+	return out, nil
+}
+
+// Close implements [store.Store]. It is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.records = nil
+	return nil
+}
+
+// clone deep-copies r: maps, the FSGroup pointer, and Source with its Options.
+// nil stays nil and empty stays empty.
+func clone(r *store.Record) *store.Record {
+	c := *r
+	c.Params = maps.Clone(r.Params)
+	c.State = maps.Clone(r.State)
+	if r.FSGroup != nil {
+		g := *r.FSGroup
+		c.FSGroup = &g
+	}
+	if r.Source != nil {
+		src := *r.Source
+		src.Options = slices.Clone(r.Source.Options)
+		c.Source = &src
+	}
+	return &c
+}

@@ -1,0 +1,77 @@
+// Package store defines the durable per-volume state of an Ephemera driver: one
+// versioned [Record] per volume, keyed by volume ID. Implementations live in
+// boltstore (production, bbolt) and memstore (unit tests); both pass the
+// conformance suite in storetest.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// RecordVersion is the schema version written into every record. A store refuses
+// records of a newer version than it knows (a downgrade) instead of misreading them.
+const RecordVersion = 1
+
+// Phase is where a volume is in its lifecycle.
+type Phase string
+
+const (
+	// PhasePublishing is the durable intent written before the first side effect of
+	// a first publish. A record left in this phase after a crash is rolled back.
+	PhasePublishing Phase = "Publishing"
+	// PhasePublished is written after the volume is mounted and populated; only
+	// then does the driver answer OK.
+	PhasePublished Phase = "Published"
+	// PhaseUnpublishing is the durable intent written before teardown starts.
+	PhaseUnpublishing Phase = "Unpublishing"
+)
+
+// ErrNotFound is returned by Get for an unknown volume ID.
+var ErrNotFound = errors.New("volume record not found")
+
+// ErrVersion is returned for a record written by a newer schema version.
+var ErrVersion = errors.New("volume record has a newer schema version than this driver understands")
+
+// Record is everything the driver promised about one volume. It never contains
+// secrets.
+type Record struct {
+	Version    int     `json:"version"`
+	VolumeID   string  `json:"volumeID"`
+	VolumeName string  `json:"volumeName"`
+	TargetPath string  `json:"targetPath"`
+	Pod        api.Pod `json:"pod"`
+	Backend    string  `json:"backend"`
+	// Params are the user's attributes (kubelet keys removed).
+	Params map[string]string `json:"params,omitempty"`
+	// Hash identifies the request that created the volume (attributes, readOnly,
+	// fsType, fsGroup, backend); a publish with another hash is AlreadyExists.
+	Hash     string            `json:"hash"`
+	Size     int64             `json:"size,omitempty"`
+	FSType   string            `json:"fsType,omitempty"`
+	ReadOnly bool              `json:"readOnly,omitempty"`
+	FSGroup  *int64            `json:"fsGroup,omitempty"`
+	Source   *api.Source       `json:"source,omitempty"`
+	State    map[string]string `json:"state,omitempty"`
+	Phase    Phase             `json:"phase"`
+	Created  time.Time         `json:"created"`
+	Updated  time.Time         `json:"updated"`
+}
+
+// Store persists records. Put is durable when it returns (bbolt fsyncs); concurrent
+// Puts may be batched into one transaction.
+type Store interface {
+	// Get returns the record for id, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, id string) (*Record, error)
+	// Put creates or replaces r (keyed by r.VolumeID), setting r.Version.
+	Put(ctx context.Context, r *Record) error
+	// Delete removes the record for id; nil when it does not exist.
+	Delete(ctx context.Context, id string) error
+	// List returns every record, ordered by volume ID.
+	List(ctx context.Context) ([]*Record, error)
+	// Close releases the store; later calls fail.
+	Close() error
+}
