@@ -146,6 +146,10 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	d.ready.Store(true)
 	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, "version", d.opts.Version, "node", d.opts.NodeID)
 
+	// The registrar starts only now that NodeGetInfo answers, and stops before
+	// the CSI server so the kubelet deregisters the driver before its socket goes.
+	regCtx, stopReg := context.WithCancel(ctx)
+	regDone := make(chan struct{})
 	if d.opts.RegisterWithKubelet {
 		reg, err := registration.New(registration.Options{
 			DriverName:      d.opts.DriverName,
@@ -154,14 +158,18 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 			Logger:          log,
 		})
 		if err != nil {
+			stopReg()
 			srv.Stop()
 			return err
 		}
 		go func() {
-			if err := reg.Run(ctx); err != nil {
+			defer close(regDone)
+			if err := reg.Run(regCtx); err != nil {
 				errc <- fmt.Errorf("kubelet registration: %w", err)
 			}
 		}()
+	} else {
+		close(regDone)
 	}
 
 	select {
@@ -169,6 +177,8 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	case err = <-errc:
 	}
 	d.ready.Store(false)
+	stopReg()
+	<-regDone
 	cancel()
 	stopGracefully(srv, 10*time.Second)
 	log.Info("Stopped serving")

@@ -1,0 +1,54 @@
+// Package drivertest helps driver authors test ephemeral inline CSI node drivers
+// without a cluster.
+//
+// # Kubelet simulator
+//
+// [Kubelet] talks to a driver's CSI endpoint exactly as the kubelet's
+// pkg/volume/csi does for ephemeral inline volumes, and lays out the kubelet
+// root directory the same way, so a driver under test sees real requests on
+// real paths:
+//
+//   - [Kubelet.Publish] runs the SetUpAt sequence: create the parent of the
+//     target path (never the target), NodeGetCapabilities (VOLUME_MOUNT_GROUP),
+//     write vol_data.json, NodeGetCapabilities (access mode), NodePublishVolume.
+//     The request is the one [Kubelet.PublishRequest] builds: volume_id is
+//     api.VolumeHandle(podUID, volumeName), pod-info keys overwrite user
+//     attributes when podInfoOnMount is on, secrets is never nil.
+//   - Every RPC uses a new gRPC connection (authority "localhost") that is closed
+//     afterwards, and each operation is bounded by the kubelet's 2 minute
+//     timeout.
+//   - Errors are classified like the kubelet's isFinalError ([IsFinal]): after a
+//     final error the kubelet removes the volume directory and forgets the
+//     volume; after a non-final one (Canceled, DeadlineExceeded, Unavailable,
+//     ResourceExhausted, Aborted, non-gRPC) the volume stays "uncertain" and is
+//     published again after [Kubelet.Restart] or unpublished when the pod goes.
+//   - [Kubelet.Unpublish] and [Kubelet.DeletePod] send NodeUnpublishVolume with
+//     only volume_id and target_path, then clean up like removeMountDir: a target
+//     that is still a mount point is left alone, a non-empty one is an error.
+//   - [Kubelet.Restart] rebuilds state from the vol_data.json files on disk, then
+//     republishes volumes of pods that still exist and unpublishes the others
+//     ([Kubelet.DeletePodOffline] deletes a pod while the kubelet is "down").
+//   - [Kubelet.Republish] models CSIDriver requiresRepublish.
+//   - [Kubelet.OrphanPod] makes a pod's directory vanish without any RPC, for
+//     testing a driver's garbage collection.
+//   - [Kubelet.Calls] and [Kubelet.CapabilityCalls] expose the RPC log.
+//
+// The simulator does not retry on its own: tests drive every operation and
+// assert on the returned gRPC errors (status.Code) and on [Kubelet.State].
+// It is safe for concurrent use.
+//
+// A typical test starts the driver in-process with [Start], which serves it on
+// a unix socket, points a Kubelet at that endpoint and the same root directory,
+// and publishes pods:
+//
+//	k := drivertest.NewKubelet(drivertest.KubeletOptions{
+//		Root: root, Endpoint: endpoint, DriverName: "example.csi.io",
+//	})
+//	pod := k.NewPod("default", "web")
+//	err := k.Publish(ctx, pod, drivertest.InlineVolume{
+//		Name:       "data",
+//		Attributes: map[string]string{"size": "64Mi"},
+//	})
+//	// ... inspect k.TargetPath(pod, "data") ...
+//	err = k.DeletePod(ctx, pod)
+package drivertest

@@ -1,0 +1,305 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// Method names of [Interface], as used by [Fake.Fail] and in [Fake.Calls].
+const (
+	MethodMakeTarget   = "MakeTarget"
+	MethodMount        = "Mount"
+	MethodSetReadOnly  = "SetReadOnly"
+	MethodUnmount      = "Unmount"
+	MethodIsMountPoint = "IsMountPoint"
+	MethodRemoveTarget = "RemoveTarget"
+)
+
+// Fake is an in-memory [Interface] for unit tests of the framework. It behaves
+// like the Linux implementation where a test can observe the difference:
+//
+//   - the only directories are root (any root passed to MakeTarget or
+//     RemoveTarget), those added with [Fake.AddDir] and those MakeTarget creates;
+//     MakeTarget needs the parent to exist (else an error wrapping
+//     fs.ErrNotExist) and refuses targets outside root and parents that are links
+//     added with [Fake.AddSymlink] ([ErrSymlink]);
+//   - Mount needs the target directory (else an error wrapping fs.ErrNotExist)
+//     and pushes onto a per-target stack, so a double mount shows in
+//     [Fake.MountCount];
+//   - SetReadOnly needs a mount (else an error); Unmount pops the whole stack and
+//     is nil when nothing is mounted;
+//   - RemoveTarget of a mounted target fails with an error wrapping
+//     syscall.EBUSY, as rmdir(2) does, of a directory with subdirectories with
+//     syscall.ENOTEMPTY; a missing one is nil.
+//
+// Errors are injected per method with [Fake.Fail]. Paths are compared after
+// filepath.Clean. The zero value is ready to use, and a Fake is safe for
+// concurrent use.
+type Fake struct {
+	mu       sync.Mutex
+	dirs     map[string]bool
+	symlinks map[string]bool
+	mounts   map[string][]api.Source
+	readOnly map[string]bool
+	fail     map[string]func(target string) error
+	calls    []string
+}
+
+var _ Interface = (*Fake)(nil)
+
+// NewFake returns an empty Fake.
+func NewFake() *Fake { return &Fake{} }
+
+// Fail makes method (one of the Method constants) call fn with the target before
+// doing anything; when fn returns an error, the method returns it and changes
+// nothing. The call is logged either way. fn runs without the Fake's lock: it may
+// block, for example to hold a Mount while a test runs a concurrent request, and
+// may call the Fake. A nil fn removes the injection. Fail
+// panics on an unknown method name.
+func (f *Fake) Fail(method string, fn func(target string) error) {
+	switch method {
+	case MethodMakeTarget, MethodMount, MethodSetReadOnly, MethodUnmount, MethodIsMountPoint, MethodRemoveTarget:
+	default:
+		panic(fmt.Sprintf("mount.Fake.Fail: unknown method %q", method))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail == nil {
+		f.fail = map[string]func(string) error{}
+	}
+	if fn == nil {
+		delete(f.fail, method)
+		return
+	}
+	f.fail[method] = fn
+}
+
+// AddDir makes dir and all its ancestors exist, as os.MkdirAll would (for
+// example the directory the kubelet creates above a target).
+func (f *Fake) AddDir(dir string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.init()
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		f.dirs[d] = true
+		if filepath.Dir(d) == d {
+			return
+		}
+	}
+}
+
+// AddSymlink makes path a symbolic link: MakeTarget and RemoveTarget refuse to
+// pass through it, and RemoveTarget of it removes the link.
+func (f *Fake) AddSymlink(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.init()
+	f.symlinks[filepath.Clean(path)] = true
+}
+
+// DirExists reports whether dir exists as a directory.
+func (f *Fake) DirExists(dir string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dirs[filepath.Clean(dir)]
+}
+
+// MountCount returns how many mounts are stacked at target.
+func (f *Fake) MountCount(target string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.mounts[filepath.Clean(target)])
+}
+
+// Mounts returns the sources mounted at target, the first mounted first.
+func (f *Fake) Mounts(target string) []api.Source {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.mounts[filepath.Clean(target)])
+}
+
+// MountedTargets returns every target with at least one mount, sorted.
+func (f *Fake) MountedTargets() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for t, s := range f.mounts {
+		if len(s) > 0 {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// IsReadOnly reports whether SetReadOnly succeeded on target's current mount.
+func (f *Fake) IsReadOnly(target string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.readOnly[filepath.Clean(target)]
+}
+
+// Calls returns the calls made so far, in order, each as "Method target", for
+// example "Mount /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/v/mount".
+func (f *Fake) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// ResetCalls clears the call log.
+func (f *Fake) ResetCalls() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = nil
+}
+
+func (f *Fake) init() {
+	if f.dirs == nil {
+		f.dirs = map[string]bool{}
+		f.symlinks = map[string]bool{}
+		f.mounts = map[string][]api.Source{}
+		f.readOnly = map[string]bool{}
+	}
+}
+
+// begin logs the call and runs the injected error; it returns with f.mu held.
+// The injected function runs without the lock, so it may block (to hold one
+// operation while others proceed) or call the Fake's methods.
+func (f *Fake) begin(method, target string) (string, error) {
+	f.mu.Lock()
+	f.init()
+	f.calls = append(f.calls, method+" "+target)
+	fn := f.fail[method]
+	if fn != nil {
+		f.mu.Unlock()
+		err := fn(target)
+		f.mu.Lock()
+		if err != nil {
+			return "", err
+		}
+	}
+	return filepath.Clean(target), nil
+}
+
+// walk checks the components from root (excluded) to target's parent (included).
+func (f *Fake) walk(root, target string) (string, error) {
+	parent, _, err := splitBeneath(root, target)
+	if err != nil {
+		return "", err
+	}
+	root = filepath.Clean(root)
+	f.dirs[root] = true
+	p := root
+	if parent != "." {
+		for _, c := range strings.Split(parent, string(filepath.Separator)) {
+			p = filepath.Join(p, c)
+			if f.symlinks[p] {
+				return "", fmt.Errorf("%q below root %q: %w", p, root, ErrSymlink)
+			}
+			if !f.dirs[p] {
+				return "", &fs.PathError{Op: "openat2", Path: p, Err: fs.ErrNotExist}
+			}
+		}
+	}
+	return filepath.Clean(target), nil
+}
+
+func (f *Fake) MakeTarget(root, target string) error {
+	_, err := f.begin(MethodMakeTarget, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	t, err := f.walk(root, target)
+	if err != nil {
+		return err
+	}
+	if f.symlinks[t] {
+		return fmt.Errorf("target %q: %w", target, ErrSymlink)
+	}
+	f.dirs[t] = true
+	return nil
+}
+
+func (f *Fake) Mount(src api.Source, target string) error {
+	t, err := f.begin(MethodMount, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if !f.dirs[t] {
+		return &fs.PathError{Op: "mount", Path: target, Err: fs.ErrNotExist}
+	}
+	src.Options = slices.Clone(src.Options)
+	f.mounts[t] = append(f.mounts[t], src)
+	f.readOnly[t] = false
+	return nil
+}
+
+func (f *Fake) SetReadOnly(target string) error {
+	t, err := f.begin(MethodSetReadOnly, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if len(f.mounts[t]) == 0 {
+		return &fs.PathError{Op: "remount", Path: target, Err: errors.New("not a mount point")}
+	}
+	f.readOnly[t] = true
+	return nil
+}
+
+func (f *Fake) Unmount(target string) error {
+	t, err := f.begin(MethodUnmount, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	delete(f.mounts, t)
+	delete(f.readOnly, t)
+	return nil
+}
+
+func (f *Fake) IsMountPoint(target string) (bool, error) {
+	t, err := f.begin(MethodIsMountPoint, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	return len(f.mounts[t]) > 0, nil
+}
+
+func (f *Fake) RemoveTarget(root, target string) error {
+	_, err := f.begin(MethodRemoveTarget, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	t, err := f.walk(root, target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(f.mounts[t]) > 0 {
+		return &fs.PathError{Op: "remove", Path: target, Err: syscall.EBUSY}
+	}
+	for d := range f.dirs {
+		if strings.HasPrefix(d, t+string(filepath.Separator)) {
+			return &fs.PathError{Op: "remove", Path: target, Err: syscall.ENOTEMPTY}
+		}
+	}
+	delete(f.symlinks, t)
+	delete(f.dirs, t)
+	return nil
+}

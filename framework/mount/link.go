@@ -1,0 +1,233 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// This file holds the Windows implementation's logic, without a build tag, so
+// that it is compiled and unit tested on Linux too (where the same calls work on
+// POSIX symlinks). mount_windows.go only wires it to the os package.
+
+// NormalizeWindowsPath turns a path as the kubelet may send it into the form
+// Windows calls expect, the way the kubelet and k8s.io/mount-utils do: every "/"
+// becomes "\", and a path rooted without a drive ("\var\lib\kubelet") gets "c:". A
+// UNC path ("\\server\share") keeps its prefix. It is a pure string function, so
+// it can be used (and tested) on any platform.
+func NormalizeWindowsPath(p string) string {
+	p = strings.ReplaceAll(p, "/", `\`)
+	if strings.HasPrefix(p, `\`) && !strings.HasPrefix(p, `\\`) {
+		p = "c:" + p
+	}
+	return p
+}
+
+// linkFS is the part of the os package the link implementation uses, so that
+// tests can return what Windows returns (ModeIrregular for a junction).
+type linkFS interface {
+	Lstat(name string) (fs.FileInfo, error)
+	Stat(name string) (fs.FileInfo, error)
+	Readlink(name string) (string, error)
+	Symlink(oldname, newname string) error
+	Remove(name string) error
+	// IsEmptyDir reports whether the directory name has no entries.
+	IsEmptyDir(name string) (bool, error)
+}
+
+type osFS struct{}
+
+func (osFS) Lstat(name string) (fs.FileInfo, error) { return os.Lstat(name) }
+func (osFS) Stat(name string) (fs.FileInfo, error)  { return os.Stat(name) }
+func (osFS) Readlink(name string) (string, error)   { return os.Readlink(name) }
+func (osFS) Symlink(oldname, newname string) error  { return os.Symlink(oldname, newname) }
+func (osFS) Remove(name string) error               { return os.Remove(name) }
+func (osFS) IsEmptyDir(name string) (_ bool, err error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
+
+// isLink reports whether mode is what the kubelet's Windows mounter counts as
+// "mounted": a symbolic link, or (Go 1.23 and later) a junction or volume mount
+// point, which Lstat reports as irregular.
+func isLink(mode fs.FileMode) bool { return mode&(fs.ModeSymlink|fs.ModeIrregular) != 0 }
+
+// linkMounter publishes a directory by replacing the target with a directory
+// symbolic link to it. It is the Windows implementation.
+type linkMounter struct {
+	fs linkFS
+	// clean normalizes every incoming path (NormalizeWindowsPath on Windows).
+	clean func(string) string
+}
+
+func newLinkMounter(fsys linkFS, clean func(string) string) *linkMounter {
+	if clean == nil {
+		clean = func(p string) string { return p }
+	}
+	return &linkMounter{fs: fsys, clean: clean}
+}
+
+// checkBeneath checks that target lies below root and that no component between
+// them (target's parent included, root and target excluded) is a link. It returns
+// an error wrapping fs.ErrNotExist when a component is missing.
+func (m *linkMounter) checkBeneath(root, target string) error {
+	parent, _, err := splitBeneath(root, target)
+	if err != nil {
+		return err
+	}
+	if parent == "." {
+		parent = ""
+	}
+	p := filepath.Clean(root)
+	for _, c := range strings.Split(parent, string(filepath.Separator)) {
+		if c == "" {
+			continue
+		}
+		p = filepath.Join(p, c)
+		fi, err := m.fs.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if isLink(fi.Mode()) {
+			return fmt.Errorf("%q below root %q: %w", p, root, ErrSymlink)
+		}
+		if !fi.IsDir() {
+			return &fs.PathError{Op: "lstat", Path: p, Err: errors.New("not a directory")}
+		}
+	}
+	return nil
+}
+
+// MakeTarget creates nothing: Windows links are created where nothing exists (see
+// Mount). It checks that target is below root and that its parent exists as a
+// directory, reached without a link.
+func (m *linkMounter) MakeTarget(root, target string) error {
+	return m.checkBeneath(m.clean(root), m.clean(target))
+}
+
+// Mount links target to the directory src.Path. The source must already exist as
+// a directory (os.Symlink on Windows makes a file link otherwise); it is never
+// created here. An empty directory at target (the kubelet creates one) is
+// removed first; a non-empty one is ErrNotEmpty. A link at target that already
+// points to src.Path is success; one that points elsewhere is an error wrapping
+// fs.ErrExist.
+func (m *linkMounter) Mount(src api.Source, target string) error {
+	if !src.IsDir() {
+		return fmt.Errorf("mount %s %q: tmpfs and block filesystems are not available on Windows, publish a directory: %w",
+			src.FSType, src.Path, ErrNotSupported)
+	}
+	source, target := m.clean(src.Path), m.clean(target)
+	if !filepath.IsAbs(source) {
+		return fmt.Errorf("source %q must be an absolute path", src.Path)
+	}
+	fi, err := m.fs.Stat(source)
+	if err != nil {
+		return fmt.Errorf("source of %q: %w", target, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("source %q of %q is not a directory", source, target)
+	}
+	fi, err = m.fs.Lstat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return err
+	case isLink(fi.Mode()):
+		dest, err := m.fs.Readlink(target)
+		if err == nil && sameLinkTarget(m.clean(dest), source) {
+			return nil
+		}
+		return fmt.Errorf("target %q is already a link (to %q): %w", target, dest, fs.ErrExist)
+	case fi.IsDir():
+		empty, err := m.fs.IsEmptyDir(target)
+		if err != nil {
+			return err
+		}
+		if !empty {
+			return fmt.Errorf("target %q: %w", target, ErrNotEmpty)
+		}
+		if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	default:
+		return &fs.PathError{Op: "mount", Path: target, Err: errors.New("exists and is not a directory")}
+	}
+	if err := m.fs.Symlink(source, target); err != nil {
+		return fmt.Errorf("link %q to %q: %w", target, source, err)
+	}
+	return nil
+}
+
+func sameLinkTarget(a, b string) bool {
+	a, b = strings.TrimRight(a, `\/`), strings.TrimRight(b, `\/`)
+	return a == b || (filepath.Separator == '\\' && strings.EqualFold(a, b))
+}
+
+// SetReadOnly returns ErrNotSupported: a directory link cannot be made
+// read-only, and pretending would hand a pod a writable volume it asked to be
+// read-only.
+func (m *linkMounter) SetReadOnly(target string) error {
+	return fmt.Errorf("read-only publish of %q: a Windows directory link cannot be made read-only: %w",
+		target, ErrNotSupported)
+}
+
+// Unmount removes the link at target, never what it points to. A missing target,
+// or one that is not a link (a plain directory), is left alone and is not an error.
+func (m *linkMounter) Unmount(target string) error {
+	target = m.clean(target)
+	fi, err := m.fs.Lstat(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !isLink(fi.Mode()) {
+		return nil
+	}
+	if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove link %q: %w", target, err)
+	}
+	return nil
+}
+
+// IsMountPoint reports whether target is a link, as the kubelet's Windows mounter
+// decides.
+func (m *linkMounter) IsMountPoint(target string) (bool, error) {
+	fi, err := m.fs.Lstat(m.clean(target))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return isLink(fi.Mode()), nil
+}
+
+// RemoveTarget removes target (an empty directory, or a link, never what it
+// points to) below root.
+func (m *linkMounter) RemoveTarget(root, target string) error {
+	root, target = m.clean(root), m.clean(target)
+	err := m.checkBeneath(root, target)
+	if err == nil {
+		err = m.fs.Remove(target)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
