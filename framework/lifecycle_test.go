@@ -238,9 +238,15 @@ func TestIdentityAndCapabilities(t *testing.T) {
 		t.Fatalf("a node-only plugin advertises no plugin capabilities: %v %v", caps, err)
 	}
 	for name, call := range map[string]func() error{
-		"stage":   func() error { _, err := h.Node.NodeStageVolume(t.Context(), &csi.NodeStageVolumeRequest{}); return err },
-		"unstage": func() error { _, err := h.Node.NodeUnstageVolume(t.Context(), &csi.NodeUnstageVolumeRequest{}); return err },
-		"expand":  func() error { _, err := h.Node.NodeExpandVolume(t.Context(), &csi.NodeExpandVolumeRequest{}); return err },
+		"stage": func() error { _, err := h.Node.NodeStageVolume(t.Context(), &csi.NodeStageVolumeRequest{}); return err },
+		"unstage": func() error {
+			_, err := h.Node.NodeUnstageVolume(t.Context(), &csi.NodeUnstageVolumeRequest{})
+			return err
+		},
+		"expand": func() error {
+			_, err := h.Node.NodeExpandVolume(t.Context(), &csi.NodeExpandVolumeRequest{})
+			return err
+		},
 	} {
 		if err := call(); status.Code(err) != codes.Unimplemented {
 			t.Errorf("%s: %v, want Unimplemented", name, err)

@@ -62,7 +62,9 @@ func TestPublishValidation(t *testing.T) {
 		}
 	}
 	mountCap := func(m *csi.VolumeCapability_MountVolume) func(*csi.NodePublishVolumeRequest) {
-		return func(r *csi.NodePublishVolumeRequest) { r.VolumeCapability.AccessType = &csi.VolumeCapability_Mount{Mount: m} }
+		return func(r *csi.NodePublishVolumeRequest) {
+			r.VolumeCapability.AccessType = &csi.VolumeCapability_Mount{Mount: m}
+		}
 	}
 	setTarget := func(p string) func(*csi.NodePublishVolumeRequest) {
 		return func(r *csi.NodePublishVolumeRequest) { r.TargetPath = p }
