@@ -1,0 +1,64 @@
+package framework_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/framework"
+)
+
+// A content driver: each volume is a 1Mi tmpfs holding the pod's name.
+func ExampleNew() {
+	d, err := framework.New(framework.Options{
+		DriverName: "hello.csi.example.com",
+		NodeID:     "node-1", // normally os.Getenv("NODE_NAME") from the downward API
+		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})},
+		Content: framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
+			return map[string]api.File{"pod-name": {Data: []byte(v.Pod.Name)}}, nil
+		}),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(d.Options().Endpoint)
+	// Output: unix:///var/lib/kubelet/plugins/hello.csi.example.com/csi.sock
+}
+
+// Run serves until the context ends; stop on SIGTERM like a DaemonSet pod.
+func ExampleDriver_Run() {
+	d, err := framework.New(framework.Options{
+		DriverName: "hello.csi.example.com",
+		NodeID:     "node-1",
+		StateDir:   filepath.Join(os.TempDir(), "hello-state"),
+		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{})},
+	})
+	if err != nil {
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	_ = d.Run // in main: if err := d.Run(ctx); err != nil { klog.Fatal(err) }
+	_ = ctx
+}
+
+// A backend from two functions: a directory per volume.
+func ExampleBackendFuncs() {
+	root := "/var/lib/example/volumes"
+	b := framework.BackendFuncs{
+		CreateFunc: func(_ context.Context, v *api.Volume) (api.Source, error) {
+			dir := filepath.Join(root, v.ID)
+			return api.Source{Path: dir}, os.MkdirAll(dir, 0o755)
+		},
+		DeleteFunc: func(_ context.Context, v *api.Volume) error {
+			return os.RemoveAll(filepath.Join(root, v.ID))
+		},
+	}
+	_ = framework.Options{Backends: map[string]framework.Backend{"dir": b}}
+}
