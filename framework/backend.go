@@ -70,3 +70,11 @@ type ContentFunc func(ctx context.Context, v *api.Volume) (map[string]api.File, 
 func (f ContentFunc) Content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
 	return f(ctx, v)
 }
+
+// HealthChecker is implemented by backends that can tell whether the storage of a
+// published volume is intact (a backing file deleted, a loop device detached).
+// NodeGetVolumeStats reports a failed check as an abnormal VolumeCondition with
+// the error's message.
+type HealthChecker interface {
+	Check(ctx context.Context, v *api.Volume) error
+}
