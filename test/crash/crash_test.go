@@ -1,0 +1,298 @@
+//go:build linux
+
+package crash
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
+)
+
+// lastPublishFailpoint is hit after the durable Published record: the only
+// publish failpoint after which the volume stays published across the restart.
+const lastPublishFailpoint = "publish-after-done"
+
+// TestPublishCrash kills the driver at every side-effect boundary of a first
+// NodePublishVolume, restarts it on the same state, and then either lets the
+// kubelet retry the publish (the pod still exists) or deletes the pod (the
+// kubelet unpublishes the uncertain volume). Either way the volume ends up
+// mounted exactly once, then nothing is left.
+func TestPublishCrash(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	for _, b := range backends {
+		for _, fp := range publishFailpoints {
+			for _, podDeleted := range []bool{false, true} {
+				name := fmt.Sprintf("%s/%s/retry", b.name, fp)
+				if podDeleted {
+					name = fmt.Sprintf("%s/%s/pod-deleted", b.name, fp)
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					testPublishCrash(t, b, fp, podDeleted)
+				})
+			}
+		}
+	}
+}
+
+func testPublishCrash(t *testing.T, b backend, fp string, podDeleted bool) {
+	r := newRig(t)
+	pod := r.kubelet.NewPod("default", "crash")
+	vol := drivertest.InlineVolume{Name: "scratch", Attributes: b.attrs}
+	target := r.kubelet.TargetPath(pod, vol.Name)
+
+	r.start(fp)
+	r.wantCrashError("NodePublishVolume", r.kubelet.Publish(r.ctx(), pod, vol))
+	r.waitKilled()
+	if s := r.kubelet.State(pod, vol.Name); s != drivertest.StateUncertain {
+		t.Fatalf("kubelet state after the crash: %v, want uncertain", s)
+	}
+
+	r.start("")
+	// The startup reconcile ran before the driver served: an interrupted
+	// publish is rolled back, a durable Published volume is kept.
+	if fp == lastPublishFailpoint {
+		r.wantMounts(target, 1)
+	} else {
+		r.wantMounts(target, 0)
+	}
+
+	if !podDeleted {
+		if err := r.kubelet.Publish(r.ctx(), pod, vol); err != nil {
+			t.Fatalf("retried publish: %v", err)
+		}
+		target := r.wantPublished(pod, vol, b)
+		r.writeData(target, "hello "+fp)
+		// A second retry (a kubelet that missed the OK) must not stack a mount.
+		if err := r.kubelet.Publish(r.ctx(), pod, vol); err != nil {
+			t.Fatalf("second publish: %v", err)
+		}
+		r.wantPublished(pod, vol, b)
+		r.wantData(target, "hello "+fp)
+	}
+	if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
+		t.Fatalf("deleting the pod: %v", err)
+	}
+	if s := r.kubelet.State(pod, vol.Name); s != drivertest.StateNone {
+		t.Fatalf("kubelet state after deleting the pod: %v, want none", s)
+	}
+	r.stop()
+	r.wantClean(pod)
+}
+
+// TestUnpublishCrash kills the driver at every side-effect boundary of
+// NodeUnpublishVolume while the pod is deleted, restarts it, and lets the
+// kubelet retry the deletion.
+func TestUnpublishCrash(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	for _, b := range backends {
+		for _, fp := range unpublishFailpoints {
+			t.Run(b.name+"/"+fp, func(t *testing.T) {
+				t.Parallel()
+				testUnpublishCrash(t, b, fp)
+			})
+		}
+	}
+}
+
+func testUnpublishCrash(t *testing.T, b backend, fp string) {
+	r := newRig(t)
+	pod := r.kubelet.NewPod("default", "crash")
+	vol := drivertest.InlineVolume{Name: "scratch", Attributes: b.attrs}
+
+	r.start("")
+	if err := r.kubelet.Publish(r.ctx(), pod, vol); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	target := r.wantPublished(pod, vol, b)
+	r.writeData(target, "bye")
+	r.stop()
+
+	r.start(fp)
+	r.wantCrashError("NodeUnpublishVolume", r.kubelet.DeletePod(r.ctx(), pod))
+	r.waitKilled()
+
+	r.start("")
+	// Whatever the unpublish had done, the restarted driver finished or rolled
+	// it back before serving: the target is not mounted any more.
+	r.wantMounts(target, 0)
+	// The kubelet retries; NodeUnpublish of a volume the driver no longer knows
+	// is OK and removes what is left of the target.
+	if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
+		t.Fatalf("retried pod deletion: %v", err)
+	}
+	if s := r.kubelet.State(pod, vol.Name); s != drivertest.StateNone {
+		t.Fatalf("kubelet state after deleting the pod: %v, want none", s)
+	}
+	r.stop()
+	r.wantClean(pod)
+}
+
+// TestDriverRestartKeepsLiveVolumes kills the driver with SIGKILL while it
+// serves three published volumes, restarts it and has the kubelet republish
+// them all (kubelet restart semantics): each stays mounted exactly once with
+// its data.
+func TestDriverRestartKeepsLiveVolumes(t *testing.T) {
+	r := newRig(t)
+	t.Parallel()
+	type pv struct {
+		pod  *drivertest.Pod
+		vol  drivertest.InlineVolume
+		b    backend
+		data string
+	}
+	var vols []pv
+	r.start("")
+	for i, b := range []backend{backends[0], backends[1], backends[0]} {
+		v := pv{
+			pod:  r.kubelet.NewPod("default", fmt.Sprintf("live-%d", i)),
+			vol:  drivertest.InlineVolume{Name: fmt.Sprintf("vol-%d", i), Attributes: b.attrs},
+			b:    b,
+			data: fmt.Sprintf("data of volume %d", i),
+		}
+		if err := r.kubelet.Publish(r.ctx(), v.pod, v.vol); err != nil {
+			t.Fatalf("publish %s: %v", v.vol.Name, err)
+		}
+		r.writeData(r.wantPublished(v.pod, v.vol, v.b), v.data)
+		vols = append(vols, v)
+	}
+
+	r.kill()
+	for _, v := range vols {
+		// Killing the driver does not touch the pods' mounts.
+		r.wantData(r.wantPublished(v.pod, v.vol, v.b), v.data)
+	}
+	r.start("")
+	for _, v := range vols {
+		r.wantData(r.wantPublished(v.pod, v.vol, v.b), v.data)
+	}
+	if err := r.kubelet.Restart(r.ctx()); err != nil {
+		t.Fatalf("kubelet restart (republish): %v", err)
+	}
+	for _, v := range vols {
+		r.wantData(r.wantPublished(v.pod, v.vol, v.b), v.data)
+	}
+	var pods []*drivertest.Pod
+	for _, v := range vols {
+		if err := r.kubelet.DeletePod(r.ctx(), v.pod); err != nil {
+			t.Fatalf("deleting pod %s: %v", v.pod.Name, err)
+		}
+		pods = append(pods, v.pod)
+	}
+	r.stop()
+	r.wantClean(pods...)
+}
+
+// TestNodeReboot publishes a tmpfs and a dir volume, stops the driver and
+// unmounts both targets (what a reboot does to the mount table while the
+// kubelet's and the driver's directories survive), then restarts the driver
+// and the kubelet: both volumes are mounted again exactly once, the tmpfs fresh
+// and empty, the dir with its data.
+func TestNodeReboot(t *testing.T) {
+	r := newRig(t)
+	t.Parallel()
+	pod := r.kubelet.NewPod("default", "reboot")
+	mem := drivertest.InlineVolume{Name: "mem", Attributes: backends[0].attrs}
+	disk := drivertest.InlineVolume{Name: "disk", Attributes: backends[1].attrs}
+
+	r.start("")
+	for _, v := range []drivertest.InlineVolume{mem, disk} {
+		if err := r.kubelet.Publish(r.ctx(), pod, v); err != nil {
+			t.Fatalf("publish %s: %v", v.Name, err)
+		}
+	}
+	r.writeData(r.wantPublished(pod, mem, backends[0]), "memory")
+	r.writeData(r.wantPublished(pod, disk, backends[1]), "disk")
+	r.stop()
+
+	for _, v := range []drivertest.InlineVolume{mem, disk} {
+		target := r.kubelet.TargetPath(pod, v.Name)
+		if err := syscall.Unmount(target, 0); err != nil {
+			t.Fatalf("unmounting %s: %v", target, err)
+		}
+		r.wantMounts(target, 0)
+	}
+
+	r.start("")
+	if err := r.kubelet.Restart(r.ctx()); err != nil {
+		t.Fatalf("kubelet restart (republish): %v", err)
+	}
+	r.wantData(r.wantPublished(pod, mem, backends[0]), "")
+	r.wantData(r.wantPublished(pod, disk, backends[1]), "disk")
+	// And once more: a republish of repaired volumes changes nothing.
+	if err := r.kubelet.Restart(r.ctx()); err != nil {
+		t.Fatalf("second kubelet restart: %v", err)
+	}
+	r.wantData(r.wantPublished(pod, mem, backends[0]), "")
+	r.wantData(r.wantPublished(pod, disk, backends[1]), "disk")
+
+	if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
+		t.Fatalf("deleting the pod: %v", err)
+	}
+	r.stop()
+	r.wantClean(pod)
+}
+
+// repairFailpoints are the publish failpoints a republish that repairs an
+// unmounted volume passes (it re-creates the storage and mounts it again, but
+// writes no intent and no new phase).
+var repairFailpoints = []string{"publish-after-mkdir", "publish-after-mount", "publish-after-content"}
+
+// TestNodeRebootRepairCrash is TestNodeReboot with the driver killed in the
+// middle of repairing the unmounted volume: the record stays Published, and
+// the kubelet's next republish finishes the repair without stacking a mount.
+func TestNodeRebootRepairCrash(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	for _, fp := range repairFailpoints {
+		if !slices.Contains(publishFailpoints, fp) {
+			t.Fatalf("failpoint %q is not in failpoint.Publish any more; update repairFailpoints", fp)
+		}
+	}
+	for _, b := range backends {
+		for _, fp := range repairFailpoints {
+			t.Run(b.name+"/"+fp, func(t *testing.T) {
+				t.Parallel()
+				r := newRig(t)
+				pod := r.kubelet.NewPod("default", "reboot")
+				vol := drivertest.InlineVolume{Name: "scratch", Attributes: b.attrs}
+				r.start("")
+				if err := r.kubelet.Publish(r.ctx(), pod, vol); err != nil {
+					t.Fatalf("publish: %v", err)
+				}
+				target := r.wantPublished(pod, vol, b)
+				r.writeData(target, "before reboot")
+				r.stop()
+				if err := syscall.Unmount(target, 0); err != nil {
+					t.Fatal(err)
+				}
+
+				r.start(fp)
+				r.wantCrashError("republish", r.kubelet.Restart(r.ctx()))
+				r.waitKilled()
+				r.start("")
+				if err := r.kubelet.Restart(r.ctx()); err != nil {
+					t.Fatalf("kubelet restart after the crash: %v", err)
+				}
+				want := "before reboot"
+				if b.name == "tmpfs" {
+					want = "" // memory does not survive a reboot
+				}
+				r.wantData(r.wantPublished(pod, vol, b), want)
+				if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
+					t.Fatalf("deleting the pod: %v", err)
+				}
+				r.stop()
+				r.wantClean(pod)
+			})
+		}
+	}
+}
