@@ -38,7 +38,7 @@ type Driver struct {
 
 	locks    volumeLocks
 	inflight chan struct{}
-	volumes  atomic.Int64 // records in the store, for MaxVolumesPerNode
+	capacity *capacity
 	ready    atomic.Bool
 	running  atomic.Bool
 
@@ -62,6 +62,7 @@ func New(opts Options) (*Driver, error) {
 		mounter:  opts.Mounter,
 		store:    opts.Store,
 		inflight: make(chan struct{}, opts.MaxInFlight),
+		capacity: newCapacity(opts.MaxVolumesPerNode, opts.Capacity),
 		capabilities: &csi.NodeGetCapabilitiesResponse{
 			Capabilities: nodeCapabilities(),
 		},
@@ -83,7 +84,18 @@ func New(opts Options) (*Driver, error) {
 // nodeCapabilities lists what the driver really implements. Ephemeral inline
 // volumes are never staged or expanded.
 func nodeCapabilities() []*csi.NodeServiceCapability {
-	return nil
+	var caps []*csi.NodeServiceCapability
+	for _, c := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		legacyVolumeCondition,
+		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
+		})
+	}
+	return caps
 }
 
 // Options returns the options after defaults were applied.
@@ -125,7 +137,8 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return fmt.Errorf("startup reconcile: %w", err)
 	}
-	log.Info("Reconciled state", logkeys.Count, d.volumes.Load(), logkeys.Duration, time.Since(start))
+	n, used := d.capacity.snapshot()
+	log.Info("Reconciled state", logkeys.Count, n, "bytesByBackend", used, logkeys.Duration, time.Since(start))
 
 	sock, _ := socketPath(d.opts.Endpoint)
 	lis, err := listenUnix(sock)

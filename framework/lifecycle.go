@@ -112,13 +112,8 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
 	log := klog.FromContext(ctx)
 	v := pr.vol
-	if max := d.opts.MaxVolumesPerNode; max > 0 {
-		if n := d.volumes.Add(1); n > max {
-			d.volumes.Add(-1)
-			return nil, status.Errorf(codes.ResourceExhausted, "node already has %d volumes of %s (MaxVolumesPerNode %d)", n-1, d.opts.DriverName, max)
-		}
-	} else {
-		d.volumes.Add(1)
+	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
+		return nil, err
 	}
 	now := time.Now().UTC()
 	rec := &store.Record{
@@ -138,7 +133,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		Updated:    now,
 	}
 	if err := d.store.Put(ctx, rec); err != nil {
-		d.volumes.Add(-1)
+		d.capacity.release(v.Backend, v.Size)
 		return nil, transient(fmt.Errorf("saving volume intent: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterIntent)
@@ -188,12 +183,21 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
+	if v.FSGroup != nil && !isWindows {
+		if err := applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
+			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
+		}
+	}
 	if d.opts.Content != nil {
 		files, err := d.opts.Content.Content(ctx, v)
 		if err != nil {
 			return fmt.Errorf("content provider: %w", err)
 		}
-		if err := writeFiles(v.TargetPath, files); err != nil {
+		gid := -1
+		if v.FSGroup != nil && !isWindows {
+			gid = int(*v.FSGroup)
+		}
+		if err := writeFiles(v.TargetPath, files, gid); err != nil {
 			return fmt.Errorf("writing content: %w", err)
 		}
 	}
@@ -206,8 +210,25 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	return nil
 }
 
-// writeFiles writes files below dir without following links out of it.
-func writeFiles(dir string, files map[string]api.File) error {
+// applyFSGroup gives the volume's root to the pod's fsGroup the way the kubelet
+// does for volumes it owns: group ownership, group read/write/search, and setgid
+// so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
+// kubelet leaves this to the driver and never walks the volume itself.
+func applyFSGroup(dir string, gid int) error {
+	if err := os.Lchown(dir, -1, gid); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	return os.Chmod(dir, fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
+}
+
+// writeFiles writes files below dir without following links out of it. With a
+// gid >= 0 (fsGroup), files and the directories made for them belong to that
+// group and are group-readable.
+func writeFiles(dir string, files map[string]api.File, gid int) error {
 	if len(files) == 0 {
 		return nil
 	}
@@ -225,12 +246,27 @@ func writeFiles(dir string, files map[string]api.File) error {
 			if err := root.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
+			if gid >= 0 {
+				for p := d; p != "."; p = filepath.Dir(p) {
+					if err := root.Lchown(p, -1, gid); err != nil {
+						return err
+					}
+				}
+			}
 		}
 		mode := f.Mode.Perm()
 		if mode == 0 {
 			mode = 0o644
 		}
-		if err := root.WriteFile(clean, f.Data, mode); err != nil {
+		if gid >= 0 {
+			mode |= 0o040
+			if err := root.WriteFile(clean, f.Data, mode); err != nil {
+				return err
+			}
+			if err := root.Lchown(clean, -1, gid); err != nil {
+				return err
+			}
+		} else if err := root.WriteFile(clean, f.Data, mode); err != nil {
 			return err
 		}
 		if err := root.Chmod(clean, mode); err != nil { // not subject to umask
@@ -323,7 +359,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	if err := d.store.Delete(ctx, rec.VolumeID); err != nil {
 		return transient(fmt.Errorf("deleting volume record: %w", err))
 	}
-	d.volumes.Add(-1)
+	d.capacity.release(rec.Backend, rec.Size)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
 }

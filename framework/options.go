@@ -51,6 +51,12 @@ type Options struct {
 	// most that many pods using this driver's volumes on a node) and enforced at
 	// publish. Defaults to 0: no limit.
 	MaxVolumesPerNode int64
+	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
+	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it
+	// gets ResourceExhausted with the numbers, and the kubelet retries. Usage is
+	// derived from the durable records, so it survives restarts. Backends not
+	// listed are unlimited. Defaults to no budgets.
+	Capacity map[string]int64
 	// MaxVolumeSize caps the "size" attribute in bytes. Defaults to 0: no cap
 	// beyond the backend's own.
 	MaxVolumeSize int64
@@ -148,6 +154,9 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
 	} else if _, ok := o.Backends[o.DefaultBackend]; !ok && len(o.Backends) > 0 {
 		errs = append(errs, fmt.Errorf("DefaultBackend %q is not one of the backends (%s)", o.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
+	}
+	if err := validateCapacity(o.Capacity, o.Backends); err != nil {
+		errs = append(errs, err)
 	}
 	if o.MaxVolumesPerNode < 0 || o.MaxVolumeSize < 0 || o.MaxInFlight < 0 {
 		errs = append(errs, errors.New("MaxVolumesPerNode, MaxVolumeSize and MaxInFlight must not be negative"))

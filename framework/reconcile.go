@@ -29,7 +29,7 @@ func (d *Driver) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing volume records: %w", err)
 	}
-	d.volumes.Store(int64(len(recs)))
+	d.capacity.reset(recs)
 	known := make(map[string]bool, len(recs))
 	var failed []error
 	for _, rec := range recs {

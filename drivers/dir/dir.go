@@ -73,9 +73,6 @@ func (b *Backend) owner(v *api.Volume) (mode fs.FileMode, uid, gid int64, err er
 		return
 	}
 	gid, err = v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
-	if gid < 0 && v.FSGroup != nil {
-		gid = *v.FSGroup
-	}
 	return
 }
 

@@ -40,6 +40,7 @@ func main() {
 		defaultSize = flag.String("default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
 		maxSize     = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
 		softSize    = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
+		capacity    = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
 	)
 	flag.StringVar(&opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
 	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
@@ -51,6 +52,11 @@ func main() {
 	flag.BoolVar(&opts.RegisterWithKubelet, "register", false, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
 	flag.Parse()
 
+	var err error
+	if opts.Capacity, err = parseCapacity(*capacity); err != nil {
+		klog.ErrorS(err, "Invalid flags")
+		os.Exit(2)
+	}
 	if err := run(opts, *backends, *defaultSize, *maxSize, *softSize); err != nil {
 		klog.ErrorS(err, "Driver failed")
 		klog.Flush()
@@ -105,4 +111,24 @@ func quantity(flagName, s string) (int64, error) {
 		return 0, fmt.Errorf("%s=%q is not a positive quantity like 64Mi", flagName, s)
 	}
 	return q.Value(), nil
+}
+
+// parseCapacity parses "tmpfs=4Gi,loop=200Gi".
+func parseCapacity(s string) (map[string]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	m := map[string]int64{}
+	for _, kv := range strings.Split(s, ",") {
+		name, q, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("--capacity: %q is not backend=quantity", kv)
+		}
+		n, err := quantity("--capacity "+name, q)
+		if err != nil {
+			return nil, err
+		}
+		m[name] = n
+	}
+	return m, nil
 }

@@ -91,12 +91,6 @@ func (b *Backend) options(v *api.Volume) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if gid < 0 && v.FSGroup != nil {
-		gid = *v.FSGroup
-		if !v.Params.Has(ParamMode) {
-			mode = fs.ModeSetgid | 0o775
-		}
-	}
 	opts := []string{"size=" + strconv.FormatInt(v.Size, 10), "mode=" + octal(mode)}
 	if uid >= 0 {
 		opts = append(opts, "uid="+strconv.FormatInt(uid, 10))

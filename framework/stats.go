@@ -1,0 +1,148 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// legacyVolumeCondition is the node capability VOLUME_CONDITION (value 4) of
+// CSI spec 1.3-1.12, which kubelets up to at least 1.34 still use (behind the
+// CSIVolumeHealth feature gate). CSI 1.13 replaced it with GET_VOLUME_HEALTH and
+// removed the enum value and the volume_condition field from the generated code;
+// both are still valid on the wire.
+const legacyVolumeCondition csi.NodeServiceCapability_RPC_Type = 4
+
+// health is the outcome of a volume's health check.
+type health struct {
+	status  csi.VolumeHealthErrorType // UNKNOWN_VOLUME_HEALTH_TYPE when healthy
+	reason  string
+	message string
+}
+
+func (h health) ok() bool { return h.reason == "" }
+
+// lookup finds the record of a published volume for the stats and health RPCs.
+// An unknown ID is NotFound; a path other than the volume's target too.
+func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
+	if id == "" {
+		return nil, invalidArgf("volume_id is required")
+	}
+	rec, err := d.store.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not published on this node", id)
+	}
+	if err != nil {
+		return nil, transient(fmt.Errorf("reading volume state: %w", err))
+	}
+	if path == "" {
+		if pathRequired {
+			return nil, invalidArgf("volume_path is required")
+		}
+		return rec, nil
+	}
+	if normalizePath(path, isWindows) != normalizePath(rec.TargetPath, isWindows) {
+		return nil, status.Errorf(codes.NotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
+	}
+	return rec, nil
+}
+
+// check reports whether a published volume is usable: its record complete, its
+// target mounted, and its backend's storage intact.
+func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
+	if rec.Phase != store.PhasePublished {
+		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
+	}
+	mounted, err := d.mounter.IsMountPoint(rec.TargetPath)
+	if err != nil {
+		return health{}, transient(fmt.Errorf("checking target: %w", err))
+	}
+	if !mounted {
+		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
+	}
+	if hc, ok := d.opts.Backends[rec.Backend].(HealthChecker); ok {
+		if err := hc.Check(ctx, recordVolume(rec)); err != nil {
+			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
+		}
+	}
+	return health{}, nil
+}
+
+// NodeGetVolumeStats implements csi.NodeServer. The kubelet calls it with the
+// volume handle and the target path of a mounted volume. It takes no volume lock:
+// stats never delay or abort a publish. The volume is looked up first, so an
+// unknown ID is NotFound whatever the path.
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePath(), true)
+	if err != nil {
+		return nil, err
+	}
+	h, err := d.check(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.NodeGetVolumeStatsResponse{}
+	if h.ok() {
+		usage := filesystemUsage
+		if rec.Source != nil && rec.Source.IsDir() {
+			usage = directoryUsage
+		}
+		u, err := usage(rec.TargetPath)
+		switch {
+		case errors.Is(err, mount.ErrNotSupported):
+			return nil, status.Errorf(codes.Unimplemented, "volume stats: %v", err)
+		case err != nil:
+			h = health{csi.VolumeHealthErrorType_INACCESSIBLE, "StatFailed", fmt.Sprintf("reading usage: %v", err)}
+		default:
+			resp.Usage = []*csi.VolumeUsage{
+				{Unit: csi.VolumeUsage_BYTES, Total: u.bytesTotal, Available: u.bytesAvail, Used: u.bytesUsed},
+				{Unit: csi.VolumeUsage_INODES, Total: u.inodesTotal, Available: u.inodesFree, Used: u.inodesUsed},
+			}
+		}
+	}
+	setLegacyCondition(resp, !h.ok(), h.message)
+	return resp, nil
+}
+
+// setLegacyCondition adds volume_condition (field 2: {bool abnormal = 1;
+// string message = 2;}) as the kubelet's CSI 1.12 bindings expect it.
+func setLegacyCondition(resp *csi.NodeGetVolumeStatsResponse, abnormal bool, msg string) {
+	if msg == "" {
+		msg = "volume is healthy"
+	}
+	var cond []byte
+	if abnormal {
+		cond = protowire.AppendTag(cond, 1, protowire.VarintType)
+		cond = protowire.AppendVarint(cond, 1)
+	}
+	cond = protowire.AppendTag(cond, 2, protowire.BytesType)
+	cond = protowire.AppendString(cond, msg)
+	raw := protowire.AppendTag(nil, 2, protowire.BytesType)
+	raw = protowire.AppendBytes(raw, cond)
+	resp.ProtoReflect().SetUnknown(raw)
+}
+
+// NodeGetVolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
+func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePublishPath(), false)
+	if err != nil {
+		return nil, err
+	}
+	h, err := d.check(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	vh := &csi.VolumeHealth{VolumeId: rec.VolumeID}
+	if !h.ok() {
+		vh.HealthStatuses = []*csi.VolumeHealth_VolumeHealthEntry{{Status: h.status, Reason: h.reason, Message: h.message}}
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: vh}, nil
+}
