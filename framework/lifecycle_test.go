@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -329,4 +330,38 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// An operator changing a backend default must not turn the republish of a running
+// pod into AlreadyExists: the hash covers what the pod asked for.
+func TestRepublishAfterDefaultChange(t *testing.T) {
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
+		o.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	})
+	pod := h.Kubelet.NewPod("ns", "p")
+	vol := drivertest.InlineVolume{Name: "v"}
+	if err := publishFake(t, h, fake, pod, vol); err != nil {
+		t.Fatal(err)
+	}
+	h.Stop()
+	h.Options.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 2 << 20})
+	h.Restart()
+	if err := publishFake(t, h, fake, pod, vol); err != nil {
+		t.Fatalf("republish after the default size changed: %v", err)
+	}
+	if fake.MountCount(h.Kubelet.TargetPath(pod, "v")) != 1 {
+		t.Fatal("republish remounted")
+	}
+}
+
+// A backend default above the driver's maximum is refused like an explicit size.
+func TestMaxVolumeSizeAppliesAfterDefaults(t *testing.T) {
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
+		o.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 2 << 30})
+	})
+	pod := h.Kubelet.NewPod("ns", "p")
+	err := publishFake(t, h, fake, pod, drivertest.InlineVolume{Name: "v"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "maximum volume size") {
+		t.Fatalf("default size over the maximum: %v", err)
+	}
 }

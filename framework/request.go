@@ -143,6 +143,10 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		Params:   backendParams,
 		Secrets:  api.Secrets(req.GetSecrets()),
 	}
+	// The hash covers what the pod asked for, not the defaults a backend fills in
+	// below, so an operator changing a default does not turn the republish of a
+	// running pod into AlreadyExists.
+	hash := requestHash(v, params)
 	if val, ok := backend.(Validator); ok {
 		if err := val.Validate(v); err != nil {
 			if !errors.Is(err, api.ErrInvalidParams) {
@@ -158,7 +162,10 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 			return nil, invalidArgf("fsType %q is not supported by backend %q; leave fsType unset", v.FSType, backendName)
 		}
 	}
-	return &publishRequest{vol: v, backend: backend, params: params, hash: requestHash(v, params)}, nil
+	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
+		return nil, invalidArgf("backend %q: volume size %d bytes (after defaults and rounding) exceeds this driver's maximum volume size of %d bytes", backendName, v.Size, d.opts.MaxVolumeSize)
+	}
+	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
 }
 
 // requestHash identifies what a pod asked for. A second publish of the same volume

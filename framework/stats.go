@@ -36,6 +36,9 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	if id == "" {
 		return nil, invalidArgf("volume_id is required")
 	}
+	if path == "" && pathRequired {
+		return nil, invalidArgf("volume_path is required")
+	}
 	rec, err := d.store.Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not published on this node", id)

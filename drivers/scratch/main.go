@@ -6,7 +6,7 @@
 //	- name: scratch
 //	  csi:
 //	    driver: scratch.csi.ephemera.dev
-//	    volumeAttributes: {size: 256Mi}        # backend: tmpfs | dir
+//	    volumeAttributes: {size: 256Mi}        # backend: tmpfs | loop | dir
 package main
 
 import (
@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
+	"github.com/ephemera-csi/ephemera/drivers/loop"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 )
@@ -35,12 +36,15 @@ var version = "dev" // set with -ldflags "-X main.version=..."
 func main() {
 	klog.InitFlags(nil)
 	var (
-		opts        framework.Options
-		backends    = flag.String("backends", "tmpfs,dir", "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir).")
-		defaultSize = flag.String("default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
-		maxSize     = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
-		softSize    = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
-		capacity    = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
+		opts         framework.Options
+		backends     = flag.String("backends", "tmpfs,dir,loop", "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop).")
+		loopFS       = flag.String("loop-fstype", "ext4", "Filesystem of loop volumes without an fsType: ext4 or xfs.")
+		loopSize     = flag.String("loop-default-size", "", "Size of loop volumes without a \"size\" attribute. Empty: \"size\" is required.")
+		loopPrealloc = flag.Bool("loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
+		defaultSize  = flag.String("default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
+		maxSize      = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
+		softSize     = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
+		capacity     = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
 	)
 	flag.StringVar(&opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
 	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
@@ -57,7 +61,8 @@ func main() {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
-	if err := run(opts, *backends, *defaultSize, *maxSize, *softSize); err != nil {
+	lo := loopFlags{fsType: *loopFS, defaultSize: *loopSize, preallocate: *loopPrealloc}
+	if err := run(opts, *backends, *defaultSize, *maxSize, *softSize, lo); err != nil {
 		klog.ErrorS(err, "Driver failed")
 		klog.Flush()
 		os.Exit(1)
@@ -65,7 +70,12 @@ func main() {
 	klog.Flush()
 }
 
-func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool) error {
+type loopFlags struct {
+	fsType, defaultSize string
+	preallocate         bool
+}
+
+func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, lo loopFlags) error {
 	opts.Version = version
 	if opts.StateDir == "" {
 		opts.StateDir = filepath.Join("/var/lib/ephemera", opts.DriverName)
@@ -88,9 +98,25 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 				return err
 			}
 			opts.Backends[name] = b
+		case "loop":
+			size, err := quantity("--loop-default-size", lo.defaultSize)
+			if err != nil {
+				return err
+			}
+			b, err := loop.New(loop.Options{
+				Dir:           filepath.Join(opts.StateDir, "loop"),
+				DefaultFSType: lo.fsType,
+				DefaultSize:   size,
+				MaxSize:       opts.MaxVolumeSize,
+				Preallocate:   lo.preallocate,
+			})
+			if err != nil {
+				return err
+			}
+			opts.Backends[name] = b
 		case "":
 		default:
-			return fmt.Errorf("--backends: unknown backend %q (known: tmpfs, dir)", name)
+			return fmt.Errorf("--backends: unknown backend %q (known: tmpfs, dir, loop)", name)
 		}
 	}
 	d, err := framework.New(opts)

@@ -1,0 +1,11 @@
+// Package bench is a kubelet-shaped load generator for Ephemera: publish and
+// unpublish latency through the real gRPC socket (drivertest's kubelet
+// simulator, one connection per RPC, two NodeGetCapabilities per publish),
+// with the real mounter and bbolt state, against the raw syscall floor of the
+// same pattern measured in the same run. See README.md.
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestLatencyTable -v
+//	go test ./test/bench -run '^$' -bench . -benchtime 400x
+//
+// The measurements are Linux-only (bench_test.go, load_test.go) and need root.
+package bench

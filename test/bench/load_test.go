@@ -1,0 +1,424 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/dir"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
+)
+
+// volSize is the "size" of every tmpfs volume, and the size= of the floor's.
+const volSize = 16 << 20
+
+// enabled reports whether the latency table should run: EPHEMERA_BENCH=1 or
+// go test -bench.
+func enabled() bool {
+	if os.Getenv("EPHEMERA_BENCH") == "1" {
+		return true
+	}
+	f := flag.Lookup("test.bench")
+	return f != nil && f.Value.String() != ""
+}
+
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: mounts tmpfs and bind mounts")
+	}
+}
+
+// workload is one publish/unpublish pattern over n volumes numbered 0..n-1.
+// setup and done are not timed (the kubelet creating and removing pod
+// directories); publish and unpublish are.
+type workload interface {
+	setup(i int) error
+	publish(ctx context.Context, i int) error
+	unpublish(ctx context.Context, i int) error
+	done(i int) error
+}
+
+// sample is the outcome of one measured run.
+type sample struct {
+	pub, unpub         []time.Duration // sorted
+	pubWall, unpubWall time.Duration
+}
+
+// merge returns the union of two samples (sorted) with their wall times added.
+func (s sample) merge(o sample) sample {
+	pub, unpub := slices.Concat(s.pub, o.pub), slices.Concat(s.unpub, o.unpub)
+	slices.Sort(pub)
+	slices.Sort(unpub)
+	return sample{pub: pub, unpub: unpub, pubWall: s.pubWall + o.pubWall, unpubWall: s.unpubWall + o.unpubWall}
+}
+
+// measure runs w over n volumes with conc workers in phases: set up all, publish
+// all, unpublish all, finish all. Publishing everything before unpublishing
+// lets the mount table grow to n entries, as on a busy node.
+func measure(ctx context.Context, w workload, n, conc int) (sample, error) {
+	var s sample
+	if err := parallel(n, conc, func(i int) error { return w.setup(i) }); err != nil {
+		return s, fmt.Errorf("setup: %w", err)
+	}
+	s.pub = make([]time.Duration, n)
+	start := time.Now()
+	err := parallel(n, conc, func(i int) error {
+		t0 := time.Now()
+		err := w.publish(ctx, i)
+		s.pub[i] = time.Since(t0)
+		return err
+	})
+	s.pubWall = time.Since(start)
+	if err != nil {
+		return s, fmt.Errorf("publish: %w", err)
+	}
+	s.unpub = make([]time.Duration, n)
+	start = time.Now()
+	err = parallel(n, conc, func(i int) error {
+		t0 := time.Now()
+		err := w.unpublish(ctx, i)
+		s.unpub[i] = time.Since(t0)
+		return err
+	})
+	s.unpubWall = time.Since(start)
+	if err != nil {
+		return s, fmt.Errorf("unpublish: %w", err)
+	}
+	if err := parallel(n, conc, func(i int) error { return w.done(i) }); err != nil {
+		return s, fmt.Errorf("cleanup: %w", err)
+	}
+	slices.Sort(s.pub)
+	slices.Sort(s.unpub)
+	return s, nil
+}
+
+// parallel calls f(0..n-1) on conc workers and returns the first error; after
+// an error no new indexes are started.
+func parallel(n, conc int, f func(i int) error) error {
+	var (
+		next   atomic.Int64
+		failed atomic.Bool
+		mu     sync.Mutex
+		first  error
+		wg     sync.WaitGroup
+	)
+	for range min(conc, n) {
+		wg.Go(func() {
+			for !failed.Load() {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("volume %d: %w", i, err)
+					}
+					mu.Unlock()
+					failed.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// pct returns the q-quantile (0 < q <= 1) of sorted durations (nearest rank).
+func pct(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(i, 0)]
+}
+
+// driverLoad publishes one inline volume per pod through the kubelet simulator:
+// per publish a fresh gRPC connection for each of NodeGetCapabilities x2 and
+// NodePublishVolume, plus vol_data.json; per unpublish NodeUnpublishVolume and
+// the kubelet's removeMountDir.
+type driverLoad struct {
+	k     *drivertest.Kubelet
+	attrs map[string]string
+	pods  []*drivertest.Pod
+}
+
+func newDriverLoad(k *drivertest.Kubelet, backend string, n int) *driverLoad {
+	attrs := map[string]string{api.ParamBackend: backend}
+	if backend == "tmpfs" {
+		attrs[api.ParamSize] = strconv.Itoa(volSize)
+	}
+	return &driverLoad{k: k, attrs: attrs, pods: make([]*drivertest.Pod, n)}
+}
+
+func (l *driverLoad) setup(i int) error {
+	l.pods[i] = l.k.NewPod("bench", "pod-"+strconv.Itoa(i))
+	return nil
+}
+
+func (l *driverLoad) publish(ctx context.Context, i int) error {
+	return l.k.Publish(ctx, l.pods[i], drivertest.InlineVolume{Name: "data", Attributes: l.attrs})
+}
+
+func (l *driverLoad) unpublish(ctx context.Context, i int) error {
+	return l.k.Unpublish(ctx, l.pods[i], "data")
+}
+
+func (l *driverLoad) done(i int) error { return l.k.DeletePod(context.Background(), l.pods[i]) }
+
+// rpcLoad sends only NodePublishVolume / NodeUnpublishVolume, kubelet-exact,
+// on one long-lived connection: the driver's share of driverLoad without the
+// kubelet's dials, NodeGetCapabilities calls and vol_data.json. Pod
+// directories and requests are prepared in setup.
+type rpcLoad struct {
+	k    *drivertest.Kubelet // a second simulator on the driver's kubelet root
+	node csi.NodeClient
+	vol  drivertest.InlineVolume
+	pods []*drivertest.Pod
+	reqs []*csi.NodePublishVolumeRequest
+}
+
+func newRPCLoad(h *drivertest.Harness, backend string, n int) *rpcLoad {
+	k := drivertest.NewKubelet(drivertest.KubeletOptions{
+		Root: h.Options.KubeletRootDir, Endpoint: h.Options.Endpoint,
+		DriverName: h.Options.DriverName, NodeName: h.Options.NodeID,
+	})
+	return &rpcLoad{
+		k: k, node: h.Node,
+		vol:  drivertest.InlineVolume{Name: "data", Attributes: newDriverLoad(k, backend, 0).attrs},
+		pods: make([]*drivertest.Pod, n), reqs: make([]*csi.NodePublishVolumeRequest, n),
+	}
+}
+
+func (l *rpcLoad) setup(i int) error {
+	l.pods[i] = l.k.NewPod("rpc", "pod-"+strconv.Itoa(i))
+	l.reqs[i] = l.k.PublishRequest(l.pods[i], l.vol)
+	return os.MkdirAll(filepath.Dir(l.reqs[i].TargetPath), 0o750)
+}
+
+func (l *rpcLoad) publish(ctx context.Context, i int) error {
+	_, err := l.node.NodePublishVolume(ctx, l.reqs[i])
+	return err
+}
+
+func (l *rpcLoad) unpublish(ctx context.Context, i int) error {
+	_, err := l.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: l.reqs[i].VolumeId, TargetPath: l.reqs[i].TargetPath})
+	return err
+}
+
+// done removes the pod directory; unpublish removed the target, so nothing
+// below it is mounted.
+func (l *rpcLoad) done(i int) error { return os.RemoveAll(l.k.PodDir(l.pods[i])) }
+
+// floorLoad is the raw syscall floor: the same observable result as the driver
+// without it. tmpfs: mkdir target + mount tmpfs (nosuid,nodev,size=,mode=);
+// umount + rmdir. bind: mkdir+chmod source + mkdir target + bind mount + remount
+// nosuid,nodev; umount + rmdir target + rmdir source. The parent of the target
+// exists beforehand, as the kubelet creates it.
+type floorLoad struct {
+	root string
+	bind bool
+}
+
+func (l *floorLoad) parent(i int) string { return filepath.Join(l.root, "pods", strconv.Itoa(i)) }
+func (l *floorLoad) target(i int) string { return filepath.Join(l.parent(i), "mount") }
+func (l *floorLoad) source(i int) string { return filepath.Join(l.root, "src", strconv.Itoa(i)) }
+
+func (l *floorLoad) setup(i int) error {
+	if l.bind {
+		if err := os.MkdirAll(filepath.Dir(l.source(i)), 0o700); err != nil {
+			return err
+		}
+	}
+	return os.MkdirAll(l.parent(i), 0o750)
+}
+
+func (l *floorLoad) publish(_ context.Context, i int) error {
+	target := l.target(i)
+	if !l.bind {
+		if err := unix.Mkdir(target, 0o750); err != nil {
+			return err
+		}
+		return unix.Mount("bench-tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
+			"size="+strconv.Itoa(volSize)+",mode=1777")
+	}
+	src := l.source(i)
+	if err := unix.Mkdir(src, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Chmod(src, 0o777); err != nil {
+		return err
+	}
+	if err := unix.Mkdir(target, 0o750); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, "")
+}
+
+func (l *floorLoad) unpublish(_ context.Context, i int) error {
+	target := l.target(i)
+	if err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW); err != nil {
+		return err
+	}
+	if err := unix.Rmdir(target); err != nil {
+		return err
+	}
+	if l.bind {
+		return unix.Rmdir(l.source(i))
+	}
+	return nil
+}
+
+func (l *floorLoad) done(i int) error { return os.Remove(l.parent(i)) }
+
+// env is one driver with a tmpfs and a dir backend, real mounter and bbolt
+// state (fsync on the root filesystem), plus a directory for the floor.
+type env struct {
+	h     *drivertest.Harness
+	floor string
+}
+
+// newEnv starts the driver. Every mount left below its directories is
+// unmounted at cleanup, deepest first, before the directories are removed.
+func newEnv(tb testing.TB) *env {
+	tb.Helper()
+	base := tb.TempDir()
+	tb.Cleanup(func() {
+		if err := unmountAllUnder(base); err != nil {
+			tb.Errorf("cleaning mounts: %v", err)
+		}
+	})
+	state := filepath.Join(base, "state")
+	volumes, err := dir.New(dir.Options{Root: filepath.Join(state, "volumes")})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := drivertest.Start(tb, framework.Options{
+		DriverName:     "bench.csi.ephemera.dev",
+		KubeletRootDir: filepath.Join(base, "kubelet"),
+		StateDir:       state,
+		Backends: map[string]framework.Backend{
+			"tmpfs": tmpfs.New(tmpfs.Options{}),
+			"dir":   volumes,
+		},
+		DefaultBackend: "tmpfs",
+	})
+	return &env{h: h, floor: filepath.Join(base, "floor")}
+}
+
+// Kinds of workload.
+const (
+	kindDriver = "driver" // kubelet simulator -> driver
+	kindRPC    = "rpc"    // NodePublish/NodeUnpublish only, one connection
+	kindFloor  = "floor"  // syscalls only
+)
+
+// load returns a workload of kind for backend ("tmpfs" or "dir").
+func (e *env) load(kind, backend string, n int) workload {
+	switch kind {
+	case kindFloor:
+		return &floorLoad{root: filepath.Join(e.floor, backend), bind: backend == "dir"}
+	case kindRPC:
+		return newRPCLoad(e.h, backend, n)
+	}
+	return newDriverLoad(e.h.Kubelet, backend, n)
+}
+
+// mountsUnder returns the mount points strictly below dir, deepest (and, for
+// stacked mounts, most recent) first.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		p := unescape(f[4])
+		if strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	slices.Reverse(out) // mountinfo lists in mount order: later mounts stack on top
+	sort.SliceStable(out, func(i, j int) bool {
+		return strings.Count(out[i], "/") > strings.Count(out[j], "/")
+	})
+	return out, nil
+}
+
+// unescape decodes the octal escapes of /proc/self/mountinfo.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountAllUnder unmounts everything below dir, deepest first; a busy mount is
+// detached lazily so the run never leaves anything mounted.
+func unmountAllUnder(dir string) error {
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for range 4 { // stacked mounts show up again after the top one is gone
+		ms, err := mountsUnder(dir)
+		if err != nil || len(ms) == 0 {
+			return errors.Join(append(errs, err)...)
+		}
+		for _, m := range ms {
+			if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+					errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+				}
+			}
+		}
+	}
+	ms, err := mountsUnder(dir)
+	if len(ms) > 0 {
+		errs = append(errs, fmt.Errorf("still mounted: %v", ms))
+	}
+	return errors.Join(append(errs, err)...)
+}
