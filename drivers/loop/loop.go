@@ -45,6 +45,18 @@ const (
 const imgExt = ".img"
 
 // Options configure the backend.
+// Failpoints of Create, in order, for crash tests (see package
+// framework/failpoint): after the backing file exists, after the loop device is
+// attached (before mkfs), and after mkfs (before the framework mounts).
+const (
+	FailpointAfterFile   = "loop-after-file"
+	FailpointAfterAttach = "loop-after-attach"
+	FailpointAfterMkfs   = "loop-after-mkfs"
+)
+
+// Failpoints lists the failpoints of Create in order.
+var Failpoints = []string{FailpointAfterFile, FailpointAfterAttach, FailpointAfterMkfs}
+
 type Options struct {
 	// Dir holds the backing files, one sparse <volumeID>.img per volume,
 	// normally <state-dir>/loop. Required, absolute. It is created on first use.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/failpoint"
 )
 
 // Kernel interfaces; variables so that tests could point them elsewhere.
@@ -93,6 +94,8 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 		return api.Source{}, fmt.Errorf("backing file %s has %d bytes, expected %d; it belongs to another incarnation of volume %s: unpublish it first", path, st.Size, size, v.ID)
 	}
 
+	failpoint.Hit(FailpointAfterFile)
+
 	if b.opts.Preallocate {
 		// Allocates only what is still a hole: cheap to repeat.
 		if err := unix.Fallocate(fd, 0, 0, size); err != nil {
@@ -121,6 +124,8 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 		}
 	}
 
+	failpoint.Hit(FailpointAfterAttach)
+
 	// (3) The filesystem.
 	found, err := probe(dev)
 	if err != nil {
@@ -135,6 +140,7 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 	default:
 		return api.Source{}, fmt.Errorf("%s (backing file %s) already holds %s, not %s; refusing to reformat it", dev, path, found, fsType)
 	}
+	failpoint.Hit(FailpointAfterMkfs)
 	v.State = map[string]string{"device": dev, "file": path}
 	return api.Source{Path: dev, FSType: fsType}, nil
 }

@@ -45,6 +45,7 @@ type backend struct {
 var backends = []backend{
 	{name: "tmpfs", attrs: map[string]string{"backend": "tmpfs", "size": "1Mi"}},
 	{name: "dir", attrs: map[string]string{"backend": "dir"}},
+	{name: "loop", attrs: map[string]string{"backend": "loop", "size": "16Mi"}},
 }
 
 // rig is one test's node: a kubelet root, a driver state dir, a socket, the
@@ -202,7 +203,7 @@ func (r *rig) start(failpoint string) *driverProc {
 		"--state-dir="+r.state,
 		"--kubelet-root="+r.root,
 		"--backend=tmpfs",
-		"--backends=tmpfs,dir",
+		"--backends=tmpfs,dir,loop",
 		"--v=4",
 	)
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
@@ -386,12 +387,19 @@ func (r *rig) wantPublished(pod *drivertest.Pod, vol drivertest.InlineVolume, b 
 	if len(mis) != 1 {
 		r.t.Fatalf("%d mounts at %s, want exactly 1: %+v", len(mis), target, mis)
 	}
-	if b.name == "tmpfs" {
+	switch {
+	case b.name == "tmpfs":
 		if mis[0].FSType != "tmpfs" || !strings.Contains(mis[0].SuperOptions, "size=1024k") {
 			r.t.Fatalf("%s: want a 1Mi tmpfs, got %s %s", target, mis[0].FSType, mis[0].SuperOptions)
 		}
-	} else if want := "/volumes/" + api.VolumeHandle(pod.UID, vol.Name); !strings.HasSuffix(mis[0].Root, want) {
-		r.t.Fatalf("%s: want a bind mount of <state-dir>%s, got root %s", target, want, mis[0].Root)
+	case b.name == "loop":
+		if mis[0].FSType != "ext4" || !strings.HasPrefix(mis[0].Source, "/dev/loop") {
+			r.t.Fatalf("%s: want ext4 on a loop device, got %s on %s", target, mis[0].FSType, mis[0].Source)
+		}
+	default:
+		if want := "/volumes/" + api.VolumeHandle(pod.UID, vol.Name); !strings.HasSuffix(mis[0].Root, want) {
+			r.t.Fatalf("%s: want a bind mount of <state-dir>%s, got root %s", target, want, mis[0].Root)
+		}
 	}
 	if s := r.kubelet.State(pod, vol.Name); s != drivertest.StateMounted {
 		r.t.Fatalf("kubelet state of %s: %v, want mounted", vol.Name, s)
@@ -470,6 +478,17 @@ func (r *rig) wantClean(pods ...*drivertest.Pod) {
 	for _, e := range entries {
 		r.t.Errorf("leaked dir-backend storage %s", filepath.Join(r.state, "volumes", e.Name()))
 	}
+	loopDir := filepath.Join(r.state, "loop")
+	entries, err = os.ReadDir(loopDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		r.t.Fatal(err)
+	}
+	for _, e := range entries {
+		r.t.Errorf("leaked loop backing file %s", filepath.Join(loopDir, e.Name()))
+	}
+	for _, dev := range loopDevicesBackedBelow(r.t, loopDir) {
+		r.t.Errorf("leaked loop device %s", dev)
+	}
 	if r.t.Failed() {
 		r.t.FailNow()
 	}
@@ -485,4 +504,23 @@ func tree(dir string) string {
 		return nil
 	})
 	return b.String()
+}
+
+// loopDevicesBackedBelow lists attached loop devices whose backing file is (or
+// was, before deletion) below dir, from sysfs.
+func loopDevicesBackedBelow(t *testing.T, dir string) []string {
+	t.Helper()
+	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var devs []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if strings.HasPrefix(backing, dir+"/") {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p)))+" ("+backing+")")
+		}
+	}
+	return devs
 }

@@ -219,4 +219,3 @@ func waitReady(endpoint string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-

@@ -1,0 +1,486 @@
+package content
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// DataDir is the name of the link that points at the current timestamped
+// directory.
+const DataDir = "..data"
+
+const (
+	// dataTmp is the scratch name a new link is created under before it is
+	// renamed into place.
+	dataTmp = "..data_tmp"
+	// tsLayout formats the timestamp part of a timestamped directory's name.
+	tsLayout = "2006_01_02_15_04_05"
+	// dirMode is the mode of every directory Write creates.
+	dirMode fs.FileMode = 0o755
+)
+
+// tsPattern matches the names of timestamped directories (also the kubelet's).
+var tsPattern = regexp.MustCompile(`^\.\.[0-9]{4}_[0-9]{2}_[0-9]{2}_[0-9]{2}_[0-9]{2}_[0-9]{2}\.[0-9]+$`)
+
+// Options tunes Write.
+type Options struct {
+	// GID is the pod's fsGroup: when >= 0 every file, directory and link Write
+	// creates belongs to this group and files are group-readable. -1 (any
+	// negative value) leaves the group alone. Note that the zero Options means
+	// group 0; callers without an fsGroup must set GID: -1. Must be -1 on Windows.
+	GID int
+	// Now returns the time used to name the timestamped directory; nil means
+	// time.Now. It is a test hook.
+	Now func() time.Time
+}
+
+// Write atomically replaces the content of dir with files, keyed by slash-
+// separated relative path (see the package documentation for the layout). When
+// files equal the current content, nothing is swapped. Bad names return an error
+// wrapping api.ErrInvalidParams before anything is written.
+func Write(dir string, files map[string]api.File, opts Options) error {
+	p, err := newPlan(files, opts.GID)
+	if err != nil {
+		return err
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+
+	old, cerr := current(r)
+	if old == "" && len(p.names) == 0 {
+		if _, err := r.Lstat(DataDir); errors.Is(err, fs.ErrNotExist) {
+			return nil // never had content, and none to write
+		}
+	}
+	ts := old
+	if cerr != nil || old == "" || !p.matches(r, old) {
+		if ts, err = p.writeDir(r, now()); err != nil {
+			return fmt.Errorf("writing content: %w", err)
+		}
+		if err := p.swapData(r, ts); err != nil {
+			_ = r.RemoveAll(ts)
+			return fmt.Errorf("publishing content: %w", err)
+		}
+	}
+	if err := p.makeVisible(r); err != nil {
+		return fmt.Errorf("linking content: %w", err)
+	}
+	if err := p.removeStale(r, ts); err != nil {
+		return fmt.Errorf("removing old content: %w", err)
+	}
+	return syncDir(r, ".")
+}
+
+// Current returns the name of the timestamped directory ..data points at, or ""
+// when dir has no content yet. It fails when ..data is not a link to a
+// timestamped directory inside dir.
+func Current(dir string) (string, error) {
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	return current(r)
+}
+
+// Read returns the files of the current content of dir, keyed by slash-separated
+// path, with their effective permission bits. It returns an empty map when dir
+// has no content yet.
+func Read(dir string) (map[string]api.File, error) {
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	ts, err := current(r)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]api.File{}
+	if ts == "" {
+		return out, nil
+	}
+	sub, err := r.OpenRoot(ts)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Close()
+	err = fs.WalkDir(sub.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return fmt.Errorf("%s/%s is not a regular file", ts, name)
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		data, err := sub.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		out[name] = api.File{Data: data, Mode: fi.Mode().Perm()}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// current returns the timestamped directory ..data points at, "" when there is
+// no ..data.
+func current(r *os.Root) (string, error) {
+	t, err := readLink(r, DataDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if !tsPattern.MatchString(t) {
+		return "", fmt.Errorf("%s points at %q, not a timestamped directory", DataDir, t)
+	}
+	fi, err := r.Lstat(t)
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%s points at %q, which is not a directory", DataDir, t)
+	}
+	return t, nil
+}
+
+// plan is a validated file set.
+type plan struct {
+	gid   int
+	files map[string]api.File
+	modes map[string]fs.FileMode
+	names []string        // file names, sorted
+	dirs  []string        // directories to create, sorted: parents first
+	top   map[string]bool // top-level entries
+}
+
+func newPlan(files map[string]api.File, gid int) (*plan, error) {
+	if gid < 0 {
+		gid = -1
+	}
+	p := &plan{gid: gid, files: files, modes: make(map[string]fs.FileMode, len(files)), top: map[string]bool{}}
+	dirs := map[string]bool{}
+	for name, f := range files {
+		if err := checkName(name); err != nil {
+			return nil, err
+		}
+		p.names = append(p.names, name)
+		m := f.Mode.Perm()
+		if m == 0 {
+			m = 0o644
+		}
+		if gid >= 0 {
+			m |= 0o040
+		}
+		p.modes[name] = m
+		p.top[strings.SplitN(name, "/", 2)[0]] = true
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	for d := range dirs {
+		if _, ok := files[d]; ok {
+			return nil, api.InvalidParamf("content file name %q is also the directory of another file", d)
+		}
+		p.dirs = append(p.dirs, d)
+	}
+	sort.Strings(p.names)
+	sort.Strings(p.dirs)
+	return p, nil
+}
+
+// checkName validates one file name: relative, clean, slash-separated, no
+// component starting with ".." (reserved), and local on every platform.
+func checkName(name string) error {
+	bad := func(why string) error {
+		return api.InvalidParamf("content file name %q %s", name, why)
+	}
+	switch {
+	case name == "":
+		return bad("is empty")
+	case strings.ContainsAny(name, "\\\x00"):
+		return bad("contains a backslash or NUL")
+	case path.IsAbs(name) || filepath.IsAbs(name):
+		return bad("must be a relative path")
+	case name == ".":
+		return bad("names the volume itself")
+	case path.Clean(name) != name:
+		return bad(`must be a clean path (no "." or empty components, no trailing slash)`)
+	}
+	for _, c := range strings.Split(name, "/") {
+		if strings.HasPrefix(c, "..") {
+			return bad(`has a component starting with ".." (reserved)`)
+		}
+	}
+	if !filepath.IsLocal(filepath.FromSlash(name)) {
+		return bad("is not a local path on this platform")
+	}
+	return nil
+}
+
+// matches reports whether the timestamped directory ts holds exactly the plan's
+// files with the same data, effective modes and group. Any error means no.
+func (p *plan) matches(r *os.Root, ts string) bool {
+	sub, err := r.OpenRoot(ts)
+	if err != nil {
+		return false
+	}
+	defer sub.Close()
+	dirs := make(map[string]bool, len(p.dirs))
+	for _, d := range p.dirs {
+		dirs[d] = true
+	}
+	nfiles, ndirs := 0, 0
+	err = fs.WalkDir(sub.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if p.gid >= 0 && fileGID(fi) != p.gid {
+			return errMismatch
+		}
+		switch {
+		case d.IsDir():
+			if name != "." && !dirs[name] {
+				return errMismatch
+			}
+			if name != "." {
+				ndirs++
+			}
+			return nil
+		case d.Type().IsRegular():
+			f, ok := p.files[name]
+			if !ok || fi.Mode() != p.modes[name] || fi.Size() != int64(len(f.Data)) {
+				return errMismatch
+			}
+			data, err := sub.ReadFile(name)
+			if err != nil || !bytes.Equal(data, f.Data) {
+				return errMismatch
+			}
+			nfiles++
+			return nil
+		default:
+			return errMismatch
+		}
+	})
+	return err == nil && nfiles == len(p.names) && ndirs == len(p.dirs)
+}
+
+var errMismatch = errors.New("content differs")
+
+// writeDir creates and fills a fresh timestamped directory and returns its name.
+// Everything is created exclusively inside the new directory, with modes and
+// groups set through open descriptors, and fsync'd.
+func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
+	for i := 0; ; i++ {
+		ts = fmt.Sprintf("..%s.%d", t.UTC().Format(tsLayout), rand.Uint32())
+		err = r.Mkdir(ts, 0o700)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) || i >= 10 {
+			return "", err
+		}
+	}
+	defer func() {
+		if err != nil {
+			_ = r.RemoveAll(ts)
+		}
+	}()
+	sub, err := r.OpenRoot(ts)
+	if err != nil {
+		return "", err
+	}
+	defer sub.Close()
+	if err := p.setDir(sub, "."); err != nil {
+		return "", err
+	}
+	for _, d := range p.dirs {
+		if err := sub.Mkdir(d, 0o700); err != nil {
+			return "", err
+		}
+		if err := p.setDir(sub, d); err != nil {
+			return "", err
+		}
+	}
+	for _, name := range p.names {
+		if err := p.writeFile(sub, name); err != nil {
+			return "", err
+		}
+	}
+	for i := len(p.dirs) - 1; i >= 0; i-- {
+		if err := syncDir(sub, p.dirs[i]); err != nil {
+			return "", err
+		}
+	}
+	if err := syncDir(sub, "."); err != nil {
+		return "", err
+	}
+	return ts, nil
+}
+
+// setDir gives a directory Write created its mode and group.
+func (p *plan) setDir(sub *os.Root, name string) error {
+	f, err := sub.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if p.gid >= 0 {
+		if err := f.Chown(-1, p.gid); err != nil {
+			return err
+		}
+	}
+	return f.Chmod(dirMode)
+}
+
+func (p *plan) writeFile(sub *os.Root, name string) error {
+	f, err := sub.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(p.files[name].Data)
+	if err == nil && p.gid >= 0 {
+		err = f.Chown(-1, p.gid)
+	}
+	if err == nil {
+		err = f.Chmod(p.modes[name]) // through the descriptor: not subject to umask
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// swapData points ..data at ts atomically.
+func (p *plan) swapData(r *os.Root, ts string) error {
+	if err := p.newLink(r, ts); err != nil {
+		return err
+	}
+	return replaceLink(r, dataTmp, DataDir)
+}
+
+// newLink creates dataTmp as a link to target, replacing whatever was left there.
+func (p *plan) newLink(r *os.Root, target string) error {
+	if err := r.RemoveAll(dataTmp); err != nil {
+		return err
+	}
+	if err := makeLink(r, target, dataTmp); err != nil {
+		return err
+	}
+	if p.gid >= 0 {
+		return r.Lchown(dataTmp, -1, p.gid)
+	}
+	return nil
+}
+
+// makeVisible makes every top-level entry a link to ..data/<entry>, replacing
+// whatever else is there, and removes links of entries no longer in the set.
+func (p *plan) makeVisible(r *os.Root) error {
+	tops := make([]string, 0, len(p.top))
+	for t := range p.top {
+		tops = append(tops, t)
+	}
+	sort.Strings(tops)
+	for _, t := range tops {
+		want := DataDir + "/" + t
+		got, err := readLink(r, t)
+		if err == nil && got == want {
+			continue
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			if err := makeLink(r, want, t); err == nil {
+				if p.gid >= 0 {
+					if err := r.Lchown(t, -1, p.gid); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+		}
+		if err := p.newLink(r, want); err != nil {
+			return err
+		}
+		if err := replaceLink(r, dataTmp, t); err != nil {
+			return err
+		}
+	}
+	ents, err := readDir(r)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, "..") || p.top[n] || e.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if got, err := readLink(r, n); err == nil && got == DataDir+"/"+n {
+			if err := r.Remove(n); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// removeStale removes every timestamped directory except keep, and a leftover
+// dataTmp.
+func (p *plan) removeStale(r *os.Root, keep string) error {
+	ents, err := readDir(r)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		n := e.Name()
+		switch {
+		case n == dataTmp:
+			errs = append(errs, r.RemoveAll(n))
+		case n != keep && tsPattern.MatchString(n) && e.IsDir() && e.Type()&fs.ModeSymlink == 0:
+			errs = append(errs, r.RemoveAll(n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func readDir(r *os.Root) ([]fs.DirEntry, error) {
+	f, err := r.Open(".")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
+}
