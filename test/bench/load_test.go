@@ -24,6 +24,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/dir"
+	"github.com/ephemera-csi/ephemera/drivers/loop"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -166,7 +167,7 @@ type driverLoad struct {
 
 func newDriverLoad(k *drivertest.Kubelet, backend string, n int) *driverLoad {
 	attrs := map[string]string{api.ParamBackend: backend}
-	if backend == "tmpfs" {
+	if backend != "dir" {
 		attrs[api.ParamSize] = strconv.Itoa(volSize)
 	}
 	return &driverLoad{k: k, attrs: attrs, pods: make([]*drivertest.Pod, n)}
@@ -295,6 +296,51 @@ func (l *floorLoad) unpublish(_ context.Context, i int) error {
 
 func (l *floorLoad) done(i int) error { return os.Remove(l.parent(i)) }
 
+// loopFloorLoad is the loop backend without the framework: the backend's own
+// Create (backing file, LOOP_CONFIGURE, mkfs.ext4) + mkdir target + mount; umount +
+// rmdir + the backend's Delete (detach, remove file). What the driver adds on top
+// is the framework's share.
+type loopFloorLoad struct {
+	floorLoad
+	b    *loop.Backend
+	vols []*api.Volume
+}
+
+func newLoopFloorLoad(root string, n int) (*loopFloorLoad, error) {
+	b, err := loop.New(loop.Options{Dir: filepath.Join(root, "files")})
+	if err != nil {
+		return nil, err
+	}
+	return &loopFloorLoad{floorLoad: floorLoad{root: root}, b: b, vols: make([]*api.Volume, n)}, nil
+}
+
+func (l *loopFloorLoad) setup(i int) error {
+	l.vols[i] = &api.Volume{ID: api.VolumeHandle("floor", strconv.Itoa(i)), Size: volSize, Params: api.Params{}}
+	if err := l.b.Validate(l.vols[i]); err != nil {
+		return err
+	}
+	return l.floorLoad.setup(i)
+}
+
+func (l *loopFloorLoad) publish(ctx context.Context, i int) error {
+	src, err := l.b.Create(ctx, l.vols[i])
+	if err != nil {
+		return err
+	}
+	target := l.target(i)
+	if err := unix.Mkdir(target, 0o750); err != nil {
+		return err
+	}
+	return unix.Mount(src.Path, target, src.FSType, unix.MS_NOSUID|unix.MS_NODEV, "")
+}
+
+func (l *loopFloorLoad) unpublish(ctx context.Context, i int) error {
+	if err := l.floorLoad.unpublish(ctx, i); err != nil {
+		return err
+	}
+	return l.b.Delete(ctx, l.vols[i])
+}
+
 // env is one driver with a tmpfs and a dir backend, real mounter and bbolt
 // state (fsync on the root filesystem), plus a directory for the floor.
 type env struct {
@@ -317,6 +363,10 @@ func newEnv(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	loops, err := loop.New(loop.Options{Dir: filepath.Join(state, "loop")})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	h := drivertest.Start(tb, framework.Options{
 		DriverName:     "bench.csi.ephemera.dev",
 		KubeletRootDir: filepath.Join(base, "kubelet"),
@@ -324,6 +374,7 @@ func newEnv(tb testing.TB) *env {
 		Backends: map[string]framework.Backend{
 			"tmpfs": tmpfs.New(tmpfs.Options{}),
 			"dir":   volumes,
+			"loop":  loops,
 		},
 		DefaultBackend: "tmpfs",
 	})
@@ -341,6 +392,13 @@ const (
 func (e *env) load(kind, backend string, n int) workload {
 	switch kind {
 	case kindFloor:
+		if backend == "loop" {
+			l, err := newLoopFloorLoad(filepath.Join(e.floor, backend), n)
+			if err != nil {
+				panic(err) // only for an invalid Dir, which this code builds
+			}
+			return l
+		}
 		return &floorLoad{root: filepath.Join(e.floor, backend), bind: backend == "dir"}
 	case kindRPC:
 		return newRPCLoad(e.h, backend, n)
