@@ -4,6 +4,7 @@ package framework_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/loop"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
@@ -233,5 +235,63 @@ func TestFSGroup(t *testing.T) {
 	}
 	if err := k.DeletePod(ctx, pod); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Loop volumes: ext4 and xfs both publish, enforce their size and report
+// statfs-based stats through the driver.
+func TestLoopFilesystemsStats(t *testing.T) {
+	h := realHarness(t, func(o *framework.Options) {
+		b, err := loop.New(loop.Options{Dir: filepath.Join(o.StateDir, "loop")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Backends["loop"] = b
+	})
+	k, ctx := h.Kubelet, t.Context()
+	pod := k.NewPod("ns", "p")
+	for _, tc := range []struct {
+		fsType string
+		size   int64
+		vol    drivertest.InlineVolume
+	}{
+		{"ext4", 32 << 20, drivertest.InlineVolume{Name: "e", Attributes: map[string]string{"backend": "loop", "size": "32Mi"}}},
+		{"xfs", 300 << 20, drivertest.InlineVolume{Name: "x", FSType: "xfs", Attributes: map[string]string{"backend": "loop", "size": "300Mi"}}},
+	} {
+		if err := k.Publish(ctx, pod, tc.vol); err != nil {
+			t.Fatalf("%s: %v", tc.fsType, err)
+		}
+		target := k.TargetPath(pod, tc.vol.Name)
+		if got := fsTypeAt(t, target); got != tc.fsType {
+			t.Fatalf("mounted %q, want %s", got, tc.fsType)
+		}
+		err := os.WriteFile(filepath.Join(target, "big"), make([]byte, tc.size+(1<<20)), 0o644)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Errorf("%s: writing past the size: %v, want ENOSPC", tc.fsType, err)
+		}
+		os.Remove(filepath.Join(target, "big"))
+		if err := os.WriteFile(filepath.Join(target, "f"), make([]byte, 4<<20), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := h.Node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: api.VolumeHandle(pod.UID, tc.vol.Name), VolumePath: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := usage(t, resp, csi.VolumeUsage_BYTES)
+		if b.Total <= 0 || b.Total > tc.size || b.Used < 4<<20 || b.Available <= 0 {
+			t.Errorf("%s bytes = %+v (size %d)", tc.fsType, b, tc.size)
+		}
+		if i := usage(t, resp, csi.VolumeUsage_INODES); i.Total == 0 || i.Used == 0 {
+			t.Errorf("%s inodes = %+v", tc.fsType, i)
+		}
+		if abnormal, msg := legacyCondition(t, resp); abnormal {
+			t.Errorf("%s abnormal: %s", tc.fsType, msg)
+		}
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := h.Options.Backends["loop"].(framework.Lister).List(ctx); len(ids) != 0 {
+		t.Errorf("loop storage left: %v", ids)
 	}
 }
