@@ -203,7 +203,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(v.TargetPath); err != nil {
+		if err := d.mounter.SetReadOnly(v.TargetPath, true); err != nil {
 			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}

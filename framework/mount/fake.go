@@ -245,7 +245,7 @@ func (f *Fake) Mount(src api.Source, target string) error {
 	return nil
 }
 
-func (f *Fake) SetReadOnly(target string) error {
+func (f *Fake) SetReadOnly(target string, readOnly bool) error {
 	t, err := f.begin(MethodSetReadOnly, target)
 	defer f.mu.Unlock()
 	if err != nil {
@@ -254,7 +254,7 @@ func (f *Fake) SetReadOnly(target string) error {
 	if len(f.mounts[t]) == 0 {
 		return &fs.PathError{Op: "remount", Path: target, Err: errors.New("not a mount point")}
 	}
-	f.readOnly[t] = true
+	f.readOnly[t] = readOnly
 	return nil
 }
 

@@ -49,7 +49,7 @@ func TestFakeLifecycle(t *testing.T) {
 	if ok, err := f.IsMountPoint(target); !ok || err != nil {
 		t.Errorf("IsMountPoint = %v, %v", ok, err)
 	}
-	if err := f.SetReadOnly(target); err != nil || !f.IsReadOnly(target) {
+	if err := f.SetReadOnly(target, true); err != nil || !f.IsReadOnly(target) {
 		t.Errorf("SetReadOnly: %v, IsReadOnly %v", err, f.IsReadOnly(target))
 	}
 	if err := f.RemoveTarget(root, target); !errors.Is(err, syscall.EBUSY) {
@@ -100,7 +100,7 @@ func TestFakeErrors(t *testing.T) {
 	if err := f.Mount(api.Source{Path: abs("/d")}, target); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Mount on a missing target: %v, want ErrNotExist", err)
 	}
-	if err := f.SetReadOnly(target); err == nil {
+	if err := f.SetReadOnly(target, true); err == nil {
 		t.Error("SetReadOnly of an unmounted target succeeded")
 	}
 	for _, bad := range []string{root, abs("/elsewhere/t"), abs("/r/../t")} {
@@ -164,7 +164,7 @@ func TestFakeConcurrent(t *testing.T) {
 				_ = f.MakeTarget(root, target)
 				_ = f.Mount(api.Source{Path: abs("/d")}, target)
 				_, _ = f.IsMountPoint(target)
-				_ = f.SetReadOnly(target)
+				_ = f.SetReadOnly(target, true)
 				_ = f.Unmount(target)
 				_ = f.RemoveTarget(root, target)
 				_ = f.Calls()

@@ -180,7 +180,10 @@ func sameLinkTarget(a, b string) bool {
 // SetReadOnly returns ErrNotSupported: a directory link cannot be made
 // read-only, and pretending would hand a pod a writable volume it asked to be
 // read-only.
-func (m *linkMounter) SetReadOnly(target string) error {
+func (m *linkMounter) SetReadOnly(target string, readOnly bool) error {
+	if !readOnly {
+		return nil
+	}
 	return fmt.Errorf("read-only publish of %q: a Windows directory link cannot be made read-only: %w",
 		target, ErrNotSupported)
 }

@@ -363,7 +363,7 @@ func TestLinkMakeAndRemoveTarget(t *testing.T) {
 }
 
 func TestLinkSetReadOnly(t *testing.T) {
-	if err := newLinkMounter(newMemFS(), nil).SetReadOnly(abs("/k/t")); !errors.Is(err, ErrNotSupported) {
+	if err := newLinkMounter(newMemFS(), nil).SetReadOnly(abs("/k/t"), true); !errors.Is(err, ErrNotSupported) {
 		t.Errorf("SetReadOnly: %v, want ErrNotSupported", err)
 	}
 }

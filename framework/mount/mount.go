@@ -37,10 +37,13 @@ type Interface interface {
 	// target directory with a directory symlink to src.Path ([ErrNotEmpty] if it
 	// is not empty), and succeeds if the link to src.Path is already there.
 	Mount(src api.Source, target string) error
-	// SetReadOnly makes the published target read-only: a remount on Linux that
-	// keeps the mount's other flags. Windows links cannot be made read-only:
-	// [ErrNotSupported].
-	SetReadOnly(target string) error
+	// SetReadOnly makes the published target read-only, or writable again: a
+	// remount of that mount only (the filesystem behind it stays writable, so a
+	// refresh can write new content and make it read-only again) that keeps the
+	// mount's other flags. Mounts the kubelet made of the target for containers
+	// keep their own flags. Windows links cannot be made read-only:
+	// [ErrNotSupported] for readOnly, nil otherwise.
+	SetReadOnly(target string, readOnly bool) error
 	// Unmount removes everything published at target, including mounts stacked by
 	// earlier runs, until target is no longer a mount point. It is nil when target
 	// does not exist or is not a mount point. A target in use fails with an error

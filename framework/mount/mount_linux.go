@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -29,18 +28,7 @@ const publishFlags = unix.MS_NOSUID | unix.MS_NODEV
 // fall back to comparing mount IDs or devices with the parent).
 func New() Interface { return &linuxMounter{} }
 
-type linuxMounter struct {
-	// published remembers what Mount put at each target (a mountKind), so that
-	// SetReadOnly can remount a filesystem with the data it was mounted with.
-	// After a restart it is empty and SetReadOnly falls back to a per-mount
-	// (bind-style) read-only remount, which works for any mount.
-	published sync.Map
-}
-
-type mountKind struct {
-	filesystem bool
-	data       string
-}
+type linuxMounter struct{}
 
 // openParent opens the directory that will hold target's last component,
 // resolving every component below root with openat2(2) so that no symbolic link
@@ -144,34 +132,28 @@ func (m *linuxMounter) Mount(src api.Source, target string) error {
 			_ = unix.Unmount(target, unix.UMOUNT_NOFOLLOW) // roll back the bind
 			return fmt.Errorf("remount bind mount %q nosuid,nodev: %w", target, err)
 		}
-		m.published.Store(filepath.Clean(target), mountKind{})
 		return nil
 	}
 	data := strings.Join(src.Options, ",")
 	if err := unix.Mount(src.Path, target, src.FSType, publishFlags, data); err != nil {
 		return fmt.Errorf("mount %s %q on %q: %w", src.FSType, src.Path, target, err)
 	}
-	m.published.Store(filepath.Clean(target), mountKind{filesystem: true, data: data})
 	return nil
 }
 
-func (m *linuxMounter) SetReadOnly(target string) error {
+func (m *linuxMounter) SetReadOnly(target string, readOnly bool) error {
 	flags, err := mountFlags(target)
 	if err != nil {
 		return err
 	}
-	flags |= unix.MS_REMOUNT | unix.MS_RDONLY
-	kind, _ := m.published.Load(filepath.Clean(target))
-	k, known := kind.(mountKind)
-	if known && k.filesystem {
-		// Read-only superblock: the filesystem stops writing, too.
-		err = unix.Mount("", target, "", flags, k.data)
-	} else {
-		// Read-only mount: affects this mount only.
-		err = unix.Mount("", target, "", flags|unix.MS_BIND, "")
+	// MS_REMOUNT|MS_BIND changes the flags of this mount only, for a bind mount
+	// and for a filesystem mounted here alike.
+	flags |= unix.MS_REMOUNT | unix.MS_BIND
+	if readOnly {
+		flags |= unix.MS_RDONLY
 	}
-	if err != nil {
-		return fmt.Errorf("remount %q read-only: %w", target, err)
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return fmt.Errorf("remount %q (read-only %v): %w", target, readOnly, err)
 	}
 	return nil
 }
@@ -247,16 +229,12 @@ func (m *linuxMounter) Unmount(target string) error {
 	for range maxUnmounts {
 		mounted, err := m.IsMountPoint(target)
 		if err != nil || !mounted {
-			if err == nil {
-				m.published.Delete(filepath.Clean(target))
-			}
 			return err
 		}
 		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
 		switch {
 		case err == nil, errors.Is(err, unix.EINTR):
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			m.published.Delete(filepath.Clean(target))
 			return nil
 		default: // EBUSY included: the caller retries later
 			return fmt.Errorf("unmount %q: %w", target, err)

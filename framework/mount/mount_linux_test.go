@@ -290,7 +290,7 @@ func TestSetReadOnly(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(target, "before"), []byte("x"), 0o644); err != nil {
 				t.Fatalf("write before SetReadOnly: %v", err)
 			}
-			if err := m.SetReadOnly(target); err != nil {
+			if err := m.SetReadOnly(target, true); err != nil {
 				t.Fatalf("SetReadOnly: %v", err)
 			}
 			err := os.WriteFile(filepath.Join(target, "after"), []byte("x"), 0o644)
@@ -315,11 +315,11 @@ func TestSetReadOnly(t *testing.T) {
 					t.Errorf("backing directory became read-only: %v", err)
 				}
 			}
-			if err := m.SetReadOnly(target); err != nil {
+			if err := m.SetReadOnly(target, true); err != nil {
 				t.Errorf("second SetReadOnly: %v", err)
 			}
 			// A new implementation (a restarted driver) has no memory of the mount.
-			if err := New().SetReadOnly(target); err != nil {
+			if err := New().SetReadOnly(target, true); err != nil {
 				t.Errorf("SetReadOnly after restart: %v", err)
 			}
 		})
@@ -339,7 +339,7 @@ func TestSetReadOnlyKeepsFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := makeMounted(t, m, root, "vol", api.Source{Path: src})
-	if err := m.SetReadOnly(target); err != nil {
+	if err := m.SetReadOnly(target, true); err != nil {
 		t.Fatal(err)
 	}
 	mi := mountInfoAt(t, target)
@@ -435,7 +435,7 @@ func TestMountErrors(t *testing.T) {
 		t.Errorf("unknown filesystem type: %v, want ENODEV", err)
 	}
 	mustMountPoint(t, m, target, false)
-	if err := m.SetReadOnly(target); err == nil {
+	if err := m.SetReadOnly(target, true); err == nil {
 		t.Errorf("SetReadOnly on a plain directory succeeded")
 	}
 }
@@ -667,5 +667,43 @@ func TestMountPointByParent(t *testing.T) {
 		if got, err := mountPointByParent(tc.path, &stx); err != nil || got != tc.byStDev {
 			t.Errorf("by st_dev %s: %v, %v; want %v", tc.path, got, err, tc.byStDev)
 		}
+	}
+}
+
+// A read-only volume can be made writable again (for a content refresh) and
+// read-only after; only that mount changes, and a bind of it made meanwhile (as
+// the kubelet makes for a container) keeps its read-only flag.
+func TestSetReadOnlyReversible(t *testing.T) {
+	root := newRoot(t)
+	m := New()
+	target := makeMounted(t, m, root, "vol", tmpfsSource("1m"))
+	if err := m.SetReadOnly(target, true); err != nil {
+		t.Fatal(err)
+	}
+	container := filepath.Join(root, "container")
+	if err := os.Mkdir(container, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(target, container, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(container, syscall.MNT_DETACH) })
+	if err := m.SetReadOnly(target, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "refresh"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("write after SetReadOnly(false): %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(container, "x"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("the container's bind became writable: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(container, "refresh")); err != nil || string(b) != "x" {
+		t.Errorf("the container does not see the refreshed file: %q %v", b, err)
+	}
+	if err := m.SetReadOnly(target, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "y"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("write after SetReadOnly(true) again: %v", err)
 	}
 }

@@ -12,7 +12,7 @@ type unsupported struct{}
 
 func (unsupported) MakeTarget(root, target string) error      { return ErrNotSupported }
 func (unsupported) Mount(src api.Source, target string) error { return ErrNotSupported }
-func (unsupported) SetReadOnly(target string) error           { return ErrNotSupported }
+func (unsupported) SetReadOnly(string, bool) error            { return ErrNotSupported }
 func (unsupported) Unmount(target string) error               { return ErrNotSupported }
 func (unsupported) IsMountPoint(target string) (bool, error)  { return false, ErrNotSupported }
 func (unsupported) RemoveTarget(root, target string) error    { return ErrNotSupported }
