@@ -47,7 +47,9 @@ test-examples:
 
 ## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached)
 e2e:
-	@if [ -x test/e2e/run.sh ]; then test/e2e/run.sh; else echo "e2e: test/e2e/run.sh not present, skipping"; fi
+	test/e2e/install-deps.sh
+	test/e2e/build-k8s.sh
+	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GO) test -tags e2e -count=1 -v -timeout 60m ./test/e2e/...
 
 ## vet: go vet for Linux
 vet:

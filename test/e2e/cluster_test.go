@@ -1,0 +1,736 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+const (
+	k8sVersion        = "v1.34.4"
+	nodeName          = "e2e-node"
+	runtimeFake       = "fake"
+	runtimeContainerd = "containerd"
+)
+
+// cluster is a one-node Kubernetes cluster made of host processes under one run root:
+// etcd, kube-apiserver, a container runtime (fake CRI or a private containerd), the
+// kubelet and the driver under test.
+type cluster struct {
+	repoRoot string // the project's module root
+	base     string // EPHEMERA_E2E_BASE: parent of run roots
+	root     string // this run's root; everything lives below it
+	logDir   string
+	binDir   string // kubelet, kube-apiserver, etcd, fakecri
+	runtime  string
+
+	pidMu sync.Mutex
+	pki   *pki
+
+	etcdPort, apiPort, kubeletPort, kubeletHealthzPort int
+	apiURL                                             string
+
+	etcd, apiserver, cri, kubelet *proc
+	kubeletArgs                   []string
+	kubeletRoot, podLogsDir       string
+	criEndpoint                   string
+
+	// containerd mode
+	ctrSock, runcRoot string
+
+	// images
+	testbinHost           string // the static test binary on the host
+	testImage, pauseImage string
+
+	cs      kubernetes.Interface
+	restCfg *rest.Config
+
+	drv *driver
+
+	timingsMu sync.Mutex
+	timings   []string
+	latencies map[string]latency
+}
+
+func (c *cluster) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "e2e %s: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// findRepoRoot walks up from the working directory to the project's go.mod.
+func findRepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			bytes.Contains(b, []byte("module github.com/ephemera-csi/ephemera\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("project go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func newCluster() (*cluster, error) {
+	repo, err := findRepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{
+		repoRoot:  repo,
+		base:      envOr("EPHEMERA_E2E_BASE", "/tmp/ephemera-e2e"),
+		runtime:   envOr("EPHEMERA_E2E_RUNTIME", runtimeContainerd),
+		latencies: map[string]latency{},
+	}
+	if c.runtime != runtimeFake && c.runtime != runtimeContainerd {
+		return nil, fmt.Errorf("EPHEMERA_E2E_RUNTIME=%q: want fake or containerd", c.runtime)
+	}
+	return c, nil
+}
+
+// cleanLeftovers removes what a crashed earlier run left under the base directory:
+// its processes (recorded PIDs, then anything whose command line names its root),
+// its mounts (deepest first) and its files.
+func cleanLeftovers(base string) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "r") {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		if pid, alive := ownerAlive(dir); alive {
+			fmt.Fprintf(os.Stderr, "e2e: %s belongs to a running test (pid %d); leaving it alone\n", dir, pid)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "e2e: cleaning leftover run root %s\n", dir)
+		if problems := cleanupRoot(dir); len(problems) > 0 {
+			fmt.Fprintf(os.Stderr, "e2e: leftover %s: %v\n", dir, problems)
+		}
+	}
+}
+
+// ownerAlive reports whether the test process that created the run root dir still
+// runs (same PID and start time).
+func ownerAlive(dir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "owner"))
+	if err != nil {
+		return 0, false
+	}
+	var pid int
+	var start string
+	if _, err := fmt.Sscanf(string(b), "%d %s", &pid, &start); err != nil || pid == os.Getpid() {
+		return pid, false
+	}
+	st, err := procStartTime(pid)
+	return pid, err == nil && st == start
+}
+
+// cleanupRoot kills everything belonging to the run root dir, unmounts everything
+// below it (deepest first) and removes it.
+func cleanupRoot(dir string) []string {
+	killRecorded(dir)
+	// Containers started by containerd for this run: let runc delete them (kills
+	// the container's processes), then kill shims that reference the root.
+	runcRoot := filepath.Join(dir, "runc", "k8s.io")
+	ids, _ := os.ReadDir(runcRoot)
+	if len(ids) > 0 {
+		if runc, err := exec.LookPath("runc"); err == nil {
+			for _, id := range ids {
+				_ = exec.Command(runc, "--root", runcRoot, "delete", "--force", id.Name()).Run()
+			}
+		}
+	}
+	killByCmdline(dir + "/")
+	// A SIGKILLed shim leaves its socket in /run/containerd/s (containerd 1.6 puts it
+	// there whatever its state dir): unix:///run/containerd/s/<sha256(address/ns/id)>.
+	for _, id := range ids {
+		sum := sha256.Sum256([]byte(filepath.Join(dir, "containerd", "c.sock", "k8s.io", id.Name())))
+		_ = os.Remove(filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])))
+	}
+	var problems []string
+	if failed := unmountAllUnder(dir); len(failed) > 0 {
+		problems = append(problems, failed...)
+	}
+	removeContainerLogLinks(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		problems = append(problems, err.Error())
+	}
+	return problems
+}
+
+// removeContainerLogLinks removes the kubelet's symlinks in /var/log/containers (a
+// path hard-coded in the kubelet) that point into dir.
+func removeContainerLogLinks(dir string) {
+	ents, err := os.ReadDir("/var/log/containers")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join("/var/log/containers", e.Name())
+		if t, err := os.Readlink(p); err == nil && strings.HasPrefix(t, dir+"/") {
+			_ = os.Remove(p)
+		}
+	}
+}
+
+func (c *cluster) step(name string, start time.Time) {
+	d := time.Since(start)
+	c.timingsMu.Lock()
+	c.timings = append(c.timings, fmt.Sprintf("%s = %v", name, d.Round(time.Millisecond)))
+	c.timingsMu.Unlock()
+	c.logf("%s: %v", name, d.Round(time.Millisecond))
+}
+
+// start brings the cluster up. On error the caller must still call teardown.
+func (c *cluster) start(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the e2e tests must run as root (kubelet, mounts, containerd)")
+	}
+	if err := os.MkdirAll(c.base, 0o755); err != nil {
+		return err
+	}
+	cleanLeftovers(c.base)
+	// Keep the root short: the kubelet's plugin sockets live below it and a unix
+	// socket path is limited to 107 bytes.
+	root, err := os.MkdirTemp(c.base, "r")
+	if err != nil {
+		return err
+	}
+	c.root = root
+	// The owner file lets a concurrent run tell a live root from a crashed one.
+	if st, err := procStartTime(os.Getpid()); err == nil {
+		_ = os.WriteFile(filepath.Join(root, "owner"), []byte(fmt.Sprintf("%d %s\n", os.Getpid(), st)), 0o644)
+	}
+	c.logDir = filepath.Join(root, "logs")
+	c.kubeletRoot = filepath.Join(root, "kubelet")
+	c.podLogsDir = filepath.Join(root, "pod-logs")
+	for _, d := range []string{c.logDir, c.kubeletRoot, c.podLogsDir, filepath.Join(root, "etcd"), filepath.Join(root, "bin")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return err
+		}
+	}
+	c.logf("run root %s, runtime %s", root, c.runtime)
+
+	t0 := time.Now()
+	if err := c.findBinaries(ctx); err != nil {
+		return err
+	}
+	if err := c.buildTestbin(ctx); err != nil {
+		return err
+	}
+	c.step("binaries ready", t0)
+
+	bringUp := time.Now()
+	if c.pki, err = newPKI(filepath.Join(root, "pki"), nodeName); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	for _, p := range []*int{&c.etcdPort, &c.apiPort, &c.kubeletPort, &c.kubeletHealthzPort} {
+		if *p, err = freePort(); err != nil {
+			return err
+		}
+	}
+	if err := c.startEtcd(ctx); err != nil {
+		return err
+	}
+	if err := c.startAPIServer(ctx); err != nil {
+		return err
+	}
+	if err := c.bootstrapObjects(ctx); err != nil {
+		return err
+	}
+	if err := c.startRuntime(ctx); err != nil {
+		return err
+	}
+	if err := c.startKubelet(ctx); err != nil {
+		return err
+	}
+	c.step("bring-up (etcd start to node registered)", bringUp)
+	return nil
+}
+
+// findBinaries runs build-k8s.sh (a no-op when cached) unless EPHEMERA_E2E_K8S_BIN
+// names a directory with the binaries.
+func (c *cluster) findBinaries(ctx context.Context) error {
+	if d := os.Getenv("EPHEMERA_E2E_K8S_BIN"); d != "" {
+		c.binDir = d
+	} else {
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join(c.repoRoot, "test/e2e/build-k8s.sh"))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("test/e2e/build-k8s.sh: %w", err)
+		}
+		c.binDir = strings.TrimSpace(string(out))
+	}
+	for _, b := range []string{"kubelet", "kube-apiserver", "etcd", "fakecri"} {
+		if _, err := os.Stat(filepath.Join(c.binDir, b)); err != nil {
+			return fmt.Errorf("binary %s missing in %s: %w", b, c.binDir, err)
+		}
+	}
+	return nil
+}
+
+func (c *cluster) goBuild(ctx context.Context, out, pkg string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+	cmd.Dir = c.repoRoot
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+func (c *cluster) buildTestbin(ctx context.Context) error {
+	c.testbinHost = filepath.Join(c.root, "bin", "testbin")
+	return c.goBuild(ctx, c.testbinHost, "./test/e2e/images/testbin")
+}
+
+// stopError makes waitFor give up at once (e.g. the awaited process exited).
+type stopError struct{ err error }
+
+func (e stopError) Error() string { return e.err.Error() }
+
+// stop wraps err so that waitFor returns it immediately.
+func stop(err error) error { return stopError{err} }
+
+// waitFor polls fn every interval until it returns true, or d elapses, or fn
+// returns an error wrapped with stop.
+func waitFor(ctx context.Context, d, interval time.Duration, what string, fn func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var last error
+	for {
+		ok, err := fn()
+		if ok && err == nil {
+			return nil
+		}
+		var stop stopError
+		if errors.As(err, &stop) {
+			return fmt.Errorf("waiting for %s: %w", what, stop.err)
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("timed out after %v waiting for %s: last error: %v", d, what, last)
+			}
+			return fmt.Errorf("timed out after %v waiting for %s", d, what)
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (c *cluster) startEtcd(ctx context.Context) error {
+	peer, err := freePort()
+	if err != nil {
+		return err
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
+	c.etcd, err = c.startProc("etcd", filepath.Join(c.binDir, "etcd"), []string{
+		"--name=e2e", "--data-dir=" + filepath.Join(c.root, "etcd"),
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=e2e=" + peerURL, "--unsafe-no-fsync", "--log-level=warn",
+		"--quota-backend-bytes=2147483648",
+	}, []string{"ETCD_UNSUPPORTED_ARCH=" + runtime.GOARCH})
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, 100*time.Millisecond, "etcd health", func() (bool, error) {
+		if c.etcd.exited() {
+			return false, stop(fmt.Errorf("etcd exited, see %s", c.etcd.logPath))
+		}
+		resp, err := http.Get(client + "/health")
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return bytes.Contains(b, []byte(`"health":"true"`)), nil
+	})
+}
+
+func (c *cluster) startAPIServer(ctx context.Context) error {
+	var err error
+	c.apiURL = fmt.Sprintf("https://127.0.0.1:%d", c.apiPort)
+	c.apiserver, err = c.startProc("kube-apiserver", filepath.Join(c.binDir, "kube-apiserver"), []string{
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.etcdPort),
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.apiPort),
+		"--cert-dir=" + filepath.Join(c.root, "pki", "apiserver-certs"),
+		"--tls-cert-file=" + c.pki.ServingCert, "--tls-private-key-file=" + c.pki.ServingKey,
+		"--client-ca-file=" + c.pki.CAFile,
+		"--token-auth-file=" + c.pki.TokenFile,
+		"--authorization-mode=AlwaysAllow",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + c.pki.SAPub,
+		"--service-account-signing-key-file=" + c.pki.SAKey,
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--endpoint-reconciler-type=none",
+		"--enable-priority-and-fairness=false",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--event-ttl=30m",
+		"--v=1",
+	}, nil)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(c.pki.CAFile)
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	err = waitFor(ctx, 60*time.Second, 200*time.Millisecond, "kube-apiserver /readyz", func() (bool, error) {
+		if c.apiserver.exited() {
+			return false, stop(fmt.Errorf("kube-apiserver exited, see %s", c.apiserver.logPath))
+		}
+		req, _ := http.NewRequest("GET", c.apiURL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+c.pki.AdminToken)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == 200, nil
+	})
+	if err != nil {
+		return err
+	}
+	// For humans debugging a kept run: KUBECONFIG=<root>/admin.kubeconfig kubectl ...
+	adminKC := filepath.Join(c.root, "admin.kubeconfig")
+	if err := os.WriteFile(adminKC, []byte(c.pki.kubeconfig(c.apiURL, "admin", c.pki.AdminToken)), 0o600); err != nil {
+		return err
+	}
+	c.restCfg = &rest.Config{
+		Host:            c.apiURL,
+		BearerToken:     c.pki.AdminToken,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.pki.CAFile},
+		QPS:             200,
+		Burst:           400,
+	}
+	c.cs, err = kubernetes.NewForConfig(c.restCfg)
+	return err
+}
+
+// bootstrapObjects creates what a controller-manager and an operator would: the
+// default ServiceAccount (the ServiceAccount admission plugin refuses pods without
+// it) and the CSIDriver object from deploy/base/csidriver.yaml.
+func (c *cluster) bootstrapObjects(ctx context.Context) error {
+	if err := c.ensureNamespace(ctx, "default"); err != nil {
+		return err
+	}
+	return c.applyCSIDriver(ctx)
+}
+
+// ensureNamespace creates ns (if needed) and its default ServiceAccount.
+func (c *cluster) ensureNamespace(ctx context.Context, ns string) error {
+	_, err := c.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	no := false
+	return waitFor(ctx, 10*time.Second, 100*time.Millisecond, "default ServiceAccount in "+ns, func() (bool, error) {
+		_, err := c.cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{
+			ObjectMeta:                   metav1.ObjectMeta{Name: "default"},
+			AutomountServiceAccountToken: &no,
+		}, metav1.CreateOptions{})
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			return true, nil
+		}
+		return false, err
+	})
+}
+
+// csiDriverObject decodes deploy/base/csidriver.yaml.
+func (c *cluster) csiDriverObject() (*storagev1.CSIDriver, error) {
+	f, err := os.Open(filepath.Join(c.repoRoot, "deploy/base/csidriver.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var d storagev1.CSIDriver
+	if err := utilyaml.NewYAMLOrJSONDecoder(f, 4096).Decode(&d); err != nil {
+		return nil, fmt.Errorf("decode deploy/base/csidriver.yaml: %w", err)
+	}
+	if d.Kind != "CSIDriver" || d.Name == "" {
+		return nil, fmt.Errorf("deploy/base/csidriver.yaml: not a CSIDriver (kind %q, name %q)", d.Kind, d.Name)
+	}
+	return &d, nil
+}
+
+// applyCSIDriver creates or updates the CSIDriver object from deploy/base.
+func (c *cluster) applyCSIDriver(ctx context.Context) error {
+	d, err := c.csiDriverObject()
+	if err != nil {
+		return err
+	}
+	_, err = c.cs.StorageV1().CSIDrivers().Create(ctx, d, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		cur, gerr := c.cs.StorageV1().CSIDrivers().Get(ctx, d.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		d.ResourceVersion = cur.ResourceVersion
+		_, err = c.cs.StorageV1().CSIDrivers().Update(ctx, d, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+func (c *cluster) startRuntime(ctx context.Context) error {
+	t0 := time.Now()
+	defer c.step("container runtime ready", t0)
+	if c.runtime == runtimeFake {
+		sock := filepath.Join(c.root, "fakecri.sock")
+		c.criEndpoint = "unix://" + sock
+		c.testImage, c.pauseImage = testImageRef, pauseImageRef
+		var err error
+		c.cri, err = c.startProc("fakecri", filepath.Join(c.binDir, "fakecri"), []string{
+			"--endpoint=" + c.criEndpoint, "--images=" + testImageRef + "," + pauseImageRef,
+		}, nil)
+		if err != nil {
+			return err
+		}
+		return waitFor(ctx, 10*time.Second, 50*time.Millisecond, "fake CRI socket", func() (bool, error) {
+			_, err := os.Stat(sock)
+			return err == nil, nil
+		})
+	}
+	return c.startContainerd(ctx)
+}
+
+func (c *cluster) kubeletConfig() string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: %s
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+localStorageCapacityIsolation: false
+makeIPTablesUtilChains: false
+resolvConf: ""
+podLogsDir: %s
+volumePluginDir: %s
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
+evictionPressureTransitionPeriod: 5s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+imageMinimumGCAge: 24h
+syncFrequency: 10s
+fileCheckFrequency: 20s
+nodeStatusUpdateFrequency: 10s
+serializeImagePulls: false
+maxPods: 200
+kubeAPIQPS: 100
+kubeAPIBurst: 200
+registerNode: true
+`, c.kubeletPort, c.kubeletHealthzPort, c.criEndpoint, c.podLogsDir, filepath.Join(c.root, "volume-plugins"))
+}
+
+func (c *cluster) startKubelet(ctx context.Context) error {
+	cfg := filepath.Join(c.root, "kubelet-config.yaml")
+	if err := os.WriteFile(cfg, []byte(c.kubeletConfig()), 0o644); err != nil {
+		return err
+	}
+	kc := filepath.Join(c.root, "kubelet.kubeconfig")
+	if err := os.WriteFile(kc, []byte(c.pki.kubeconfig(c.apiURL, "kubelet", c.pki.KubeletToken)), 0o600); err != nil {
+		return err
+	}
+	c.kubeletArgs = []string{
+		"--config=" + cfg, "--kubeconfig=" + kc, "--root-dir=" + c.kubeletRoot,
+		"--hostname-override=" + nodeName, "--v=" + envOr("EPHEMERA_E2E_KUBELET_V", "2"),
+	}
+	return c.runKubelet(ctx, true)
+}
+
+// runKubelet starts the kubelet and waits until it is healthy (and, the first
+// time, until its Node object exists).
+func (c *cluster) runKubelet(ctx context.Context, first bool) error {
+	var err error
+	c.kubelet, err = c.startProc("kubelet", filepath.Join(c.binDir, "kubelet"), c.kubeletArgs, nil)
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: time.Second}
+	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet healthz", func() (bool, error) {
+		if c.kubelet.exited() {
+			return false, stop(fmt.Errorf("kubelet exited, see %s", c.kubelet.logPath))
+		}
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", c.kubeletHealthzPort))
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, nil
+	})
+	if err != nil || !first {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "node "+nodeName+" registered", func() (bool, error) {
+		if c.kubelet.exited() {
+			return false, stop(fmt.Errorf("kubelet exited, see %s", c.kubelet.logPath))
+		}
+		_, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		return err == nil, nil
+	})
+}
+
+// restartKubelet stops the kubelet with SIGTERM and starts it again with the same
+// arguments.
+func (c *cluster) restartKubelet(ctx context.Context) error {
+	c.kubelet.stop(15 * time.Second)
+	return c.runKubelet(ctx, false)
+}
+
+// teardown deletes the test pods (so the kubelet unpublishes their volumes while
+// everything still runs), stops every process by PID, unmounts everything below
+// the root (deepest first) and removes the root.
+func (c *cluster) teardown() {
+	if c.root == "" {
+		return
+	}
+	if c.cs != nil && c.kubelet != nil && !c.kubelet.exited() && c.apiserver != nil && !c.apiserver.exited() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		if err := c.deleteAllPods(ctx); err != nil {
+			c.logf("teardown: pods not all gone: %v", err)
+		}
+		cancel()
+	}
+	if dir := os.Getenv("EPHEMERA_E2E_ARTIFACTS"); dir != "" {
+		dst := filepath.Join(dir, filepath.Base(c.root)+"-logs")
+		_ = os.MkdirAll(dir, 0o755)
+		if err := exec.Command("cp", "-a", c.logDir, dst).Run(); err == nil {
+			c.logf("logs copied to %s", dst)
+		}
+	}
+	if c.drv != nil {
+		c.drv.stop()
+	}
+	c.kubelet.stop(10 * time.Second)
+	c.cri.stop(10 * time.Second)
+	c.apiserver.stop(10 * time.Second)
+	c.etcd.stop(10 * time.Second)
+	if problems := cleanupRoot(c.root); len(problems) > 0 {
+		c.logf("teardown problems: %v", problems)
+	} else {
+		c.logf("teardown: removed %s", c.root)
+	}
+}
+
+// deleteAllPods deletes every pod on the node and waits until they are gone from
+// the API (the kubelet removes a pod object only after its volumes are torn down).
+func (c *cluster) deleteAllPods(ctx context.Context) error {
+	pods, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		_ = c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+	}
+	return waitFor(ctx, 55*time.Second, 250*time.Millisecond, "all pods gone", func() (bool, error) {
+		pods, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(pods.Items) > 0 {
+			return false, fmt.Errorf("%d pods left, e.g. %s/%s", len(pods.Items), pods.Items[0].Namespace, pods.Items[0].Name)
+		}
+		return true, nil
+	})
+}
+
+func countInFile(path, needle string) int {
+	b, _ := os.ReadFile(path)
+	return strings.Count(string(b), needle)
+}
+
+// dumpLogTails prints the last lines of every component log (for CI output).
+func (c *cluster) dumpLogTails() {
+	ents, _ := os.ReadDir(c.logDir)
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(c.logDir, e.Name()))
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(lines) > 25 {
+			lines = lines[len(lines)-25:]
+		}
+		fmt.Fprintf(os.Stderr, "---- tail of %s ----\n%s\n", e.Name(), strings.Join(lines, "\n"))
+	}
+}
+
+func (c *cluster) printTimings() {
+	c.timingsMu.Lock()
+	defer c.timingsMu.Unlock()
+	for _, s := range c.timings {
+		c.logf("timing: %s", s)
+	}
+	keys := make([]string, 0, len(c.latencies))
+	for k := range c.latencies {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		c.logf("latency %s: %s", k, c.latencies[k])
+	}
+}

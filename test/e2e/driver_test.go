@@ -1,0 +1,236 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const driverName = "scratch.csi.ephemera.dev"
+
+// driver is the scratch driver binary running as a host process (as the
+// DaemonSet's privileged container would, in the host mount namespace). Its
+// stderr (klog) goes to logs/driver.log, appended across restarts.
+type driver struct {
+	c        *cluster
+	bin      string
+	name     string
+	endpoint string
+	stateDir string
+	p        *proc
+	logPath  string
+}
+
+var (
+	driverOnce sync.Once
+	driverErr  error
+)
+
+// requireDriver builds and starts the scratch driver on first use (so harness-only
+// tests run while the driver does not build) and fails the test when it cannot.
+// A driver a previous test left stopped is started again.
+func requireDriver(t *testing.T) *driver {
+	t.Helper()
+	driverOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		driverErr = clu.setupDriver(ctx)
+	})
+	if driverErr != nil {
+		t.Fatalf("scratch driver: %v", driverErr)
+	}
+	d := clu.drv
+	if d.p == nil || d.p.exited() {
+		if d.p != nil {
+			t.Logf("driver was not running (%v); starting it", d.p.exitErr())
+		}
+		if err := d.start(context.Background()); err != nil {
+			t.Fatalf("start driver: %v", err)
+		}
+	}
+	return d
+}
+
+func (c *cluster) setupDriver(ctx context.Context) error {
+	t0 := time.Now()
+	bin := os.Getenv("EPHEMERA_E2E_DRIVER_BIN")
+	if bin == "" {
+		bin = filepath.Join(c.root, "bin", "scratch")
+		if err := c.goBuild(ctx, bin, "./drivers/scratch"); err != nil {
+			return err
+		}
+		c.step("driver built (go build ./drivers/scratch)", t0)
+	}
+	dir := filepath.Join(c.root, "driver")
+	c.drv = &driver{
+		c: c, bin: bin, name: driverName,
+		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
+		stateDir: filepath.Join(dir, "state"),
+		logPath:  filepath.Join(c.logDir, "driver.log"),
+	}
+	if err := os.MkdirAll(c.drv.stateDir, 0o700); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	if err := c.drv.start(ctx); err != nil {
+		return err
+	}
+	c.step("driver start to CSINode lists it", t1)
+	return nil
+}
+
+// registrations counts the kubelet's "Register new plugin" lines for the driver.
+func (d *driver) registrations() int {
+	return countInFile(d.c.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
+}
+
+// start starts the driver and waits until the kubelet has registered it (a new
+// "Register new plugin" line in its log) and the CSINode object lists it.
+func (d *driver) start(ctx context.Context) error {
+	before := d.registrations()
+	var err error
+	d.p, err = d.c.startProc("driver", d.bin, []string{
+		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
+		"--kubelet-root=" + d.c.kubeletRoot, "--register", "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
+	}, nil)
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+d.name+" and CSINode lists it", func() (bool, error) {
+		if d.p.exited() {
+			return false, stop(fmt.Errorf("driver exited (%v), see %s", d.p.exitErr(), d.logPath))
+		}
+		if d.registrations() <= before {
+			return false, nil
+		}
+		n, err := d.c.cs.StorageV1().CSINodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, x := range n.Spec.Drivers {
+			if x.Name == d.name {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// stop stops the driver gracefully (SIGTERM, SIGKILL after 10 s).
+func (d *driver) stop() {
+	if d != nil && d.p != nil {
+		d.p.stop(10 * time.Second)
+	}
+}
+
+// kill9 kills the driver with SIGKILL, as an OOM kill or node crash would.
+func (d *driver) kill9() { d.p.kill() }
+
+// logSize is an offset for logSince.
+func (d *driver) logSize() int64 {
+	st, err := os.Stat(d.logPath)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+func (d *driver) log() string {
+	b, _ := os.ReadFile(d.logPath)
+	return string(b)
+}
+
+func (d *driver) logSince(off int64) string {
+	s := d.log()
+	if off > int64(len(s)) {
+		return ""
+	}
+	return s[off:]
+}
+
+// volumeHandle is the kubelet's handle for an inline volume: csi-sha256(podUID+volName).
+func volumeHandle(podUID, volName string) string {
+	return fmt.Sprintf("csi-%x", sha256.Sum256([]byte(podUID+volName)))
+}
+
+// stateRecords opens the driver's bbolt state read-only and returns the keys of the
+// "volumes" bucket. The driver holds bbolt's exclusive flock while it runs (a
+// read-only open would block), so this needs the driver stopped: see
+// withDriverStopped.
+func (d *driver) stateRecords() ([]string, error) {
+	path := filepath.Join(d.stateDir, "state.db")
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+	}
+	defer db.Close()
+	var keys []string
+	err = db.View(func(tx *bolt.Tx) error {
+		var buckets []string
+		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			buckets = append(buckets, string(name))
+			return nil
+		})
+		b := tx.Bucket([]byte("volumes"))
+		if b == nil {
+			return fmt.Errorf("no \"volumes\" bucket in %s (buckets: %v)", path, buckets)
+		}
+		return b.ForEach(func(k, _ []byte) error {
+			keys = append(keys, string(k))
+			return nil
+		})
+	})
+	sort.Strings(keys)
+	return keys, err
+}
+
+// withDriverStopped stops the driver (SIGTERM), runs fn and starts the driver again.
+func (d *driver) withDriverStopped(t *testing.T, fn func()) {
+	t.Helper()
+	d.stop()
+	defer func() {
+		if err := d.start(context.Background()); err != nil {
+			t.Fatalf("restart driver: %v", err)
+		}
+	}()
+	fn()
+}
+
+// assertNoRecords checks, with the driver stopped, that none of the handles has a
+// bbolt record left.
+func (d *driver) assertNoRecords(t *testing.T, handles ...string) {
+	t.Helper()
+	d.withDriverStopped(t, func() {
+		keys, err := d.stateRecords()
+		if err != nil {
+			t.Errorf("read driver state: %v", err)
+			return
+		}
+		left := 0
+		for _, h := range handles {
+			for _, k := range keys {
+				// Tolerate key encodings that prefix or suffix the handle.
+				if strings.Contains(k, h) {
+					t.Errorf("bbolt record %q for %s still present after unpublish", k, h)
+					left++
+				}
+			}
+		}
+		t.Logf("driver state.db: %d volume records in total, %d of the %d checked handles", len(keys), left, len(handles))
+	})
+}
