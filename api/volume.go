@@ -66,8 +66,12 @@ type Volume struct {
 	// Params are the user's volumeAttributes without kubelet-owned keys.
 	Params Params
 	// Secrets are the contents of nodePublishSecretRef. They are only set while a
-	// publish is in progress, are never persisted and never logged.
+	// publish or refresh is in progress, are never persisted and never logged.
 	Secrets Secrets
+	// Tokens are the pod's service-account tokens from CSIDriver.spec.tokenRequests
+	// (audience → token), read from secrets first and volume_context second.
+	// Like Secrets they are in memory only and never logged.
+	Tokens Tokens
 	// State is backend-owned data the backend needs at teardown (a backing file,
 	// a device). The backend may set it in Create; it is persisted with the volume.
 	State map[string]string

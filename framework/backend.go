@@ -37,8 +37,18 @@ type Lister interface {
 	List(ctx context.Context) (volumeIDs []string, err error)
 }
 
-// ContentProvider puts files into a volume after its storage is published and
-// before the pod sees it.
+// ContentProvider puts files into a volume: after its storage is published and
+// before the pod sees it, again on every republish (CSIDriver requiresRepublish:
+// true, with fresh secrets and service-account tokens), and on Driver.Refresh,
+// Driver.RefreshAll or Options.RefreshInterval. The files replace the volume's
+// previous content atomically (a reader sees the old set or the new set, never a
+// mix). v carries the pod's identity, attributes, Secrets and Tokens; on a
+// driver-initiated refresh Secrets and Tokens are those of the last publish this
+// process saw (nil after a driver restart, until the next republish).
+//
+// A failing first publish rolls the volume back and the pod does not start. A
+// failing refresh keeps the volume and its last good content and is retried with
+// backoff. Each call is bounded by Options.ContentTimeout.
 type ContentProvider interface {
 	Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
 }
@@ -78,3 +88,19 @@ func (f ContentFunc) Content(ctx context.Context, v *api.Volume) (map[string]api
 type HealthChecker interface {
 	Check(ctx context.Context, v *api.Volume) error
 }
+
+// Authorizer approves a volume before anything is created for it, for example
+// from a namespace allow-list, required pod labels or a SubjectAccessReview. It
+// runs on every first publish (a republish of a live volume is not re-checked).
+// Return an error wrapping api.ErrPermissionDenied, with a message saying what
+// the pod lacks, to refuse with PermissionDenied; any other error is treated as
+// transient (Unavailable) so the kubelet retries.
+type Authorizer interface {
+	Authorize(ctx context.Context, v *api.Volume) error
+}
+
+// AuthorizerFunc adapts a function to the Authorizer interface.
+type AuthorizerFunc func(ctx context.Context, v *api.Volume) error
+
+// Authorize calls f.
+func (f AuthorizerFunc) Authorize(ctx context.Context, v *api.Volume) error { return f(ctx, v) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -36,11 +37,12 @@ type Driver struct {
 	mounter mount.Interface
 	store   store.Store
 
-	locks    volumeLocks
-	inflight chan struct{}
-	capacity *capacity
-	ready    atomic.Bool
-	running  atomic.Bool
+	locks     volumeLocks
+	inflight  chan struct{}
+	capacity  *capacity
+	refresher *refresher
+	ready     atomic.Bool
+	running   atomic.Bool
 
 	capabilities *csi.NodeGetCapabilitiesResponse
 	nodeInfo     *csi.NodeGetInfoResponse
@@ -78,6 +80,7 @@ func New(opts Options) (*Driver, error) {
 	if d.mounter == nil {
 		d.mounter = mount.New()
 	}
+	d.refresher = newRefresher(d, opts.RefreshConcurrency)
 	return d, nil
 }
 
@@ -157,6 +160,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
 	d.ready.Store(true)
+	d.refresher.start(klog.NewContext(ctx, log))
 	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, "version", d.opts.Version, "node", d.opts.NodeID)
 
 	// The registrar starts only now that NodeGetInfo answers, and stops before
@@ -194,6 +198,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	<-regDone
 	cancel()
 	stopGracefully(srv, 10*time.Second)
+	d.refresher.stop()
 	log.Info("Stopped serving")
 	return err
 }

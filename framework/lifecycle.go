@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -86,7 +85,23 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		return nil, transient(fmt.Errorf("checking target: %w", err))
 	}
 	if mounted {
-		log.V(2).Info("Volume already published")
+		if d.opts.Content == nil {
+			log.V(2).Info("Volume already published")
+			return &csi.NodePublishVolumeResponse{}, nil
+		}
+		// requiresRepublish or a kubelet restart: new content with the fresh
+		// secrets and tokens. A failure never touches the live volume: it keeps
+		// its last good content, the kubelet gets OK, and a retry is scheduled.
+		v := pr.vol
+		v.State = rec.State
+		d.refresher.remember(v)
+		if err := d.refreshContent(ctx, v); err != nil {
+			delay := d.refresher.failed(v.ID)
+			log.Error(err, "Content refresh on republish failed; keeping the last good content", "retryIn", delay)
+		} else {
+			d.refresher.succeeded(v.ID)
+			log.V(2).Info("Republished volume with refreshed content")
+		}
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
 	log.Info("Published volume is not mounted; repairing")
@@ -112,6 +127,17 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
 	log := klog.FromContext(ctx)
 	v := pr.vol
+	if d.opts.Authorizer != nil {
+		if err := d.opts.Authorizer.Authorize(ctx, v); err != nil {
+			if errors.Is(err, api.ErrPermissionDenied) {
+				return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s may not use this volume: %v", v.Pod.Namespace, v.Pod.Name, err)
+			}
+			if _, ok := status.FromError(err); ok {
+				return nil, err
+			}
+			return nil, transient(fmt.Errorf("authorizing the volume: %w", err))
+		}
+	}
 	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
 		return nil, err
 	}
@@ -167,6 +193,9 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		return nil, transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
+	if d.opts.Content != nil {
+		d.refresher.remember(v)
+	}
 	log.V(2).Info("Published volume", "size", v.Size)
 	return &csi.NodePublishVolumeResponse{}, nil
 }
@@ -189,16 +218,12 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		}
 	}
 	if d.opts.Content != nil {
-		files, err := d.opts.Content.Content(ctx, v)
+		files, err := d.content(ctx, v)
 		if err != nil {
-			return fmt.Errorf("content provider: %w", err)
+			return err
 		}
-		gid := -1
-		if v.FSGroup != nil && !isWindows {
-			gid = int(*v.FSGroup)
-		}
-		if err := writeFiles(v.TargetPath, files, gid); err != nil {
-			return fmt.Errorf("writing content: %w", err)
+		if err := d.writeContent(v, files); err != nil {
+			return err
 		}
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
@@ -223,57 +248,6 @@ func applyFSGroup(dir string, gid int) error {
 		return err
 	}
 	return os.Chmod(dir, fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
-}
-
-// writeFiles writes files below dir without following links out of it. With a
-// gid >= 0 (fsGroup), files and the directories made for them belong to that
-// group and are group-readable.
-func writeFiles(dir string, files map[string]api.File, gid int) error {
-	if len(files) == 0 {
-		return nil
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	for name, f := range files {
-		clean := filepath.Clean(filepath.FromSlash(name))
-		if name == "" || filepath.IsAbs(clean) || clean == "." || strings.HasPrefix(clean, "..") {
-			return fmt.Errorf("%w: content file name %q must be a relative path inside the volume", api.ErrInvalidParams, name)
-		}
-		if d := filepath.Dir(clean); d != "." {
-			if err := root.MkdirAll(d, 0o755); err != nil {
-				return err
-			}
-			if gid >= 0 {
-				for p := d; p != "."; p = filepath.Dir(p) {
-					if err := root.Lchown(p, -1, gid); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		mode := f.Mode.Perm()
-		if mode == 0 {
-			mode = 0o644
-		}
-		if gid >= 0 {
-			mode |= 0o040
-			if err := root.WriteFile(clean, f.Data, mode); err != nil {
-				return err
-			}
-			if err := root.Lchown(clean, -1, gid); err != nil {
-				return err
-			}
-		} else if err := root.WriteFile(clean, f.Data, mode); err != nil {
-			return err
-		}
-		if err := root.Chmod(clean, mode); err != nil { // not subject to umask
-			return err
-		}
-	}
-	return nil
 }
 
 // NodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
@@ -360,6 +334,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.release(rec.Backend, rec.Size)
+	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
 }

@@ -45,8 +45,22 @@ type Options struct {
 	// DefaultBackend is used when a volume has no "backend" attribute. Defaults to
 	// the only backend when there is exactly one; required otherwise.
 	DefaultBackend string
-	// Content, when set, fills every volume with files at publish.
+	// Content, when set, fills every volume with files at publish and refreshes
+	// them on republish (see ContentProvider).
 	Content ContentProvider
+	// ContentTimeout bounds one Content call, well under the kubelet's 2 minute
+	// deadline. Defaults to 30s.
+	ContentTimeout time.Duration
+	// RefreshInterval, when set, refreshes the content of every volume this often
+	// (each volume at a random offset within the interval, so refreshes spread
+	// out). Defaults to 0: content is refreshed on republish and on Refresh calls.
+	RefreshInterval time.Duration
+	// RefreshConcurrency caps content refreshes in flight across all volumes, so
+	// that a RefreshAll (a CA rotation, say) does not stampede the content's
+	// source. Defaults to 4.
+	RefreshConcurrency int
+	// Authorizer, when set, approves every first publish (see Authorizer).
+	Authorizer Authorizer
 	// MaxVolumesPerNode is reported in NodeGetInfo (the scheduler then places at
 	// most that many pods using this driver's volumes on a node) and enforced at
 	// publish. Defaults to 0: no limit.
@@ -112,6 +126,12 @@ func (o *Options) setDefaults() {
 	if o.OperationTimeout == 0 {
 		o.OperationTimeout = 90 * time.Second
 	}
+	if o.ContentTimeout == 0 {
+		o.ContentTimeout = 30 * time.Second
+	}
+	if o.RefreshConcurrency == 0 {
+		o.RefreshConcurrency = 4
+	}
 	if o.StoreTimeout == 0 {
 		o.StoreTimeout = 5 * time.Second
 	}
@@ -160,6 +180,12 @@ func (o *Options) validate() error {
 	}
 	if o.MaxVolumesPerNode < 0 || o.MaxVolumeSize < 0 || o.MaxInFlight < 0 {
 		errs = append(errs, errors.New("MaxVolumesPerNode, MaxVolumeSize and MaxInFlight must not be negative"))
+	}
+	if o.ContentTimeout < 0 || o.ContentTimeout >= o.OperationTimeout {
+		errs = append(errs, fmt.Errorf("ContentTimeout %s must be positive and below OperationTimeout %s", o.ContentTimeout, o.OperationTimeout))
+	}
+	if o.RefreshInterval < 0 || o.RefreshConcurrency < 0 {
+		errs = append(errs, errors.New("RefreshInterval and RefreshConcurrency must not be negative"))
 	}
 	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))

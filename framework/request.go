@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"maps"
 	"runtime"
 	"sort"
 	"strconv"
@@ -121,6 +122,16 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		fsGroup = &n
 	}
 
+	tokens, err := api.ParseTokens(req.GetSecrets(), vc)
+	if err != nil {
+		return nil, invalidArgf("%v", err)
+	}
+	secrets := api.Secrets(req.GetSecrets())
+	if _, ok := secrets[api.KeyServiceAccountTokens]; ok {
+		secrets = maps.Clone(secrets)
+		delete(secrets, api.KeyServiceAccountTokens)
+	}
+
 	backendParams := params.Clone()
 	for _, k := range frameworkParams {
 		delete(backendParams, k)
@@ -141,7 +152,8 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		FSGroup:  fsGroup,
 		Size:     size,
 		Params:   backendParams,
-		Secrets:  api.Secrets(req.GetSecrets()),
+		Secrets:  secrets,
+		Tokens:   tokens,
 	}
 	// The hash covers what the pod asked for, not the defaults a backend fills in
 	// below, so an operator changing a default does not turn the republish of a

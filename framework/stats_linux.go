@@ -12,7 +12,7 @@ import (
 
 // fsUsage is what NodeGetVolumeStats reports for one volume.
 type fsUsage struct {
-	bytesTotal, bytesAvail, bytesUsed    int64
+	bytesTotal, bytesAvail, bytesUsed   int64
 	inodesTotal, inodesFree, inodesUsed int64
 }
 

@@ -5,7 +5,7 @@ package framework
 import "github.com/ephemera-csi/ephemera/framework/mount"
 
 type fsUsage struct {
-	bytesTotal, bytesAvail, bytesUsed    int64
+	bytesTotal, bytesAvail, bytesUsed   int64
 	inodesTotal, inodesFree, inodesUsed int64
 }
 

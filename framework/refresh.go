@@ -1,0 +1,303 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// Backoff of a volume whose refresh failed.
+const (
+	refreshBackoffMin = time.Second
+	refreshBackoffMax = 5 * time.Minute
+	// busyRetry is how soon a refresh that found its volume locked (a publish or
+	// unpublish in progress) tries again.
+	busyRetry = time.Second
+)
+
+// refresher runs driver-initiated content refreshes: Refresh, RefreshAll, the
+// periodic RefreshInterval and retries of failed refreshes. Refreshes of all
+// kinds, republish included, share one semaphore of RefreshConcurrency slots.
+//
+// It keeps in memory (never on disk) the secrets and tokens of the last publish
+// of each volume, so a driver-initiated refresh can hand them to the content
+// provider.
+type refresher struct {
+	d   *Driver
+	sem chan struct{}
+
+	mu      sync.Mutex
+	ctx     context.Context // set while the driver runs
+	creds   map[string]creds
+	backoff map[string]time.Duration
+	timers  map[string]*time.Timer
+	wg      sync.WaitGroup
+}
+
+type creds struct {
+	secrets api.Secrets
+	tokens  api.Tokens
+}
+
+func newRefresher(d *Driver, concurrency int) *refresher {
+	return &refresher{
+		d:       d,
+		sem:     make(chan struct{}, concurrency),
+		creds:   map[string]creds{},
+		backoff: map[string]time.Duration{},
+		timers:  map[string]*time.Timer{},
+	}
+}
+
+// start enables driver-initiated refreshes until ctx ends; stop waits for them.
+func (r *refresher) start(ctx context.Context) {
+	r.mu.Lock()
+	r.ctx = ctx
+	r.mu.Unlock()
+	if iv := r.d.opts.RefreshInterval; iv > 0 && r.d.opts.Content != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			t := time.NewTicker(iv)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if err := r.d.refreshAll(ctx, iv); err != nil {
+						klog.FromContext(ctx).Error(err, "Periodic refresh")
+					}
+				}
+			}
+		}()
+	}
+}
+
+func (r *refresher) stop() {
+	r.mu.Lock()
+	r.ctx = nil
+	for id := range r.timers {
+		r.cancelLocked(id)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// remember keeps the credentials of a volume's latest publish.
+func (r *refresher) remember(v *api.Volume) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.creds[v.ID] = creds{v.Secrets, v.Tokens}
+}
+
+// forget drops everything about a volume that is gone.
+func (r *refresher) forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.creds, id)
+	delete(r.backoff, id)
+	r.cancelLocked(id)
+}
+
+// cancelLocked stops id's pending timer. A timer stopped before it fired never
+// runs its function, so its WaitGroup count is released here.
+func (r *refresher) cancelLocked(id string) {
+	if t := r.timers[id]; t != nil {
+		if t.Stop() {
+			r.wg.Done()
+		}
+		delete(r.timers, id)
+	}
+}
+
+// schedule runs a refresh of id after delay, unless one is already scheduled
+// sooner. It does nothing while the driver is not running.
+func (r *refresher) schedule(id string, delay time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ctx := r.ctx
+	if ctx == nil || ctx.Err() != nil {
+		return
+	}
+	r.cancelLocked(id)
+	r.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		defer r.wg.Done()
+		r.mu.Lock()
+		if r.timers[id] == t {
+			delete(r.timers, id)
+		}
+		r.mu.Unlock()
+		r.d.refreshOne(ctx, id)
+	})
+	r.timers[id] = t
+}
+
+// failed records a failed refresh of id and schedules a retry with exponential
+// backoff and jitter.
+func (r *refresher) failed(id string) time.Duration {
+	r.mu.Lock()
+	b := r.backoff[id]
+	switch {
+	case b == 0:
+		b = refreshBackoffMin
+	case b < refreshBackoffMax:
+		b = min(2*b, refreshBackoffMax)
+	}
+	r.backoff[id] = b
+	r.mu.Unlock()
+	delay := b/2 + rand.N(b/2+1)
+	r.schedule(id, delay)
+	return delay
+}
+
+func (r *refresher) succeeded(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.backoff, id)
+}
+
+// Refresh rewrites the content of one volume now (asynchronously, within the
+// refresh concurrency cap), with the secrets and tokens of its last publish.
+// It returns an error when the driver is not running or the volume is unknown.
+func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
+	if d.opts.Content == nil {
+		return errors.New("the driver has no content provider")
+	}
+	if _, err := d.store.Get(ctx, volumeID); err != nil {
+		return fmt.Errorf("volume %s: %w", volumeID, err)
+	}
+	if !d.running.Load() {
+		return errors.New("the driver is not running")
+	}
+	d.refresher.schedule(volumeID, 0)
+	return nil
+}
+
+// RefreshAll rewrites the content of every published volume, for an event such
+// as a CA rotation. Volumes start at random offsets within spread (0: at once)
+// and never more than RefreshConcurrency at a time.
+func (d *Driver) RefreshAll(ctx context.Context, spread time.Duration) error {
+	if d.opts.Content == nil {
+		return errors.New("the driver has no content provider")
+	}
+	return d.refreshAll(ctx, spread)
+}
+
+func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
+	recs, err := d.store.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		if rec.Phase != store.PhasePublished {
+			continue
+		}
+		var delay time.Duration
+		if spread > 0 {
+			delay = rand.N(spread)
+		}
+		d.refresher.schedule(rec.VolumeID, delay)
+	}
+	return nil
+}
+
+// refreshOne is a driver-initiated refresh of one volume.
+func (d *Driver) refreshOne(ctx context.Context, id string) {
+	log := d.opts.Logger.WithValues(logkeys.VolumeID, id)
+	if !d.locks.TryAcquire(id) {
+		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
+		return
+	}
+	defer d.locks.Release(id)
+	rec, err := d.store.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		d.refresher.forget(id)
+		return
+	}
+	if err != nil {
+		log.Error(err, "Refresh: reading volume state")
+		d.refresher.failed(id)
+		return
+	}
+	if rec.Phase != store.PhasePublished {
+		return
+	}
+	if mounted, err := d.mounter.IsMountPoint(rec.TargetPath); err != nil || !mounted {
+		return // the next republish repairs it, with fresh content
+	}
+	v := recordVolume(rec)
+	d.refresher.mu.Lock()
+	c := d.refresher.creds[id]
+	d.refresher.mu.Unlock()
+	v.Secrets, v.Tokens = c.secrets, c.tokens
+	if err := d.refreshContent(klog.NewContext(ctx, log), v); err != nil {
+		delay := d.refresher.failed(id)
+		log.Error(err, "Content refresh failed; keeping the last good content", "retryIn", delay)
+		return
+	}
+	d.refresher.succeeded(id)
+	log.V(2).Info("Refreshed content")
+}
+
+// refreshContent asks the content provider for v's files and swaps them in,
+// making a read-only volume writable only for the swap. The caller holds the
+// volume's lock. On any error the previous content stays in place.
+func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) error {
+	select {
+	case d.refresher.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-d.refresher.sem }()
+	files, err := d.content(ctx, v)
+	if err != nil {
+		return err
+	}
+	if v.ReadOnly {
+		if err := d.mounter.SetReadOnly(v.TargetPath, false); err != nil {
+			return fmt.Errorf("making volume writable for the refresh: %w", err)
+		}
+		defer func() {
+			if rerr := d.mounter.SetReadOnly(v.TargetPath, true); rerr != nil {
+				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
+			}
+		}()
+	}
+	return d.writeContent(v, files)
+}
+
+// content calls the content provider within ContentTimeout.
+func (d *Driver) content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
+	defer cancel()
+	files, err := d.opts.Content.Content(ctx, v)
+	if err != nil {
+		return nil, fmt.Errorf("content provider: %w", err)
+	}
+	return files, nil
+}
+
+// writeContent swaps files into the volume atomically, owned by the fsGroup.
+func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
+	gid := -1
+	if v.FSGroup != nil && !isWindows {
+		gid = int(*v.FSGroup)
+	}
+	if err := content.Write(v.TargetPath, files, content.Options{GID: gid}); err != nil {
+		return fmt.Errorf("writing content: %w", err)
+	}
+	return nil
+}
