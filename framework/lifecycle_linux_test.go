@@ -340,6 +340,17 @@ func TestContentAndSecretsNeverLogged(t *testing.T) {
 	if err := k.Publish(ctx, pod, vol); err != nil {
 		t.Fatal(err)
 	}
+	// Kubernetes >= 1.35 with serviceAccountTokenInSecrets: the tokens arrive in
+	// secrets; they must stay out of the logs and out of v.Secrets.
+	vol2 := vol
+	vol2.Name, vol2.TokensInSecrets = "creds2", true
+	vol2.Tokens = `{"vault":{"token":"` + token + `-2","expirationTimestamp":"2030-01-01T00:00:00Z"}}`
+	if err := k.Publish(ctx, pod, vol2); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(k.TargetPath(pod, "creds2"), "sub", "secret")); string(b) != secret {
+		t.Errorf("secret file with tokens in secrets = %q", b)
+	}
 	target := k.TargetPath(pod, "creds")
 	if b, _ := os.ReadFile(filepath.Join(target, "pod")); string(b) != "shop/cart" {
 		t.Errorf("pod file = %q", b)

@@ -31,7 +31,8 @@ type health struct {
 func (h health) ok() bool { return h.reason == "" }
 
 // lookup finds the record of a published volume for the stats and health RPCs.
-// An unknown ID is NotFound; a path other than the volume's target too.
+// Missing arguments are InvalidArgument; an unknown ID is NotFound, and so is a
+// path other than the volume's target (when one is given).
 func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
 	if id == "" {
 		return nil, invalidArgf("volume_id is required")
@@ -46,13 +47,7 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	if err != nil {
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	if path == "" {
-		if pathRequired {
-			return nil, invalidArgf("volume_path is required")
-		}
-		return rec, nil
-	}
-	if normalizePath(path, isWindows) != normalizePath(rec.TargetPath, isWindows) {
+	if path != "" && normalizePath(path, isWindows) != normalizePath(rec.TargetPath, isWindows) {
 		return nil, status.Errorf(codes.NotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
