@@ -122,6 +122,23 @@ func (p Params) FileMode(key string, def fs.FileMode) (fs.FileMode, error) {
 	return m, nil
 }
 
+// ModeBits returns m's permission, sticky, setgid and setuid bits as the octal
+// number chmod(2) and mount options such as tmpfs' mode= use: the inverse of
+// FileMode.
+func ModeBits(m fs.FileMode) uint32 {
+	n := uint32(m.Perm())
+	if m&fs.ModeSticky != 0 {
+		n |= 0o1000
+	}
+	if m&fs.ModeSetgid != 0 {
+		n |= 0o2000
+	}
+	if m&fs.ModeSetuid != 0 {
+		n |= 0o4000
+	}
+	return n
+}
+
 // Only returns an error naming every attribute not in known, so that a typo in a pod
 // spec fails loudly instead of being ignored.
 func (p Params) Only(known ...string) error {

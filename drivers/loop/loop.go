@@ -240,19 +240,7 @@ func (b *Backend) root(v *api.Volume, fsType string) (rootAttrs, error) {
 }
 
 // unixMode returns m as a Unix directory mode (S_IFDIR and the special bits).
-func unixMode(m fs.FileMode) uint32 {
-	n := uint32(m.Perm()) | 0o040000
-	if m&fs.ModeSticky != 0 {
-		n |= 0o1000
-	}
-	if m&fs.ModeSetgid != 0 {
-		n |= 0o2000
-	}
-	if m&fs.ModeSetuid != 0 {
-		n |= 0o4000
-	}
-	return n
-}
+func unixMode(m fs.FileMode) uint32 { return api.ModeBits(m) | 0o040000 }
 
 // mkfsArgs returns the arguments of mkfs.<fsType> for dev; proto is the path of
 // an xfs protofile ("" for none).

@@ -105,19 +105,7 @@ func (b *Backend) options(v *api.Volume) ([]string, error) {
 }
 
 // octal renders a FileMode the way tmpfs' mode= option expects.
-func octal(m fs.FileMode) string {
-	n := uint32(m.Perm())
-	if m&fs.ModeSticky != 0 {
-		n |= 0o1000
-	}
-	if m&fs.ModeSetgid != 0 {
-		n |= 0o2000
-	}
-	if m&fs.ModeSetuid != 0 {
-		n |= 0o4000
-	}
-	return fmt.Sprintf("%04o", n)
-}
+func octal(m fs.FileMode) string { return fmt.Sprintf("%04o", api.ModeBits(m)) }
 
 // Create returns the tmpfs to mount at the target. The framework mounts it; there
 // is no storage to create beforehand.

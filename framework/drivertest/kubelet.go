@@ -1,7 +1,6 @@
 package drivertest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -9,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"io/fs"
 	"maps"
 	"net"
@@ -1040,42 +1040,15 @@ func candidatePaths(path string) []string {
 	return out
 }
 
-// linuxMountPoints parses the mount point field of /proc/self/mountinfo.
+// linuxMountPoints returns the mount points of /proc/self/mountinfo.
 func linuxMountPoints() (map[string]bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mount.ReadMountInfo()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	out := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		out[unescapeMountInfo(fields[4])] = true
+	out := make(map[string]bool, len(infos))
+	for _, mi := range infos {
+		out[mi.MountPoint] = true
 	}
-	return out, sc.Err()
-}
-
-// unescapeMountInfo decodes the octal escapes (\040 for space and so on) of
-// /proc/self/mountinfo.
-func unescapeMountInfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, nil
 }

@@ -936,12 +936,3 @@ func TestKubeletIsFinal(t *testing.T) {
 		}
 	}
 }
-
-func TestKubeletUnescapeMountInfo(t *testing.T) {
-	if got := unescapeMountInfo(`/a\040b\134c\011`); got != "/a b\\c\t" {
-		t.Fatalf("got %q", got)
-	}
-	if got := unescapeMountInfo(`/x\04`); got != `/x\04` {
-		t.Fatalf("got %q", got)
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"math"
 	"os"
 	"path/filepath"
@@ -409,19 +410,14 @@ func (e *env) load(kind, backend string, n int) workload {
 // mountsUnder returns the mount points strictly below dir, deepest (and, for
 // stacked mounts, most recent) first.
 func mountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	infos, err := mount.ReadMountInfo()
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for line := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescape(f[4])
-		if strings.HasPrefix(p, dir+"/") {
-			out = append(out, p)
+	for _, mi := range mount.MountsUnder(infos, dir) {
+		if mi.MountPoint != dir {
+			out = append(out, mi.MountPoint)
 		}
 	}
 	slices.Reverse(out) // mountinfo lists in mount order: later mounts stack on top
@@ -429,25 +425,6 @@ func mountsUnder(dir string) ([]string, error) {
 		return strings.Count(out[i], "/") > strings.Count(out[j], "/")
 	})
 	return out, nil
-}
-
-// unescape decodes the octal escapes of /proc/self/mountinfo.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // unmountAllUnder unmounts everything below dir, deepest first; a busy mount is

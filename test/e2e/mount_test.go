@@ -3,11 +3,11 @@
 package e2e
 
 import (
-	"bufio"
-	"os"
+	"fmt"
+
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,55 +34,20 @@ func (m mountInfo) readOnly() bool {
 	return false
 }
 
-// unescapeMount decodes the octal escapes (\040 etc.) of mountinfo paths.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 func readMountInfo() ([]mountInfo, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mount.ReadMountInfo()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var out []mountInfo
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		sep := -1
-		for i, x := range fs {
-			if x == "-" {
-				sep = i
-				break
-			}
+	out := make([]mountInfo, len(infos))
+	for i, mi := range infos {
+		out[i] = mountInfo{
+			ID: mi.ID, Parent: mi.ParentID, Dev: fmt.Sprintf("%d:%d", mi.Major, mi.Minor),
+			Root: mi.Root, MountPoint: mi.MountPoint, Options: mi.Options,
+			FSType: mi.FSType, Source: mi.Source, SuperOpts: mi.SuperOptions,
 		}
-		if sep < 6 || len(fs) < sep+4 {
-			continue
-		}
-		id, _ := strconv.Atoi(fs[0])
-		parent, _ := strconv.Atoi(fs[1])
-		out = append(out, mountInfo{
-			ID: id, Parent: parent, Dev: fs[2],
-			Root: unescapeMount(fs[3]), MountPoint: unescapeMount(fs[4]), Options: fs[5],
-			FSType: fs[sep+1], Source: unescapeMount(fs[sep+2]), SuperOpts: fs[sep+3],
-		})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // mountsAt returns the mounts whose mount point is exactly path (stacked mounts
