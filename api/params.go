@@ -175,6 +175,16 @@ func quoteAll(s []string) string {
 	return strings.Join(q, ", ")
 }
 
+// Without returns a copy of p without keys: what a backend wrapper hands the
+// backend it wraps after taking its own attributes.
+func (p Params) Without(keys ...string) Params {
+	c := p.Clone()
+	for _, k := range keys {
+		delete(c, k)
+	}
+	return c
+}
+
 // Clone returns a copy of p.
 func (p Params) Clone() Params {
 	if p == nil {

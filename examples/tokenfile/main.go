@@ -1,0 +1,155 @@
+// Command tokenfile is an Ephemera driver that mounts the pod's own
+// service-account token for one audience, as a file that the kubelet refreshes
+// through requiresRepublish. A pod chooses the audience with the volume
+// attribute "audience"; the CSIDriver object must request a token for it in
+// spec.tokenRequests.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/framework"
+)
+
+const driverName = "tokenfile.csi.ephemera.dev"
+
+// Volume attributes of this driver (tmpfs's own, and "size", are accepted too).
+const (
+	paramAudience = "audience" // required
+	paramFileName = "fileName" // default "token"
+	paramFormat   = "format"   // "raw" (default) or "json"
+)
+
+// Options returns the driver: a 1Mi tmpfs per volume holding one token file.
+// main sets the Authorizer from --allowed-namespaces.
+func Options() framework.Options {
+	return framework.Options{
+		DriverName: driverName,
+		Backends:   map[string]framework.Backend{"tmpfs": backend{tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})}},
+		Content:    framework.ContentFunc(tokenFile),
+	}
+}
+
+// attrs are a volume's parsed attributes.
+type attrs struct{ audience, fileName, format string }
+
+var fileNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$`)
+
+func parseAttrs(p api.Params) (attrs, error) {
+	a := attrs{audience: p.String(paramAudience, ""), fileName: p.String(paramFileName, "token")}
+	if !p.Has(paramAudience) {
+		return a, api.InvalidParamf("attribute %q is required: the audience of the token to mount (listed in the CSIDriver's spec.tokenRequests)", paramAudience)
+	}
+	if !fileNameRE.MatchString(a.fileName) {
+		return a, api.InvalidParamf("attribute %q: %q must be a plain file name (letters, digits, '.', '_', '-'; not starting with '.')", paramFileName, a.fileName)
+	}
+	var err error
+	a.format, err = p.OneOf(paramFormat, "raw", "raw", "json")
+	return a, err
+}
+
+// backend is the tmpfs backend, also accepting this driver's attributes. (The
+// framework refuses every attribute a backend's Validate does not accept.)
+type backend struct{ *tmpfs.Backend }
+
+func (b backend) Validate(v *api.Volume) error {
+	if err := v.Params.Only(paramAudience, paramFileName, paramFormat,
+		tmpfs.ParamMode, tmpfs.ParamUID, tmpfs.ParamGID, tmpfs.ParamNrInodes); err != nil {
+		return err
+	}
+	if _, err := parseAttrs(v.Params); err != nil {
+		return err
+	}
+	rest := *v // tmpfs sees only its own attributes
+	rest.Params = v.Params.Clone()
+	for _, k := range []string{paramAudience, paramFileName, paramFormat} {
+		delete(rest.Params, k)
+	}
+	if err := b.Backend.Validate(&rest); err != nil {
+		return err
+	}
+	v.Size = rest.Size // tmpfs's default size
+	return nil
+}
+
+// tokenFile is the volume's content, built at publish and on every republish.
+// The token text must never be logged: api.Token and api.Tokens redact
+// themselves, but a plain string does not.
+func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
+	a, err := parseAttrs(v.Params)
+	if err != nil {
+		return nil, err
+	}
+	tok, ok := v.Tokens[a.audience]
+	if !ok {
+		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: CSIDriver %s must list audience %q in spec.tokenRequests", a.audience, driverName, a.audience)
+	}
+	data := []byte(tok.Token)
+	if a.format == "json" {
+		// Not json.Marshal(tok): api.Token marshals redacted, by design.
+		data, err = json.Marshal(struct {
+			Token               string    `json:"token"`
+			ExpirationTimestamp time.Time `json:"expirationTimestamp"`
+		}{tok.Token, tok.ExpirationTimestamp})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return map[string]api.File{a.fileName: {Data: data}}, nil
+}
+
+// allowNamespaces admits pods of the listed namespaces (comma-separated);
+// an empty list admits all.
+func allowNamespaces(list string) framework.Authorizer {
+	var allowed []string
+	for _, ns := range strings.Split(list, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			allowed = append(allowed, ns)
+		}
+	}
+	if len(allowed) == 0 {
+		return nil
+	}
+	return framework.AuthorizerFunc(func(_ context.Context, v *api.Volume) error {
+		if slices.Contains(allowed, v.Pod.Namespace) {
+			return nil
+		}
+		return fmt.Errorf("%w: namespace %q is not in the %s driver's --allowed-namespaces", api.ErrPermissionDenied, v.Pod.Namespace, driverName)
+	})
+}
+
+func main() {
+	opts := Options()
+	klog.InitFlags(nil)
+	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint (unix:///path)")
+	flag.StringVar(&opts.NodeID, "nodeid", os.Getenv("NODE_NAME"), "Kubernetes node name")
+	flag.StringVar(&opts.KubeletRootDir, "kubelet-root", "", "kubelet --root-dir")
+	flag.StringVar(&opts.StateDir, "state-dir", "", "driver state directory")
+	flag.BoolVar(&opts.RegisterWithKubelet, "register", false, "register with the kubelet itself")
+	allowed := flag.String("allowed-namespaces", "", "comma-separated namespaces whose pods may use the driver (empty: all)")
+	flag.Parse()
+	opts.Authorizer = allowNamespaces(*allowed)
+	d, err := framework.New(opts)
+	if err != nil {
+		klog.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := d.Run(ctx); err != nil {
+		klog.Fatal(err)
+	}
+}
