@@ -23,7 +23,9 @@ type Backend interface {
 }
 
 // Validator is implemented by backends that accept volume attributes. Validate runs
-// before any side effect of a first publish; it receives v.Params without the
+// on every NodePublishVolume, republishes included, before anything else happens
+// (so keep checks that depend on secrets or tokens, which may be missing on a
+// republish, in the ContentProvider); it receives v.Params without the
 // framework's own attributes ("size", "backend") and may fill in defaults on v
 // (for example v.Size). Errors should wrap api.ErrInvalidParams and tell the pod
 // author what to change. A backend that is not a Validator accepts no attributes.

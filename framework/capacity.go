@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -25,11 +26,12 @@ type capacity struct {
 
 	mu      sync.Mutex
 	volumes int64
-	used    map[string]int64
+	count   map[string]int64 // backend → volumes
+	used    map[string]int64 // backend → bytes
 }
 
 func newCapacity(maxVolumes int64, budgets map[string]int64) *capacity {
-	return &capacity{maxVolumes: maxVolumes, budgets: budgets, used: map[string]int64{}}
+	return &capacity{maxVolumes: maxVolumes, budgets: budgets, count: map[string]int64{}, used: map[string]int64{}}
 }
 
 // reset recomputes usage from the records.
@@ -37,8 +39,10 @@ func (c *capacity) reset(recs []*store.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes = int64(len(recs))
+	c.count = map[string]int64{}
 	c.used = map[string]int64{}
 	for _, r := range recs {
+		c.count[r.Backend]++
 		c.used[r.Backend] += r.Size
 	}
 }
@@ -56,6 +60,7 @@ func (c *capacity) reserve(driver, backend string, size int64) error {
 			backend, bytes(c.used[backend]), bytes(budget), bytes(size))
 	}
 	c.volumes++
+	c.count[backend]++
 	c.used[backend] += size
 	return nil
 }
@@ -65,6 +70,7 @@ func (c *capacity) release(backend string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes--
+	c.count[backend]--
 	c.used[backend] -= size
 }
 
@@ -77,6 +83,18 @@ func (c *capacity) snapshot() (int64, map[string]int64) {
 		used[k] = v
 	}
 	return c.volumes, used
+}
+
+// usage returns the volumes and bytes of each backend, for the metrics (read
+// at scrape time, so they are always this accounting).
+func (c *capacity) usage() map[string]metrics.Usage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	u := make(map[string]metrics.Usage, len(c.count))
+	for b, n := range c.count {
+		u[b] = metrics.Usage{Volumes: n, Bytes: c.used[b]}
+	}
+	return u
 }
 
 func bytes(n int64) string {

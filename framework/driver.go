@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/registration"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -41,12 +42,16 @@ type Driver struct {
 	inflight  chan struct{}
 	capacity  *capacity
 	refresher *refresher
+	orphans   orphans
 	ready     atomic.Bool
 	running   atomic.Bool
 
 	capabilities *csi.NodeGetCapabilitiesResponse
 	nodeInfo     *csi.NodeGetInfoResponse
 	pluginInfo   *csi.GetPluginInfoResponse
+
+	metrics *metrics.Metrics // observability.go
+	http    httpState
 
 	mu     sync.Mutex
 	server *grpc.Server // set while serving, for tests
@@ -81,6 +86,7 @@ func New(opts Options) (*Driver, error) {
 		d.mounter = mount.New()
 	}
 	d.refresher = newRefresher(d, opts.RefreshConcurrency)
+	d.initObservability()
 	return d, nil
 }
 
@@ -136,6 +142,13 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		}()
 	}
 
+	// Metrics and /healthz answer during the reconcile; /readyz says not ready.
+	stopHTTP, err := d.serveHTTP(log)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
+
 	start := time.Now()
 	if err := d.reconcile(ctx); err != nil {
 		return fmt.Errorf("startup reconcile: %w", err)
@@ -161,6 +174,15 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	go func() { errc <- srv.Serve(lis) }()
 	d.ready.Store(true)
 	d.refresher.start(klog.NewContext(ctx, log))
+	gcDone := make(chan struct{})
+	if d.opts.GCInterval > 0 {
+		go func() {
+			defer close(gcDone)
+			d.runGC(ctx)
+		}()
+	} else {
+		close(gcDone)
+	}
 	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, "version", d.opts.Version, "node", d.opts.NodeID)
 
 	// The registrar starts only now that NodeGetInfo answers, and stops before
@@ -198,6 +220,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	<-regDone
 	cancel()
 	stopGracefully(srv, 10*time.Second)
+	<-gcDone
 	d.refresher.stop()
 	log.Info("Stopped serving")
 	return err

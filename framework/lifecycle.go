@@ -96,8 +96,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		v.State = rec.State
 		d.refresher.remember(v)
 		if err := d.refreshContent(ctx, v); err != nil {
-			delay := d.refresher.failed(v.ID)
-			log.Error(err, "Content refresh on republish failed; keeping the last good content", "retryIn", delay)
+			d.refreshFailed(ctx, v.ID, err)
 		} else {
 			d.refresher.succeeded(v.ID)
 			log.V(2).Info("Republished volume with refreshed content")
@@ -107,7 +106,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	log.Info("Published volume is not mounted; repairing")
 	v := pr.vol
 	v.State = rec.State
-	src, err := pr.backend.Create(ctx, v)
+	src, err := d.createStorage(ctx, pr.backend, v)
 	if err == nil {
 		err = d.mountAndFill(ctx, pr, src)
 	}
@@ -127,6 +126,11 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
 	log := klog.FromContext(ctx)
 	v := pr.vol
+	defer func() {
+		if err != nil {
+			d.provisioningFailed(v, err) // after the rollback below settled err
+		}
+	}()
 	if d.opts.Authorizer != nil {
 		if err := d.opts.Authorizer.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {
@@ -179,7 +183,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		log.V(2).Info("Rolled back failed publish")
 	}()
 
-	src, err := pr.backend.Create(ctx, v)
+	src, err := d.createStorage(ctx, pr.backend, v)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
@@ -323,7 +327,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return err
 	}
 	if b, ok := d.opts.Backends[rec.Backend]; ok {
-		if err := b.Delete(ctx, recordVolume(rec)); err != nil {
+		if err := d.deleteStorage(ctx, b, recordVolume(rec)); err != nil {
 			return fmt.Errorf("backend %s: deleting storage: %w", rec.Backend, err)
 		}
 	} else if rec.Backend != "" {

@@ -61,6 +61,19 @@ type Options struct {
 	RefreshConcurrency int
 	// Authorizer, when set, approves every first publish (see Authorizer).
 	Authorizer Authorizer
+	// GCInterval is how often the orphan GC looks for volumes whose pod
+	// directory under the kubelet root is gone (a pod deleted while the node or
+	// the driver was down, that the kubelet will never unpublish). It also runs
+	// once at startup. Defaults to 1m; negative disables the GC.
+	GCInterval time.Duration
+	// OrphanGracePeriod is how long a volume must look orphaned before the GC
+	// tears it down. Defaults to 2m.
+	OrphanGracePeriod time.Duration
+	// GCDryRun makes the GC only log what it would remove.
+	GCDryRun bool
+	// Pods, when set, confirms with the API server that an orphan's pod is gone
+	// before the GC removes its volume (see framework/kube).
+	Pods PodChecker
 	// MaxVolumesPerNode is reported in NodeGetInfo (the scheduler then places at
 	// most that many pods using this driver's volumes on a node) and enforced at
 	// publish. Defaults to 0: no limit.
@@ -87,6 +100,15 @@ type Options struct {
 	// <KubeletRootDir>/plugins_registry/<DriverName>-reg.sock so no
 	// node-driver-registrar sidecar is needed. Defaults to false.
 	RegisterWithKubelet bool
+	// MetricsAddress, when set ("host:port", e.g. ":9809" or "127.0.0.1:9809"),
+	// serves /metrics, /healthz and /readyz over plain HTTP from before the
+	// startup reconcile until Run returns (see Driver.Handler to mount them in
+	// a server of your own instead). Defaults to "": not served.
+	MetricsAddress string
+	// Events, when set, receives Kubernetes events for pods whose volume failed
+	// to provision or refresh, or was removed by the orphan GC (see EventSink
+	// and package framework/events). Defaults to nil: no events.
+	Events EventSink
 	// Logger is the root logger. Defaults to klog.Background().
 	Logger klog.Logger
 
@@ -125,6 +147,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.OperationTimeout == 0 {
 		o.OperationTimeout = 90 * time.Second
+	}
+	if o.GCInterval == 0 {
+		o.GCInterval = time.Minute
+	}
+	if o.OrphanGracePeriod == 0 {
+		o.OrphanGracePeriod = 2 * time.Minute
 	}
 	if o.ContentTimeout == 0 {
 		o.ContentTimeout = 30 * time.Second
@@ -189,6 +217,9 @@ func (o *Options) validate() error {
 	}
 	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
+	}
+	if err := validateMetricsAddress(o.MetricsAddress); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

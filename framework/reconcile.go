@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -46,9 +47,11 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		}
 		if err := d.teardown(ctx, rec); err != nil {
 			vlog.Error(err, "Rolling back interrupted operation failed; will retry")
+			d.metrics.Reconciled(metrics.ReconcileFailed)
 			failed = append(failed, err)
 			continue
 		}
+		d.metrics.Reconciled(metrics.ReconcileRolledBack)
 		vlog.Info("Rolled back interrupted operation")
 	}
 	for name, b := range d.opts.Backends {
@@ -56,20 +59,23 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		ids, err := lister.List(ctx)
+		ids, err := d.listStorage(ctx, name, lister)
 		if err != nil {
 			log.Error(err, "Listing backend inventory", logkeys.Backend, name)
+			d.metrics.Reconciled(metrics.ReconcileFailed)
 			continue
 		}
 		for _, id := range ids {
 			if known[id] {
 				continue
 			}
-			if err := b.Delete(ctx, orphanVolume(id, name)); err != nil {
+			if err := d.deleteStorage(ctx, b, orphanVolume(id, name)); err != nil {
 				log.Error(err, "Deleting storage without a record", logkeys.Backend, name, logkeys.VolumeID, id)
+				d.metrics.Reconciled(metrics.ReconcileFailed)
 				failed = append(failed, err)
 				continue
 			}
+			d.metrics.Reconciled(metrics.ReconcileOrphanDeleted)
 			log.Info("Deleted storage without a record", logkeys.Backend, name, logkeys.VolumeID, id)
 		}
 	}

@@ -244,18 +244,32 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 	d.refresher.mu.Unlock()
 	v.Secrets, v.Tokens = c.secrets, c.tokens
 	if err := d.refreshContent(klog.NewContext(ctx, log), v); err != nil {
-		delay := d.refresher.failed(id)
-		log.Error(err, "Content refresh failed; keeping the last good content", "retryIn", delay)
+		d.refreshFailed(klog.NewContext(ctx, log), id, err)
 		return
 	}
 	d.refresher.succeeded(id)
 	log.V(2).Info("Refreshed content")
 }
 
+// refreshFailed logs a failed refresh and schedules a retry with backoff, unless
+// the content provider refused the volume's inputs (ErrInvalidParams, e.g. a
+// token the kubelet did not send): retrying the same inputs cannot succeed, so
+// the volume waits for its next republish.
+func (d *Driver) refreshFailed(ctx context.Context, id string, err error) {
+	log := klog.FromContext(ctx)
+	if errors.Is(err, api.ErrInvalidParams) {
+		log.Error(err, "Content refresh refused its inputs; keeping the last good content until the next republish")
+		return
+	}
+	delay := d.refresher.failed(id)
+	log.Error(err, "Content refresh failed; keeping the last good content", "retryIn", delay)
+}
+
 // refreshContent asks the content provider for v's files and swaps them in,
 // making a read-only volume writable only for the swap. The caller holds the
 // volume's lock. On any error the previous content stays in place.
-func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) error {
+func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) {
+	defer func() { d.refreshed(v, err) }()
 	select {
 	case d.refresher.sem <- struct{}{}:
 	case <-ctx.Done():

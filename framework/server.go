@@ -48,6 +48,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			err = status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, p)
 		}
 		err = toStatus(err)
+		d.metrics.ObserveRPC(info.FullMethod, status.Code(err), time.Since(start))
 		if err != nil {
 			log.Error(err, "Request failed", logkeys.Code, status.Code(err), logkeys.Duration, time.Since(start))
 		} else if !hot {

@@ -1,0 +1,24 @@
+// Package metrics holds the Prometheus metrics of an Ephemera driver.
+//
+// The framework creates one [Metrics] per driver, in the driver's own registry
+// (never prometheus.DefaultRegisterer), and records into it; a driver serves it
+// with Options.MetricsAddress or mounts Driver.Handler in its own server. The
+// names and label values are constants here, so dashboards, alerts and tests
+// refer to one definition.
+//
+// # Metrics
+//
+//   - ephemera_rpc_duration_seconds{method,code} histogram: every CSI call.
+//   - ephemera_errors_total{method,code} counter: calls that returned an error.
+//   - ephemera_backend_operation_duration_seconds{backend,op,result} histogram:
+//     Backend.Create, Backend.Delete and Lister.List.
+//   - ephemera_volumes{backend}, ephemera_volume_bytes{backend} gauges: read from
+//     the driver's capacity accounting at scrape time.
+//   - ephemera_reconcile_total{result}, ephemera_gc_total{result},
+//     ephemera_refresh_total{result} counters.
+//   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.
+//   - The Go runtime (go_*) and process (process_*) collectors.
+//
+// No metric has a per-volume or per-pod label: a node runs hundreds of
+// short-lived volumes and each would be a new series.
+package metrics

@@ -1,0 +1,321 @@
+package metrics
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+)
+
+// Metric names. Every metric of the framework is listed here and in
+// docs/design.md ("Observability").
+const (
+	RPCDuration     = "ephemera_rpc_duration_seconds"
+	Errors          = "ephemera_errors_total"
+	BackendDuration = "ephemera_backend_operation_duration_seconds"
+	Volumes         = "ephemera_volumes"
+	VolumeBytes     = "ephemera_volume_bytes"
+	Reconcile       = "ephemera_reconcile_total"
+	GC              = "ephemera_gc_total"
+	Refresh         = "ephemera_refresh_total"
+	InflightOps     = "ephemera_inflight_operations"
+	BuildInfo       = "ephemera_build_info"
+)
+
+const (
+	labelMethod  = "method"
+	labelCode    = "code"
+	labelBackend = "backend"
+	labelOp      = "op"
+	labelResult  = "result"
+	labelDriver  = "driver"
+	labelVersion = "version"
+
+	maxGRPCCode  = codes.Unauthenticated
+	numGRPCCodes = int(maxGRPCCode) + 1
+)
+
+// Values of the op label of BackendDuration.
+const (
+	OpCreate = "create" // Backend.Create: first publish, repair of a published volume
+	OpDelete = "delete" // Backend.Delete: unpublish, rollback, reconcile, orphan GC
+	OpList   = "list"   // Lister.List: startup reconcile
+)
+
+// Values of the result labels.
+const (
+	// ResultOK and ResultError label BackendDuration by outcome.
+	ResultOK    = "ok"
+	ResultError = "error"
+
+	// ReconcileRolledBack counts records of operations cut short by a crash
+	// that the startup reconcile rolled back; ReconcileOrphanDeleted counts
+	// backend storage without a record that it deleted; ReconcileFailed counts
+	// volumes (or backend inventories) it could not clean and left for later.
+	ReconcileRolledBack    = "rolled_back"
+	ReconcileOrphanDeleted = "orphan_deleted"
+	ReconcileFailed        = "failed"
+
+	// GCRemoved and GCFailed are the GC results always exported (at 0 until
+	// they happen); GC accepts the GC's other results too.
+	GCRemoved = "removed"
+	GCFailed  = "failed"
+
+	// RefreshOK and RefreshFailed label content refreshes of live volumes.
+	RefreshOK     = "ok"
+	RefreshFailed = "failed"
+)
+
+// durationBuckets covers a fast tmpfs publish (well under a millisecond) up to
+// the kubelet's 2 minute deadline (a slow mkfs, an unresponsive backend).
+var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+
+// Usage is what one backend's volumes hold on the node.
+type Usage struct {
+	Volumes int64
+	Bytes   int64
+}
+
+// Config describes the driver the metrics belong to.
+type Config struct {
+	// DriverName and Version label BuildInfo.
+	DriverName string
+	Version    string
+	// Backends are exported in Volumes and VolumeBytes even while they hold
+	// nothing.
+	Backends []string
+	// Methods are the full gRPC method names ("/csi.v1.Node/NodePublishVolume")
+	// served; their series are looked up without allocating. Others still work.
+	Methods []string
+	// Usage reports the volumes and bytes per backend. It is called at every
+	// scrape, so the gauges are always the driver's own accounting. Nil: no
+	// volume gauges.
+	Usage func() map[string]Usage
+	// Inflight reports the volume operations in progress; called at every
+	// scrape. Nil: no inflight gauge.
+	Inflight func() int
+}
+
+// Metrics are one driver's Prometheus metrics in their own registry (never the
+// global default registry, so several drivers in one process do not collide).
+// All methods are safe for concurrent use.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	rpcDuration     *prometheus.HistogramVec
+	errors          *prometheus.CounterVec
+	backendDuration *prometheus.HistogramVec
+	reconcile       *prometheus.CounterVec
+	gc              *prometheus.CounterVec
+	refresh         *prometheus.CounterVec
+
+	methods map[string]*methodSeries // read-only after New
+}
+
+// methodSeries caches the series of one gRPC method per status code, so that
+// the hot RPCs (NodeGetCapabilities, Probe) record without allocating.
+type methodSeries struct {
+	name   string
+	byCode [numGRPCCodes]atomic.Pointer[rpcSeries]
+}
+
+type rpcSeries struct {
+	duration prometheus.Observer
+	errors   prometheus.Counter // nil for OK
+}
+
+// New creates the metrics of one driver and registers them, with the Go
+// runtime and process collectors, in a new registry.
+func New(c Config) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		rpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    RPCDuration,
+			Help:    "Duration of CSI gRPC calls, by method and gRPC status code.",
+			Buckets: durationBuckets,
+		}, []string{labelMethod, labelCode}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Errors,
+			Help: "CSI gRPC calls that returned an error, by method and gRPC status code.",
+		}, []string{labelMethod, labelCode}),
+		backendDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    BackendDuration,
+			Help:    "Duration of backend operations (create, delete, list), by backend, operation and result (ok, error).",
+			Buckets: durationBuckets,
+		}, []string{labelBackend, labelOp, labelResult}),
+		reconcile: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Reconcile,
+			Help: "Volumes the startup reconcile acted on: rolled_back (interrupted operation undone), orphan_deleted (storage without a record), failed (left for later).",
+		}, []string{labelResult}),
+		gc: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: GC,
+			Help: "Orphan GC outcomes per volume and pass, by result (removed, failed, ...).",
+		}, []string{labelResult}),
+		refresh: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Refresh,
+			Help: "Content refreshes of live volumes (republish, Refresh, RefreshAll, RefreshInterval, retries), by result (ok, failed).",
+		}, []string{labelResult}),
+		methods: map[string]*methodSeries{},
+	}
+	for _, full := range c.Methods {
+		m.methods[full] = &methodSeries{name: shortMethod(full)}
+	}
+	for _, r := range []string{ReconcileRolledBack, ReconcileOrphanDeleted, ReconcileFailed} {
+		m.reconcile.WithLabelValues(r)
+	}
+	for _, r := range []string{GCRemoved, GCFailed} {
+		m.gc.WithLabelValues(r)
+	}
+	for _, r := range []string{RefreshOK, RefreshFailed} {
+		m.refresh.WithLabelValues(r)
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: BuildInfo,
+		Help: "Always 1; labels name the driver and its version.",
+	}, []string{labelDriver, labelVersion})
+	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
+
+	m.reg.MustRegister(
+		m.rpcDuration, m.errors, m.backendDuration, m.reconcile, m.gc, m.refresh, buildInfo,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	if c.Usage != nil {
+		m.reg.MustRegister(newUsageCollector(c.Backends, c.Usage))
+	}
+	if c.Inflight != nil {
+		inflight := c.Inflight
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: InflightOps,
+			Help: "NodePublishVolume and NodeUnpublishVolume operations in progress (admitted under MaxInFlight).",
+		}, func() float64 { return float64(inflight()) }))
+	}
+	return m
+}
+
+// Registry is the driver's registry. Drivers may register their own metrics in
+// it; they are then served with the framework's.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 4,
+		Timeout:             10 * time.Second,
+	})
+}
+
+// ObserveRPC records one gRPC call: its duration, and an error when code is
+// not OK. fullMethod is the gRPC method ("/csi.v1.Node/NodePublishVolume"); the
+// method label is its last element.
+func (m *Metrics) ObserveRPC(fullMethod string, code codes.Code, d time.Duration) {
+	s := m.rpcSeries(fullMethod, code)
+	s.duration.Observe(d.Seconds())
+	if s.errors != nil {
+		s.errors.Inc()
+	}
+}
+
+func (m *Metrics) rpcSeries(fullMethod string, code codes.Code) *rpcSeries {
+	ms := m.methods[fullMethod]
+	if ms == nil || code > maxGRPCCode {
+		return m.newRPCSeries(shortMethod(fullMethod), code)
+	}
+	if s := ms.byCode[code].Load(); s != nil {
+		return s
+	}
+	// Two callers may race here; both get the same underlying series.
+	s := m.newRPCSeries(ms.name, code)
+	ms.byCode[code].Store(s)
+	return s
+}
+
+func (m *Metrics) newRPCSeries(method string, code codes.Code) *rpcSeries {
+	s := &rpcSeries{duration: m.rpcDuration.WithLabelValues(method, code.String())}
+	if code != codes.OK {
+		s.errors = m.errors.WithLabelValues(method, code.String())
+	}
+	return s
+}
+
+func shortMethod(full string) string {
+	return full[strings.LastIndex(full, "/")+1:]
+}
+
+// ObserveBackend records one backend operation (OpCreate, OpDelete, OpList).
+func (m *Metrics) ObserveBackend(backend, op string, err error, d time.Duration) {
+	result := ResultOK
+	if err != nil {
+		result = ResultError
+	}
+	m.backendDuration.WithLabelValues(backend, op, result).Observe(d.Seconds())
+}
+
+// Reconciled counts one outcome of the startup reconcile (ReconcileRolledBack,
+// ReconcileOrphanDeleted, ReconcileFailed).
+func (m *Metrics) Reconciled(result string) { m.reconcile.WithLabelValues(result).Inc() }
+
+// GC counts one outcome of the orphan GC for one volume (GCRemoved, GCFailed,
+// or another of the GC's results). Results are a small fixed set chosen by the
+// framework, never a volume or pod name.
+func (m *Metrics) GC(result string) { m.gc.WithLabelValues(result).Inc() }
+
+// Refreshed counts one content refresh of a live volume by its outcome.
+func (m *Metrics) Refreshed(err error) {
+	if err != nil {
+		m.refresh.WithLabelValues(RefreshFailed).Inc()
+		return
+	}
+	m.refresh.WithLabelValues(RefreshOK).Inc()
+}
+
+// usageCollector reports the volume gauges from the driver's own accounting at
+// scrape time, so they can never drift from it.
+type usageCollector struct {
+	backends []string
+	usage    func() map[string]Usage
+	volumes  *prometheus.Desc
+	bytes    *prometheus.Desc
+}
+
+func newUsageCollector(backends []string, usage func() map[string]Usage) *usageCollector {
+	return &usageCollector{
+		backends: backends,
+		usage:    usage,
+		volumes: prometheus.NewDesc(Volumes,
+			"Volumes on this node (published, or being published or torn down), by backend.",
+			[]string{labelBackend}, nil),
+		bytes: prometheus.NewDesc(VolumeBytes,
+			"Sum of the sizes of the volumes on this node, by backend (what Options.Capacity budgets).",
+			[]string{labelBackend}, nil),
+	}
+}
+
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.volumes
+	ch <- c.bytes
+}
+
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	u := c.usage()
+	emit := func(backend string, n Usage) {
+		ch <- prometheus.MustNewConstMetric(c.volumes, prometheus.GaugeValue, float64(n.Volumes), backend)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(n.Bytes), backend)
+	}
+	for _, b := range c.backends {
+		emit(b, u[b])
+	}
+	// Volumes of a backend the driver no longer has (kept for cleanup).
+	for b, n := range u {
+		if !slices.Contains(c.backends, b) {
+			emit(b, n)
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
+	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// EventSink receives Kubernetes events about pods' volumes (Options.Events).
+// The framework has no Kubernetes client of its own: package framework/events
+// provides an EventSink that posts core/v1 Events through client-go, rate
+// limited per pod.
+//
+// Event is called on the request path and must not block: queue, rate-limit
+// or drop. eventType is EventTypeNormal or EventTypeWarning; reason is one of
+// the Reason constants; message is for the pod's author and holds no secrets.
+type EventSink interface {
+	Event(pod api.Pod, eventType, reason, message string)
+}
+
+// Event types, as in core/v1 Event.type.
+const (
+	EventTypeNormal  = "Normal"
+	EventTypeWarning = "Warning"
+)
+
+// Reasons of the events the framework emits.
+const (
+	// ReasonProvisioningFailed (Warning): a first publish failed and was rolled
+	// back; the message is the error the kubelet got.
+	ReasonProvisioningFailed = "ProvisioningFailed"
+	// ReasonRefreshFailed (Warning): refreshing a live volume's content failed;
+	// the volume keeps its last good content and the refresh is retried.
+	ReasonRefreshFailed = "RefreshFailed"
+	// ReasonOrphanRemoved (Normal): the orphan GC removed a volume whose pod is
+	// gone.
+	ReasonOrphanRemoved = "OrphanRemoved"
+)
+
+// httpState is the driver's metrics and health endpoint.
+type httpState struct {
+	handler http.Handler
+
+	mu     sync.Mutex
+	server *httpserver.Server // set while Run serves Options.MetricsAddress
+}
+
+// initObservability creates the driver's metrics (in its own registry) and its
+// HTTP handler. Called once by New; starts nothing.
+func (d *Driver) initObservability() {
+	var methods []string
+	for _, sd := range []struct {
+		name    string
+		methods []string
+	}{
+		{csi.Identity_ServiceDesc.ServiceName, methodNames(csi.Identity_ServiceDesc.Methods)},
+		{csi.Node_ServiceDesc.ServiceName, methodNames(csi.Node_ServiceDesc.Methods)},
+	} {
+		for _, m := range sd.methods {
+			methods = append(methods, "/"+sd.name+"/"+m)
+		}
+	}
+	d.metrics = metrics.New(metrics.Config{
+		DriverName: d.opts.DriverName,
+		Version:    d.opts.Version,
+		Backends:   backendNames(d.opts.Backends),
+		Methods:    methods,
+		Usage:      d.capacity.usage,
+		Inflight:   func() int { return len(d.inflight) },
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metrics.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	d.http.handler = mux
+}
+
+func methodNames(ms []grpc.MethodDesc) []string {
+	names := make([]string, 0, len(ms))
+	for _, m := range ms {
+		names = append(names, m.MethodName)
+	}
+	return names
+}
+
+// Handler serves the driver's metrics and health, for authors who run their
+// own HTTP server instead of setting Options.MetricsAddress:
+//
+//   - /metrics: Prometheus metrics (see package framework/metrics);
+//   - /healthz: 200 while the process serves HTTP (liveness);
+//   - /readyz: 200 once the startup reconcile is done and while the state store
+//     answers, 503 with the reason otherwise (readiness; the same condition as
+//     a ready CSI Probe).
+//
+// It may be mounted before Run starts; /readyz then says not ready.
+func (d *Driver) Handler() http.Handler { return d.http.handler }
+
+// MetricsAddr returns the address the Options.MetricsAddress server listens
+// on, with the port it got (useful with ":0" in tests), or "" when it is not
+// serving.
+func (d *Driver) MetricsAddr() string {
+	d.http.mu.Lock()
+	defer d.http.mu.Unlock()
+	if d.http.server == nil {
+		return ""
+	}
+	return d.http.server.Addr()
+}
+
+// MetricsRegistry is the driver's Prometheus registry. A driver may register
+// its own collectors there; they are served with the framework's metrics.
+func (d *Driver) MetricsRegistry() prometheus.Registerer { return d.metrics.Registry() }
+
+// readiness is nil when the driver serves: the startup reconcile finished (and
+// shutdown did not begin) and the state store answers. The ready flag is read
+// first, so the store is never touched before Run has opened it.
+func (d *Driver) readiness(ctx context.Context) error {
+	if !d.ready.Load() {
+		return fmt.Errorf("not serving: the startup reconcile has not finished, or the driver is stopping")
+	}
+	return d.healthy(ctx)
+}
+
+func (d *Driver) serveReadyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := d.readiness(ctx); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, err)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// serveHTTP starts the Options.MetricsAddress server, if any. The returned
+// func stops it gracefully.
+func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
+	if d.opts.MetricsAddress == "" {
+		return func() {}, nil
+	}
+	srv, err := httpserver.Start(d.opts.MetricsAddress, d.http.handler, log)
+	if err != nil {
+		return nil, err
+	}
+	d.http.mu.Lock()
+	d.http.server = srv
+	d.http.mu.Unlock()
+	log.Info("Serving metrics and health", "address", srv.Addr())
+	return func() {
+		srv.Stop(5 * time.Second)
+		d.http.mu.Lock()
+		d.http.server = nil
+		d.http.mu.Unlock()
+	}, nil
+}
+
+// createStorage is Backend.Create, timed.
+func (d *Driver) createStorage(ctx context.Context, b Backend, v *api.Volume) (api.Source, error) {
+	start := time.Now()
+	src, err := b.Create(ctx, v)
+	d.metrics.ObserveBackend(v.Backend, metrics.OpCreate, err, time.Since(start))
+	return src, err
+}
+
+// deleteStorage is Backend.Delete, timed.
+func (d *Driver) deleteStorage(ctx context.Context, b Backend, v *api.Volume) error {
+	start := time.Now()
+	err := b.Delete(ctx, v)
+	d.metrics.ObserveBackend(v.Backend, metrics.OpDelete, err, time.Since(start))
+	return err
+}
+
+// listStorage is Lister.List, timed.
+func (d *Driver) listStorage(ctx context.Context, backend string, l Lister) ([]string, error) {
+	start := time.Now()
+	ids, err := l.List(ctx)
+	d.metrics.ObserveBackend(backend, metrics.OpList, err, time.Since(start))
+	return ids, err
+}
+
+// event sends an event about pod to Options.Events, if set.
+func (d *Driver) event(pod api.Pod, eventType, reason, message string) {
+	if d.opts.Events == nil || pod.Name == "" || pod.Namespace == "" {
+		return
+	}
+	d.opts.Events.Event(pod, eventType, reason, message)
+}
+
+// provisioningFailed reports a failed first publish to the pod's events with
+// the message the kubelet gets.
+func (d *Driver) provisioningFailed(v *api.Volume, err error) {
+	d.event(v.Pod, EventTypeWarning, ReasonProvisioningFailed,
+		fmt.Sprintf("volume %q: %s", v.Name, status.Convert(toStatus(err)).Message()))
+}
+
+// refreshed counts a content refresh of a live volume and reports a failure to
+// the pod's events.
+func (d *Driver) refreshed(v *api.Volume, err error) {
+	d.metrics.Refreshed(err)
+	if err != nil {
+		d.event(v.Pod, EventTypeWarning, ReasonRefreshFailed,
+			fmt.Sprintf("volume %q keeps its last good content; refresh failed: %v", v.Name, err))
+	}
+}
+
+// gcObserved is the orphan GC's single reporting call, once per volume and
+// pass: it counts result in ephemera_gc_total{result} (a fixed label value such
+// as "removed", "failed", "pending"; never a volume or pod name), and for
+// metrics.GCRemoved emits a Normal OrphanRemoved event on the volume's pod.
+func (d *Driver) gcObserved(rec *store.Record, result string) {
+	d.metrics.GC(result)
+	if result == metrics.GCRemoved && rec != nil {
+		d.event(rec.Pod, EventTypeNormal, ReasonOrphanRemoved,
+			fmt.Sprintf("removed volume %q left behind by the deleted pod (uid %s)", rec.VolumeName, rec.Pod.UID))
+	}
+}
+
+// validateMetricsAddress accepts "" and "host:port" with a numeric port.
+func validateMetricsAddress(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	if err != nil {
+		return fmt.Errorf("MetricsAddress %q must be host:port, e.g. \":9809\" or \"127.0.0.1:9809\"", addr)
+	}
+	return nil
+}
