@@ -48,6 +48,21 @@ func TestParseTargetPath(t *testing.T) {
 		{"windows drive-relative", `C:\var\lib\kubelet`, `C:var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "absolute"},
 		{"windows UNC", `C:\var\lib\kubelet`, `\\server\share\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not under"},
 		{"windows sibling root", `C:\var\lib\kubelet`, `C:\var\lib\kubelet2\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not under"},
+		{"windows long path prefix lower-case drive", `C:\var\lib\kubelet`, `\\?\c:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows root with trailing backslash", `C:\var\lib\kubelet\`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows drive-less root", `\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows root in forward slashes", `C:/var/lib/kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows doubled separators", `C:\var\lib\kubelet`, `C:\\var\\lib\kubelet\\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows trailing backslash", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount\`, true, "data", ""},
+		{"windows upper-case pod UID", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + strings.ToUpper(uid) + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows other drive root", `D:\k`, `d:\k\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows drive-less path, root on D", `D:\k`, `\k\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not under"},
+		{"windows long UNC prefix", `C:\var\lib\kubelet`, `\\?\UNC\server\share\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "absolute"},
+		{"windows device path", `C:\var\lib\kubelet`, `\\.\C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not under"},
+		{"windows traversal with forward slashes", `C:\var\lib\kubelet`, `C:/var/lib/kubelet/pods/` + uid + `/../../x/volumes/kubernetes.io~csi/data/mount`, true, "", "'..'"},
+		{"windows wrong plugin", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~secret\data\mount`, true, "", "does not have the form"},
+		{"windows extra component", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount\x`, true, "", "does not have the form"},
+		{"windows upper-case volume name", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\Data\mount`, true, "", "volume name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

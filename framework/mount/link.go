@@ -29,6 +29,56 @@ func NormalizeWindowsPath(p string) string {
 	return p
 }
 
+// windowsPathKey turns a Windows path into a key for comparing two paths that
+// name the same directory: "/" and "\" are the same separator, a drive-less path
+// is on C:, the \\?\ and \??\ prefixes (\\?\UNC\ for shares) and repeated
+// or trailing separators are dropped, and case is folded. It is a pure string
+// function, so it can be tested on any platform.
+func windowsPathKey(p string) string {
+	p = strings.ReplaceAll(p, "/", `\`)
+	for _, pre := range []string{`\\?\`, `\??\`} {
+		if rest, ok := strings.CutPrefix(p, pre); ok {
+			if share, ok := cutPrefixFold(rest, `UNC\`); ok {
+				rest = `\\` + share
+			}
+			p = rest
+			break
+		}
+	}
+	unc := strings.HasPrefix(p, `\\`)
+	p = NormalizeWindowsPath(p)
+	for strings.Contains(p[min(len(p), 2):], `\\`) {
+		p = p[:2] + strings.ReplaceAll(p[2:], `\\`, `\`)
+	}
+	if !unc && len(p) > 3 || unc && len(p) > 2 {
+		p = strings.TrimRight(p, `\`)
+	}
+	return strings.ToLower(p)
+}
+
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
+		return s[len(prefix):], true
+	}
+	return s, false
+}
+
+// sameLinkTarget reports whether dest, the destination of a link as Readlink
+// returns it, names the directory dir. On Windows the comparison goes through
+// windowsPathKey; elsewhere only trailing slashes are ignored.
+func sameLinkTarget(dest, dir string, windows bool) bool {
+	if windows {
+		return windowsPathKey(dest) == windowsPathKey(dir)
+	}
+	trim := func(p string) string {
+		if t := strings.TrimRight(p, "/"); t != "" {
+			return t
+		}
+		return p
+	}
+	return trim(dest) == trim(dir)
+}
+
 // linkFS is the part of the os package the link implementation uses, so that
 // tests can return what Windows returns (ModeIrregular for a junction).
 type linkFS interface {
@@ -72,13 +122,29 @@ type linkMounter struct {
 	fs linkFS
 	// clean normalizes every incoming path (NormalizeWindowsPath on Windows).
 	clean func(string) string
+	// windows selects Windows rules for comparing link destinations.
+	windows bool
 }
 
 func newLinkMounter(fsys linkFS, clean func(string) string) *linkMounter {
 	if clean == nil {
 		clean = func(p string) string { return p }
 	}
-	return &linkMounter{fs: fsys, clean: clean}
+	return &linkMounter{fs: fsys, clean: clean, windows: filepath.Separator == '\\'}
+}
+
+// NewLink returns the Windows implementation working on the host's own
+// filesystem: on Windows it is what [New] returns; on Linux it publishes with
+// POSIX directory symlinks and no privilege. It exists so that the framework's
+// Windows behaviour (publish by link, unpublish removes the link only,
+// republish-repair of a dangling link, reconcile) is tested end to end on
+// Linux. Do not use it to serve pods on Linux: container runtimes resolve a
+// symlinked volume on the host, outside the pod's mount namespace rules.
+func NewLink() Interface {
+	if filepath.Separator == '\\' {
+		return newLinkMounter(osFS{}, NormalizeWindowsPath)
+	}
+	return newLinkMounter(osFS{}, nil)
 }
 
 // checkBeneath checks that target lies below root and that no component between
@@ -123,8 +189,10 @@ func (m *linkMounter) MakeTarget(root, target string) error {
 // a directory (os.Symlink on Windows makes a file link otherwise); it is never
 // created here. An empty directory at target (the kubelet creates one) is
 // removed first; a non-empty one is ErrNotEmpty. A link at target that already
-// points to src.Path is success; one that points elsewhere is an error wrapping
-// fs.ErrExist.
+// points to src.Path is success. A dangling link (its destination is gone: a
+// node reboot, a state directory moved) is removed and replaced; a live link to
+// anything else is an error wrapping fs.ErrExist, since a pod may be using what
+// it shows.
 func (m *linkMounter) Mount(src api.Source, target string) error {
 	if !src.IsDir() {
 		return fmt.Errorf("mount %s %q: tmpfs and block filesystems are not available on Windows, publish a directory: %w",
@@ -148,10 +216,16 @@ func (m *linkMounter) Mount(src api.Source, target string) error {
 		return err
 	case isLink(fi.Mode()):
 		dest, err := m.fs.Readlink(target)
-		if err == nil && sameLinkTarget(m.clean(dest), source) {
+		if err == nil && sameLinkTarget(dest, source, m.windows) {
 			return nil
 		}
-		return fmt.Errorf("target %q is already a link (to %q): %w", target, dest, fs.ErrExist)
+		if _, serr := m.fs.Stat(target); serr == nil {
+			return fmt.Errorf("target %q is already a link to %q, not to %q: %w", target, dest, source, fs.ErrExist)
+		}
+		// Dangling: remove the link itself (never anything behind it).
+		if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove dangling link %q: %w", target, err)
+		}
 	case fi.IsDir():
 		empty, err := m.fs.IsEmptyDir(target)
 		if err != nil {
@@ -170,11 +244,6 @@ func (m *linkMounter) Mount(src api.Source, target string) error {
 		return fmt.Errorf("link %q to %q: %w", target, source, err)
 	}
 	return nil
-}
-
-func sameLinkTarget(a, b string) bool {
-	a, b = strings.TrimRight(a, `\/`), strings.TrimRight(b, `\/`)
-	return a == b || (filepath.Separator == '\\' && strings.EqualFold(a, b))
 }
 
 // SetReadOnly returns ErrNotSupported: a directory link cannot be made
@@ -208,24 +277,45 @@ func (m *linkMounter) Unmount(target string) error {
 	return nil
 }
 
-// IsMountPoint reports whether target is a link, as the kubelet's Windows mounter
-// decides.
+// IsMountPoint reports whether target is a link (a symlink, or a junction or
+// mount point, which Lstat reports as irregular) whose destination exists. The
+// kubelet's Windows mounter counts any link as mounted; a dangling one is not
+// published for the framework (so a republish repairs it), and Unmount still
+// removes it.
 func (m *linkMounter) IsMountPoint(target string) (bool, error) {
-	fi, err := m.fs.Lstat(m.clean(target))
+	target = m.clean(target)
+	fi, err := m.fs.Lstat(target)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return isLink(fi.Mode()), nil
+	if !isLink(fi.Mode()) {
+		return false, nil
+	}
+	// Any failure to reach the destination (missing, or on Windows a mount
+	// point whose volume is detached) means nothing usable is published.
+	_, err = m.fs.Stat(target)
+	return err == nil, nil
 }
 
 // RemoveTarget removes target (an empty directory, or a link, never what it
-// points to) below root.
+// points to) below root. A directory that is not empty is left in place and is
+// not an error: MakeTarget creates nothing here and Mount never links over one
+// (ErrNotEmpty), so its content is not ours, and failing would turn the
+// rollback of that refused publish into an endless retry.
 func (m *linkMounter) RemoveTarget(root, target string) error {
 	root, target = m.clean(root), m.clean(target)
 	err := m.checkBeneath(root, target)
+	if err == nil {
+		var fi fs.FileInfo
+		if fi, err = m.fs.Lstat(target); err == nil && fi.IsDir() && !isLink(fi.Mode()) {
+			if empty, eerr := m.fs.IsEmptyDir(target); eerr == nil && !empty {
+				return nil
+			}
+		}
+	}
 	if err == nil {
 		err = m.fs.Remove(target)
 	}

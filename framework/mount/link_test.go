@@ -170,6 +170,7 @@ func TestLinkMount(t *testing.T) {
 		src     api.Source
 		wantErr error // nil: success; errAny: some error
 		want    []string
+		windows bool // compare link destinations with Windows rules
 	}{
 		{
 			name: "nothing at target",
@@ -195,16 +196,40 @@ func TestLinkMount(t *testing.T) {
 			src:  api.Source{Path: data},
 		},
 		{
-			name:    "linked elsewhere",
-			fs:      func() *memFS { return dirFS().add(target, fs.ModeSymlink, abs("/elsewhere")) },
+			name: "already linked, Windows spelling of the source",
+			fs: func() *memFS {
+				return dirFS().add(target, fs.ModeSymlink, `\\?\C:`+strings.ToUpper(strings.ReplaceAll(data, "/", `\`))+`\`)
+			},
+			src:     api.Source{Path: data},
+			windows: true,
+		},
+		{
+			name: "live link elsewhere",
+			fs: func() *memFS {
+				return dirFS().add(abs("/elsewhere"), fs.ModeDir, "").add(target, fs.ModeSymlink, abs("/elsewhere"))
+			},
 			src:     api.Source{Path: data},
 			wantErr: fs.ErrExist,
 		},
 		{
-			name:    "junction at target",
-			fs:      func() *memFS { return dirFS().add(target, fs.ModeIrregular, "") },
+			name: "dangling link elsewhere is replaced",
+			fs:   func() *memFS { return dirFS().add(target, fs.ModeSymlink, abs("/gone")) },
+			src:  api.Source{Path: data},
+			want: []string{"remove " + target, "symlink " + target + " -> " + data},
+		},
+		{
+			name: "live junction at target",
+			fs: func() *memFS {
+				return dirFS().add(abs("/elsewhere"), fs.ModeDir, "").add(target, fs.ModeIrregular, abs("/elsewhere"))
+			},
 			src:     api.Source{Path: data},
 			wantErr: fs.ErrExist,
+		},
+		{
+			name: "dangling junction is replaced",
+			fs:   func() *memFS { return dirFS().add(target, fs.ModeIrregular, "") },
+			src:  api.Source{Path: data},
+			want: []string{"remove " + target, "symlink " + target + " -> " + data},
 		},
 		{
 			name:    "file at target",
@@ -246,6 +271,7 @@ func TestLinkMount(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mfs := tc.fs()
 			m := newLinkMounter(mfs, nil)
+			m.windows = m.windows || tc.windows
 			err := m.Mount(tc.src, target)
 			switch {
 			case tc.wantErr == nil && err != nil:
@@ -259,7 +285,7 @@ func TestLinkMount(t *testing.T) {
 			if tc.wantErr == nil && !slices.Equal(mfs.calls, tc.want) {
 				t.Errorf("calls %q, want %q", mfs.calls, tc.want)
 			}
-			if tc.wantErr == nil {
+			if tc.wantErr == nil && !tc.windows { // memFS cannot follow a Windows spelling
 				if ok, err := m.IsMountPoint(target); !ok || err != nil {
 					t.Errorf("IsMountPoint after Mount: %v, %v", ok, err)
 				}
@@ -276,17 +302,23 @@ func TestLinkUnmountAndIsMountPoint(t *testing.T) {
 		name        string
 		mode        fs.FileMode
 		exists      bool
+		dangling    bool
 		mounted     bool
 		wantRemoved bool
 	}{
-		{"missing", 0, false, false, false},
-		{"symlink", fs.ModeSymlink, true, true, true},
-		{"junction", fs.ModeIrregular, true, true, true},
-		{"plain directory", fs.ModeDir, true, false, false},
-		{"file", 0, true, false, false},
+		{"missing", 0, false, false, false, false},
+		{"symlink", fs.ModeSymlink, true, false, true, true},
+		{"junction", fs.ModeIrregular, true, false, true, true},
+		{"dangling symlink", fs.ModeSymlink, true, true, false, true},
+		{"dangling junction", fs.ModeIrregular, true, true, false, true},
+		{"plain directory", fs.ModeDir, true, false, false, false},
+		{"file", 0, true, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mfs := newMemFS().add(abs("/k"), fs.ModeDir, "")
+			if !tc.dangling {
+				mfs.add(abs("/data"), fs.ModeDir, "")
+			}
 			if tc.exists {
 				mfs.add(target, tc.mode, abs("/data"))
 			}
@@ -357,7 +389,16 @@ func TestLinkMakeAndRemoveTarget(t *testing.T) {
 	if err := m.RemoveTarget(root, abs("/elsewhere/t")); err == nil {
 		t.Errorf("RemoveTarget outside root succeeded")
 	}
-	if want := []string{"remove " + abs("/k/pods/u/t"), "remove " + abs("/k/pods/u/t")}; !slices.Equal(mfs.calls, want) {
+	// A non-empty directory is not ours (MakeTarget made nothing, Mount refused
+	// it): left alone, no error.
+	mfs.add(abs("/k/pods/u/full"), fs.ModeDir, "").add(abs("/k/pods/u/full/f"), 0, "")
+	if err := m.RemoveTarget(root, abs("/k/pods/u/full")); err != nil {
+		t.Errorf("RemoveTarget(non-empty dir): %v", err)
+	}
+	if _, err := mfs.Lstat(abs("/k/pods/u/full/f")); err != nil {
+		t.Errorf("RemoveTarget touched a non-empty directory: %v", err)
+	}
+	if want := []string{"remove " + abs("/k/pods/u/t")}; !slices.Equal(mfs.calls, want) {
 		t.Errorf("calls %q, want %q", mfs.calls, want)
 	}
 }
@@ -408,11 +449,85 @@ func TestLinkMounterOS(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A link whose directory is gone is not published, is replaced by the next
+	// Mount and removed by Unmount.
+	gone := filepath.Join(t.TempDir(), "gone")
+	if err := os.Symlink(gone, target); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.IsMountPoint(target); ok || err != nil {
+		t.Errorf("IsMountPoint(dangling link) = %v, %v; want false", ok, err)
+	}
+	if err := m.Mount(api.Source{Path: data}, target); err != nil {
+		t.Errorf("Mount over a dangling link: %v", err)
+	}
+	if dest, err := os.Readlink(target); err != nil || dest != data {
+		t.Errorf("link after Mount: %q, %v; want %q", dest, err, data)
+	}
+	if err := m.Unmount(target); err != nil {
+		t.Fatal(err)
+	}
+
 	full := filepath.Join(root, "full")
 	if err := os.MkdirAll(filepath.Join(full, "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Mount(api.Source{Path: data}, full); !errors.Is(err, ErrNotEmpty) {
 		t.Errorf("Mount on a non-empty directory: %v, want ErrNotEmpty", err)
+	}
+}
+
+// TestWindowsPathKey: how link destinations are compared on Windows (Readlink
+// may return another spelling of the directory the link was made to).
+func TestWindowsPathKey(t *testing.T) {
+	const want = `c:\var\lib\ephemera\dir\v1`
+	for _, in := range []string{
+		`C:\var\lib\ephemera\dir\v1`,
+		`c:\var\lib\ephemera\dir\v1`,
+		`C:/var/lib/ephemera/dir/v1`,
+		`C:\var/lib\ephemera/dir\v1`,
+		`C:\VAR\Lib\Ephemera\DIR\V1`,
+		`C:\var\lib\ephemera\dir\v1\`,
+		`C:\var\lib\ephemera\dir\v1\\`,
+		`C:\var\\lib\ephemera\\dir\v1`,
+		`\var\lib\ephemera\dir\v1`,
+		`/var/lib/ephemera/dir/v1`,
+		`\\?\C:\var\lib\ephemera\dir\v1`,
+		`\\?\c:\var\lib\ephemera\dir\v1\`,
+		`\??\C:\var\lib\ephemera\dir\v1`,
+		`//?/C:/var/lib/ephemera/dir/v1`,
+	} {
+		if got := windowsPathKey(in); got != want {
+			t.Errorf("windowsPathKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[string]string{
+		`C:\`:                        `c:\`,
+		`C:`:                         `c:`,
+		`\\server\share\dir\`:        `\\server\share\dir`,
+		`\\?\UNC\server\share\dir`:   `\\server\share\dir`,
+		`\\?\unc\Server\Share`:       `\\server\share`,
+		`D:\var\lib\ephemera\dir\v1`: `d:\var\lib\ephemera\dir\v1`,
+		``:                           ``,
+	} {
+		if got := windowsPathKey(in); got != want {
+			t.Errorf("windowsPathKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		dest, dir string
+		windows   bool
+		same      bool
+	}{
+		{`\\?\C:\var\lib\ephemera\dir\v1\`, `c:\var\lib\ephemera\dir\v1`, true, true},
+		{`C:\var\lib\ephemera\dir\v1`, `D:\var\lib\ephemera\dir\v1`, true, false},
+		{`C:\var\lib\ephemera\dir\v1`, `C:\var\lib\ephemera\dir\v10`, true, false},
+		{"/data/v1/", "/data/v1", false, true},
+		{"/data/V1", "/data/v1", false, false},
+		{"/", "/", false, true},
+	} {
+		if got := sameLinkTarget(tc.dest, tc.dir, tc.windows); got != tc.same {
+			t.Errorf("sameLinkTarget(%q, %q, %v) = %v", tc.dest, tc.dir, tc.windows, got)
+		}
 	}
 }

@@ -1,0 +1,203 @@
+//go:build windows
+
+package vhdx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/Microsoft/go-winio/vhd"
+	"github.com/kubernetes-csi/csi-proxy/v2/pkg/disk"
+	diskapi "github.com/kubernetes-csi/csi-proxy/v2/pkg/disk/hostapi"
+	"github.com/kubernetes-csi/csi-proxy/v2/pkg/volume"
+	volumeapi "github.com/kubernetes-csi/csi-proxy/v2/pkg/volume/hostapi"
+	"golang.org/x/sys/windows"
+
+	"github.com/ephemera-csi/ephemera/api"
+)
+
+// Which API does what (all in-process; no csi-proxy server, no PowerShell):
+//
+//	create, attach, detach, find the disk   go-winio/vhd (virtdisk.dll)
+//	online, GPT + basic partition           csi-proxy/v2 pkg/disk (WMI MSFT_Disk)
+//	find, check, format (NTFS) the volume   csi-proxy/v2 pkg/volume (WMI MSFT_Volume)
+//	mount/unmount in a folder               csi-proxy/v2 pkg/volume (SetVolumeMountPoint,
+//	                                        DeleteVolumeMountPoint)
+//	which volume is mounted at a folder     x/sys/windows GetVolumeNameForVolumeMountPoint
+//	files and folders                       os
+
+func newHost() host {
+	d, _ := disk.New(diskapi.New())
+	v, _ := volume.New(volumeapi.New())
+	return &winHost{disk: d, volume: v}
+}
+
+type winHost struct {
+	disk   *disk.Disk
+	volume *volume.Volume
+}
+
+var ctx = context.Background()
+
+func (*winHost) FileExists(path string) (bool, error) {
+	_, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (*winHost) CreateVHDX(path string, size int64, dynamic bool) error {
+	flags := vhd.CreateVirtualDiskFlagFullPhysicalAllocation
+	if dynamic {
+		flags = vhd.CreateVirtualDiskFlagNone
+	}
+	params := &vhd.CreateVirtualDiskParameters{
+		Version:  2,
+		Version2: vhd.CreateVersion2{MaximumSize: uint64(size)},
+	}
+	h, err := vhd.CreateVirtualDisk(path, vhd.VirtualDiskAccessNone, flags, params)
+	if errors.Is(err, windows.ERROR_DISK_FULL) || errors.Is(err, windows.ERROR_HANDLE_DISK_FULL) {
+		return fmt.Errorf("%w: %w", api.ErrResourceExhausted, err) // the kubelet retries
+	}
+	if err != nil {
+		return err
+	}
+	return syscall.CloseHandle(h)
+}
+
+func (*winHost) Rename(from, to string) error { return os.Rename(from, to) }
+
+func (*winHost) RemoveFile(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func open(path string) (syscall.Handle, error) {
+	return vhd.OpenVirtualDisk(path, vhd.VirtualDiskAccessNone,
+		vhd.OpenVirtualDiskFlagCachedIO|vhd.OpenVirtualDiskFlagIgnoreRelativeParentLocator)
+}
+
+// AttachedDisk opens the file and asks for its physical path, which only an
+// attached virtual disk has.
+func (*winHost) AttachedDisk(path string) (uint32, bool, error) {
+	h, err := open(path)
+	if err != nil {
+		return 0, false, err
+	}
+	defer syscall.CloseHandle(h) //nolint:errcheck
+	p, err := vhd.GetVirtualDiskPhysicalPath(h)
+	if err != nil || p == "" {
+		return 0, false, nil // not attached
+	}
+	n, err := parseDiskNumber(p)
+	return n, err == nil, err
+}
+
+func (*winHost) Attach(path string) error {
+	h, err := open(path)
+	if err != nil {
+		return err
+	}
+	defer syscall.CloseHandle(h) //nolint:errcheck
+	return vhd.AttachVirtualDisk(h,
+		vhd.AttachVirtualDiskFlagPermanentLifetime|vhd.AttachVirtualDiskFlagNoDriveLetter,
+		&vhd.AttachVirtualDiskParameters{Version: 2})
+}
+
+func (*winHost) Detach(path string) error { return vhd.DetachVhd(path) }
+
+func (w *winHost) PrepareDisk(n uint32) error {
+	if _, err := w.disk.SetDiskState(ctx, &disk.SetDiskStateRequest{DiskNumber: n, IsOnline: true}); err != nil {
+		return fmt.Errorf("bringing disk %d online: %w", n, err)
+	}
+	_, err := w.disk.PartitionDisk(ctx, &disk.PartitionDiskRequest{DiskNumber: n})
+	return err
+}
+
+func (w *winHost) VolumeOnDisk(n uint32) (string, error) {
+	resp, err := w.volume.ListVolumesOnDisk(ctx, &volume.ListVolumesOnDiskRequest{DiskNumber: n})
+	if err != nil {
+		return "", err
+	}
+	if len(resp.VolumeIDs) == 0 {
+		return "", fmt.Errorf("no volume on disk %d", n)
+	}
+	return resp.VolumeIDs[0], nil
+}
+
+func (w *winHost) IsFormatted(id string) (bool, error) {
+	resp, err := w.volume.IsVolumeFormatted(ctx, &volume.IsVolumeFormattedRequest{VolumeID: id})
+	if err != nil {
+		return false, err
+	}
+	return resp.Formatted, nil
+}
+
+func (w *winHost) Format(id string) error {
+	_, err := w.volume.FormatVolume(ctx, &volume.FormatVolumeRequest{VolumeID: id})
+	return err
+}
+
+func (*winHost) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o700) }
+
+func withSep(p string) string { return strings.TrimRight(p, `\`) + `\` }
+
+// MountedVolume asks Windows which volume the folder is a mount point of.
+func (*winHost) MountedVolume(dir string) (string, error) {
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	p, err := windows.UTF16PtrFromString(withSep(dir))
+	if err != nil {
+		return "", err
+	}
+	buf := make([]uint16, 50) // \\?\Volume{GUID}\ is 49 characters
+	if err := windows.GetVolumeNameForVolumeMountPoint(p, &buf[0], uint32(len(buf))); err != nil {
+		return "", nil // not a mount point (or one whose volume is gone)
+	}
+	return windows.UTF16ToString(buf), nil
+}
+
+func (w *winHost) Mount(id, dir string) error {
+	_, err := w.volume.MountVolume(ctx, &volume.MountVolumeRequest{VolumeID: id, TargetPath: dir})
+	return err
+}
+
+func (w *winHost) Unmount(id, dir string) error {
+	_, err := w.volume.UnmountVolume(ctx, &volume.UnmountVolumeRequest{VolumeID: id, TargetPath: dir})
+	return err
+}
+
+// RemoveDir removes a stale mount point (its volume detached) and the folder.
+func (*winHost) RemoveDir(dir string) error {
+	if p, err := windows.UTF16PtrFromString(withSep(dir)); err == nil {
+		_ = windows.DeleteVolumeMountPoint(p) // fails when dir is no mount point
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (*winHost) ListFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return names, nil
+}
