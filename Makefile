@@ -9,10 +9,10 @@ VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 
 LDFLAGS     := -X main.version=$(VERSION)
 GOTESTFLAGS ?=
 PKGS        := ./...
-EXAMPLES    := examples/hello
+EXAMPLES    := examples/hello examples/tokenfile
 
 .PHONY: all build run test test-unit test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench clean
+        vet cross fmt verify bench clean manifests build-static build-windows image image-check
 
 all: build
 
@@ -26,8 +26,9 @@ run: build
 	@rm -rf $(OUT)/state $(OUT)/kubelet $(OUT)/run
 	$(BIN)/walkthrough --driver $(BIN)/ephemera-scratch --work $(OUT)
 
-## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples, e2e)
-test: verify vet cross test-unit test-examples e2e
+## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
+## manifests, Dockerfile sources, e2e)
+test: verify vet cross test-unit test-examples manifests image-check e2e
 
 ## test-unit: all Go tests of the module with -race (root tests run when root)
 test-unit:
@@ -56,7 +57,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 ## cross: the module vets and its tests compile for Windows and macOS
-cross:
+cross: cross-test-windows
 	GOOS=windows $(GO) vet $(PKGS)
 	GOOS=darwin $(GO) vet $(PKGS)
 	GOOS=windows $(GO) test -c -o /dev/null ./framework/mount/
@@ -72,6 +73,46 @@ verify:
 ## bench: publish/unpublish latency table against the raw-syscall floor (root)
 bench:
 	EPHEMERA_BENCH=1 $(GO) test -count=1 -run TestLatencyTable -v ./test/bench/
+
+## manifests: test/manifests (own module): tidy check, invariant tests, helm lint, and every
+## deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
+manifests:
+	cd test/manifests && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./... && \
+	  $(GO) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
+
+IMAGE_REPO       ?= ghcr.io/ephemera-csi/ephemera-scratch
+IMAGE_TAG        ?= $(VERSION)
+CONTAINER_ENGINE ?= docker
+
+## build-static: the scratch driver as a static Linux binary (CGO_ENABLED=0) for the image
+build-static:
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+
+## build-windows: the scratch driver for Windows (HostProcess image) as _output/bin/ephemera-scratch.exe, and
+## _output/bin/windows/ with the driver, the real-node test client and test/windows/run.ps1 (copy it to a node)
+build-windows:
+	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch.exe ./drivers/scratch
+	@mkdir -p $(BIN)/windows
+	cp $(BIN)/ephemera-scratch.exe $(BIN)/windows/ephemera-scratch.exe
+	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build -trimpath -o $(BIN)/windows/ephemera-wintest.exe ./test/windows/client
+	cp test/windows/run.ps1 $(BIN)/windows/run.ps1
+
+# Packages with Windows-only files, whose tests must compile for Windows.
+WINDOWS_TEST_PKGS := ./framework/ ./framework/mount/ ./drivers/vhdx/ ./drivers/scratch/ ./test/windows/client/
+
+.PHONY: cross-test-windows
+## cross-test-windows: GOOS=windows go test -c of every package with Windows files (nothing runs: no Windows here)
+cross-test-windows:
+	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
+	  GOOS=windows GOARCH=amd64 $(GO) test -c -o /dev/null $$p || exit 1; done
+
+## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed)
+image-check: build-static build-windows
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows
+
+## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
+image: image-check
+	$(CONTAINER_ENGINE) build -f deploy/images/Dockerfile.linux -t $(IMAGE_REPO):$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(OUT)

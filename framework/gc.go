@@ -159,7 +159,11 @@ func (d *Driver) runGC(ctx context.Context) {
 	defer t.Stop()
 	for {
 		results, err := d.collectGarbage(ctx, time.Now())
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// A node whose kubelet has not created its pods directory yet.
+			log.V(2).Info("Orphan GC pass skipped", "reason", err.Error())
+		case err != nil && ctx.Err() == nil:
 			log.Error(err, "Orphan GC pass")
 		}
 		counts := map[gcResult]int{}

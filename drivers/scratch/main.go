@@ -1,6 +1,8 @@
 // Command ephemera-scratch is a ready-to-run ephemeral inline CSI driver that gives
 // every pod volume its own scratch space: a size-limited tmpfs (default) or a
-// directory under the driver's state dir.
+// directory under the driver's state dir. On Windows the backends are dir
+// (default) and vhdx (an NTFS volume of its own with a hard size); it then runs
+// as a HostProcess container (deploy/overlays/windows-hostprocess).
 //
 //	volumes:
 //	- name: scratch
@@ -16,16 +18,23 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/drivers/loop"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/drivers/vhdx"
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/events"
+	"github.com/ephemera-csi/ephemera/framework/kube"
 )
 
 // DriverName is the scratch driver's default CSI name.
@@ -33,11 +42,23 @@ const DriverName = "scratch.csi.ephemera.dev"
 
 var version = "dev" // set with -ldflags "-X main.version=..."
 
+// Per-OS defaults: tmpfs and loop are Linux-only, vhdx Windows-only.
+var defaults = func() (d struct{ backends, backend, kubeletRoot, stateRoot string }) {
+	if runtime.GOOS == "windows" {
+		d.backends, d.backend, d.kubeletRoot, d.stateRoot = "dir,vhdx", "dir", `C:\var\lib\kubelet`, `C:\var\lib\ephemera`
+		return d
+	}
+	d.backends, d.backend, d.kubeletRoot, d.stateRoot = "tmpfs,dir,loop", "tmpfs", "/var/lib/kubelet", "/var/lib/ephemera"
+	return d
+}()
+
 func main() {
 	klog.InitFlags(nil)
 	var (
 		opts         framework.Options
-		backends     = flag.String("backends", "tmpfs,dir,loop", "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop).")
+		backends     = flag.String("backends", defaults.backends, "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop on Linux; dir, vhdx on Windows).")
+		vhdxSize     = flag.String("vhdx-default-size", "", "Size of vhdx volumes without a \"size\" attribute. Empty: \"size\" is required.")
+		vhdxDynamic  = flag.Bool("vhdx-dynamic", false, "Create dynamically expanding VHDX files instead of fixed-size ones (fast and thin, but the node disk may be overcommitted).")
 		loopFS       = flag.String("loop-fstype", "ext4", "Filesystem of loop volumes without an fsType: ext4 or xfs.")
 		loopSize     = flag.String("loop-default-size", "", "Size of loop volumes without a \"size\" attribute. Empty: \"size\" is required.")
 		loopPrealloc = flag.Bool("loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
@@ -45,15 +66,21 @@ func main() {
 		maxSize      = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
 		softSize     = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
 		capacity     = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
+		withEvents   = flag.Bool("events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
 	)
 	flag.StringVar(&opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
 	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
 	flag.StringVar(&opts.NodeID, "nodeid", os.Getenv("NODE_NAME"), "Node ID (the Kubernetes node name). Default $NODE_NAME.")
-	flag.StringVar(&opts.StateDir, "state-dir", "", "Directory for state.db and dir volumes. Default /var/lib/ephemera/<driver-name>.")
-	flag.StringVar(&opts.KubeletRootDir, "kubelet-root", "/var/lib/kubelet", "The kubelet's --root-dir.")
-	flag.StringVar(&opts.DefaultBackend, "backend", "tmpfs", "Backend for volumes without a \"backend\" attribute.")
+	flag.StringVar(&opts.StateDir, "state-dir", "", "Directory for state.db and dir volumes. Default "+filepath.Join(defaults.stateRoot, "<driver-name>")+".")
+	flag.StringVar(&opts.KubeletRootDir, "kubelet-root", defaults.kubeletRoot, "The kubelet's --root-dir.")
+	flag.StringVar(&opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	flag.Int64Var(&opts.MaxVolumesPerNode, "max-volumes-per-node", 0, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
 	flag.BoolVar(&opts.RegisterWithKubelet, "register", false, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
+	flag.StringVar(&opts.MetricsAddress, "metrics-address", "", "Serve /metrics, /healthz and /readyz over HTTP on this address, e.g. :9809. Empty: off.")
+	flag.DurationVar(&opts.GCInterval, "gc-interval", time.Minute, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
+	flag.DurationVar(&opts.OrphanGracePeriod, "orphan-grace-period", 2*time.Minute, "How long a volume must look orphaned before the GC removes it.")
+	flag.BoolVar(&opts.GCDryRun, "gc-dry-run", false, "Only log what the orphan GC would remove.")
+	gcConfirm := flag.Bool("gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 	flag.Parse()
 
 	var err error
@@ -61,8 +88,36 @@ func main() {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
-	lo := loopFlags{fsType: *loopFS, defaultSize: *loopSize, preallocate: *loopPrealloc}
-	if err := run(opts, *backends, *defaultSize, *maxSize, *softSize, lo); err != nil {
+	stopEvents := func() {}
+	var starters []func(context.Context)
+	if *withEvents || *gcConfirm {
+		client, err := kubeClient(opts.DriverName)
+		if err != nil {
+			klog.ErrorS(err, "Cannot reach the API server")
+			os.Exit(1)
+		}
+		if *withEvents {
+			rec := events.NewRecorder(client, opts.DriverName, opts.NodeID)
+			opts.Events, stopEvents = rec, rec.Shutdown
+		}
+		if *gcConfirm {
+			pods, err := kube.NewPods(client, opts.NodeID, 10*time.Minute)
+			if err != nil {
+				klog.ErrorS(err, "Invalid flags")
+				os.Exit(2)
+			}
+			opts.Pods = pods
+			starters = append(starters, func(ctx context.Context) {
+				if err := pods.Start(ctx, time.Minute); err != nil {
+					klog.ErrorS(err, "Pod informer for the orphan GC; orphans are kept until it syncs")
+				}
+			})
+		}
+	}
+	lo := loopFlags{fsType: *loopFS, defaultSize: *loopSize, preallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
+	err = run(opts, *backends, *defaultSize, *maxSize, *softSize, lo, starters)
+	stopEvents()
+	if err != nil {
 		klog.ErrorS(err, "Driver failed")
 		klog.Flush()
 		os.Exit(1)
@@ -73,12 +128,15 @@ func main() {
 type loopFlags struct {
 	fsType, defaultSize string
 	preallocate         bool
+	// vhdx backend
+	vhdxSize    string
+	vhdxDynamic bool
 }
 
-func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, lo loopFlags) error {
+func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, lo loopFlags, starters []func(context.Context)) error {
 	opts.Version = version
 	if opts.StateDir == "" {
-		opts.StateDir = filepath.Join("/var/lib/ephemera", opts.DriverName)
+		opts.StateDir = filepath.Join(defaults.stateRoot, opts.DriverName)
 	}
 	defSize, err := quantity("--default-size", defaultSize)
 	if err != nil {
@@ -114,9 +172,24 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 				return err
 			}
 			opts.Backends[name] = b
+		case "vhdx":
+			size, err := quantity("--vhdx-default-size", lo.vhdxSize)
+			if err != nil {
+				return err
+			}
+			b, err := vhdx.New(vhdx.Options{
+				Dir:         filepath.Join(opts.StateDir, "vhdx"),
+				DefaultSize: size,
+				MaxSize:     opts.MaxVolumeSize,
+				Dynamic:     lo.vhdxDynamic,
+			})
+			if err != nil {
+				return err
+			}
+			opts.Backends[name] = b
 		case "":
 		default:
-			return fmt.Errorf("--backends: unknown backend %q (known: tmpfs, dir, loop)", name)
+			return fmt.Errorf("--backends: unknown backend %q (known: tmpfs, dir, loop, vhdx)", name)
 		}
 	}
 	d, err := framework.New(opts)
@@ -125,6 +198,9 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	for _, start := range starters {
+		go start(ctx)
+	}
 	return d.Run(ctx)
 }
 
@@ -137,6 +213,17 @@ func quantity(flagName, s string) (int64, error) {
 		return 0, fmt.Errorf("%s=%q is not a positive quantity like 64Mi", flagName, s)
 	}
 	return q.Value(), nil
+}
+
+// kubeClient talks to the API server with the in-cluster service account (for
+// --events and --gc-confirm-with-api).
+func kubeClient(driverName string) (kubernetes.Interface, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--events/--gc-confirm-with-api need the in-cluster service account: %w", err)
+	}
+	cfg.UserAgent = driverName + "/" + version
+	return kubernetes.NewForConfig(cfg)
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi".

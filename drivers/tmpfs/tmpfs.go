@@ -2,11 +2,13 @@
 // straight onto the pod's target path with a hard size limit (size=). Nothing is
 // written to disk and nothing survives a node reboot.
 //
-// tmpfs pages count against node memory (and are charged to the driver's memory
-// cgroup, not the pod's): budget them like memory, not like disk.
+// tmpfs pages count against node memory: budget them like memory, not like disk.
+// They are charged to the memory cgroup of whoever writes them (normally the pod's
+// container), but the kubelet does not count inline volumes against a pod's
+// ephemeral-storage, so the node budget (Options.Capacity) is what bounds them.
 //
 // Attributes: "size" (handled by the framework; required unless Options.DefaultSize
-// is set), "mode" (octal, default 0777 with the sticky bit off: 0755 when uid is set),
+// is set), "mode" (octal, default 01777 like /tmp),
 // "uid", "gid", "nr_inodes". fsType must be unset or "tmpfs". Linux only: on other
 // platforms Create fails with mount.ErrNotSupported.
 package tmpfs

@@ -1,0 +1,42 @@
+{{/* Base name of every object. */}}
+{{- define "ephemera-scratch.name" -}}
+{{- default "ephemera-scratch" .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ephemera-scratch.nodeName" -}}
+{{- printf "%s-node" (include "ephemera-scratch.name" .) -}}
+{{- end -}}
+
+{{- define "ephemera-scratch.serviceAccountName" -}}
+{{- default (include "ephemera-scratch.nodeName" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "ephemera-scratch.labels" -}}
+app.kubernetes.io/name: {{ include "ephemera-scratch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "ephemera-scratch.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ephemera-scratch.name" . }}
+app.kubernetes.io/component: node
+{{- end -}}
+
+{{/* Host path of the plugin directory and the CSI socket. */}}
+{{- define "ephemera-scratch.pluginDir" -}}
+{{- printf "%s/plugins/%s" .Values.kubeletRoot .Values.driverName -}}
+{{- end -}}
+
+{{- define "ephemera-scratch.stateDir" -}}
+{{- printf "%s/%s" .Values.stateRoot .Values.driverName -}}
+{{- end -}}
+
+{{- define "ephemera-scratch.capacity" -}}
+{{- $parts := list -}}
+{{- range $k, $v := .Values.capacity -}}
+{{- $parts = append $parts (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $parts -}}
+{{- end -}}

@@ -1,0 +1,388 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+)
+
+// Rendered manifests (see test/manifests): `make manifests` writes them into
+// _output/manifests before `make e2e` runs. The test re-renders them itself (go run
+// ./cmd/render in test/manifests) when that directory is missing a target or is
+// older than a file under deploy/.
+const (
+	admissionManifest = "kustomize-admission.yaml"
+	helmManifest      = "helm-default.yaml"
+	fieldManager      = "ephemera-e2e"
+	// The admission policy's namespace label (deploy/admission/policy.yaml).
+	scratchAllowedLabel = "ephemera.dev/scratch-allowed"
+)
+
+var wantManifests = []string{
+	"kustomize-linux.yaml", "kustomize-linux-embedded-registrar.yaml", admissionManifest,
+	helmManifest, "helm-embedded-registrar.yaml",
+}
+
+// renderedDir caches manifestsDir's answer for the tests of one run.
+var renderedDir string
+
+// manifestsDir returns a directory with every rendered target, fresh with respect
+// to deploy/.
+func (c *cluster) manifestsDir(t *testing.T) string {
+	t.Helper()
+	if renderedDir != "" {
+		return renderedDir
+	}
+	dir := envOr("EPHEMERA_E2E_MANIFESTS", filepath.Join(c.repoRoot, "_output", "manifests"))
+	why := staleManifests(dir, filepath.Join(c.repoRoot, "deploy"))
+	if why == "" {
+		c.logf("manifests: using %s", dir)
+		renderedDir = dir
+		return dir
+	}
+	c.logf("manifests: %s (%s): rendering them with test/manifests", dir, why)
+	out := filepath.Join(c.root, "manifests")
+	t0 := time.Now()
+	cmd := exec.Command("go", "run", "./cmd/render", "-out", out)
+	cmd.Dir = filepath.Join(c.repoRoot, "test", "manifests")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("render manifests: %v\n%s", err, b)
+	}
+	c.step("render manifests (go run ./cmd/render)", t0)
+	renderedDir = out
+	return out
+}
+
+// staleManifests says why dir cannot be used ("" when it can): a target file is
+// missing, or a file under deploy is newer than the oldest target file.
+func staleManifests(dir, deployDir string) string {
+	var oldest time.Time
+	for _, n := range wantManifests {
+		st, err := os.Stat(filepath.Join(dir, n))
+		if err != nil {
+			return n + " missing"
+		}
+		if oldest.IsZero() || st.ModTime().Before(oldest) {
+			oldest = st.ModTime()
+		}
+	}
+	var newer string
+	_ = filepath.WalkDir(deployDir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || newer != "" {
+			return nil
+		}
+		if info, err := d.Info(); err == nil && info.ModTime().After(oldest) {
+			newer = p
+		}
+		return nil
+	})
+	if newer != "" {
+		return newer + " is newer"
+	}
+	return ""
+}
+
+// readObjects decodes a multi-document YAML file.
+func readObjects(path string) ([]*unstructured.Unstructured, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs, nil
+			}
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+}
+
+// applier server-side applies unstructured objects through the dynamic client.
+type applier struct {
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+}
+
+func (c *cluster) newApplier(t *testing.T) *applier {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(c.restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(c.restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
+}
+
+func (a *applier) resource(o *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
+	gvk := o.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", gvk, err)
+	}
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ns := o.GetNamespace()
+		if ns == "" {
+			ns = "default"
+		}
+		return a.dyn.Resource(m.Resource).Namespace(ns), nil
+	}
+	if o.GetNamespace() != "" {
+		return nil, fmt.Errorf("%s %s is cluster-scoped but sets namespace %q", gvk.Kind, o.GetName(), o.GetNamespace())
+	}
+	return a.dyn.Resource(m.Resource), nil
+}
+
+// apply server-side applies o; dryRun=All when dry is set.
+func (a *applier) apply(ctx context.Context, o *unstructured.Unstructured, dry bool) error {
+	ri, err := a.resource(o)
+	if err != nil {
+		return err
+	}
+	b, err := o.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	opts := metav1.PatchOptions{FieldManager: fieldManager, Force: ptrTo(true)}
+	if dry {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err = ri.Patch(ctx, o.GetName(), types.ApplyPatchType, b, opts)
+	return err
+}
+
+func (a *applier) delete(ctx context.Context, o *unstructured.Unstructured) error {
+	ri, err := a.resource(o)
+	if err != nil {
+		return err
+	}
+	err = ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func describe(o *unstructured.Unstructured) string {
+	s := o.GetKind() + " " + o.GetName()
+	if ns := o.GetNamespace(); ns != "" {
+		s += " -n " + ns
+	}
+	return s
+}
+
+// TestDeployManifestsDryRun sends every object of every rendered target (kustomize
+// overlays, admission policy, Helm chart with default and embedded-registrar
+// values) to the real kube-apiserver as a server-side apply with dryRun=All: schema,
+// defaulting, validation (e.g. DaemonSet rolling update, mount propagation, CEL of
+// the admission policy) and admission run, nothing is stored.
+func TestDeployManifestsDryRun(t *testing.T) {
+	c := clu
+	dir := c.manifestsDir(t)
+	a := c.newApplier(t)
+	ctx := context.Background()
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	sort.Strings(files)
+	t0 := time.Now()
+	total := 0
+	for _, f := range files {
+		objs, err := readObjects(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(objs) == 0 {
+			t.Errorf("%s: no objects", filepath.Base(f))
+		}
+		for _, o := range objs {
+			total++
+			if err := a.apply(ctx, o, true); err != nil {
+				t.Errorf("%s: %s: dry-run apply refused: %v", filepath.Base(f), describe(o), err)
+			}
+		}
+	}
+	c.step(fmt.Sprintf("dry-run apply of %d objects from %d files", total, len(files)), t0)
+	if len(files) < len(wantManifests) {
+		t.Errorf("%d manifest files in %s, want at least %d", len(files), dir, len(wantManifests))
+	}
+}
+
+// TestAdmissionPolicy applies the ValidatingAdmissionPolicy and its binding for
+// real (deploy/admission, then the Helm chart's rendering of it) and proves what
+// they allow: a pod using the driver inline in an unlabelled namespace is refused
+// with the policy's message, a labelled namespace is refused a size over the cap,
+// a backend not allowed and csi.storage.k8s.io/ keys, and a valid pod is admitted.
+// The policy is removed at the end (and its removal awaited), so later tests in
+// the default namespace are not affected.
+func TestAdmissionPolicy(t *testing.T) {
+	c := clu
+	dir := c.manifestsDir(t)
+	a := c.newApplier(t)
+	ctx := context.Background()
+	denied, allowed := "e2e-vap-denied", "e2e-vap-allowed"
+	for _, ns := range []string{denied, allowed} {
+		if err := c.ensureNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, scratchAllowedLabel)
+	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, allowed, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, src := range []string{admissionManifest, helmManifest} {
+		t.Run(strings.TrimSuffix(src, ".yaml"), func(t *testing.T) {
+			objs, err := readObjects(filepath.Join(dir, src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var policy []*unstructured.Unstructured
+			for _, o := range objs {
+				if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
+					policy = append(policy, o)
+				}
+			}
+			if len(policy) != 2 {
+				t.Fatalf("%s: want a ValidatingAdmissionPolicy and its binding, got %d objects", src, len(policy))
+			}
+			c.checkAdmissionPolicy(t, a, policy, denied, allowed)
+		})
+	}
+}
+
+func (c *cluster) checkAdmissionPolicy(t *testing.T, a *applier, policy []*unstructured.Unstructured, denied, allowed string) {
+	ctx := context.Background()
+	t0 := time.Now()
+	for _, o := range policy {
+		if err := a.apply(ctx, o, false); err != nil {
+			t.Fatalf("apply %s: %v", describe(o), err)
+		}
+	}
+	defer func() {
+		for i := len(policy) - 1; i >= 0; i-- {
+			if err := a.delete(ctx, policy[i]); err != nil {
+				t.Errorf("delete %s: %v", describe(policy[i]), err)
+			}
+		}
+		// The admission plugin drops the policy from its informer shortly after.
+		err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "policy removal to take effect", func() (bool, error) {
+			return c.dryRunPod(ctx, denied, map[string]string{"size": "1Mi"}) == nil, nil
+		})
+		if err != nil {
+			t.Errorf("%v: later tests would be refused", err)
+		}
+	}()
+
+	// The policy takes effect when the admission plugin's informer sees it.
+	var refusal error
+	err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "policy to take effect", func() (bool, error) {
+		refusal = c.dryRunPod(ctx, denied, map[string]string{"size": "1Mi"})
+		return refusal != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%v: an inline pod in unlabelled namespace %s is still admitted", err, denied)
+	}
+	c.step("admission policy in effect", t0)
+
+	// What the refusals say to the pod author.
+	wantRefused(t, refusal, "unlabelled namespace", "ValidatingAdmissionPolicy",
+		"namespace "+denied+" may not use inline volumes of the CSI driver "+driverName,
+		"kubectl label namespace "+denied+" "+scratchAllowedLabel+"=true")
+	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "8Gi"}), "size over the cap",
+		"volumeAttributes.size", "at most 4Gi")
+	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "lots"}), "size not a quantity",
+		"volumeAttributes.size", "must be a quantity")
+	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "backend": "dir"}), "backend not allowed",
+		"volumeAttributes.backend", "tmpfs, loop")
+	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "csi.storage.k8s.io/pod.name": "other"}), "reserved key",
+		"csi.storage.k8s.io/ prefix")
+
+	// Admitted: valid attributes, no attributes (driver defaults), and pods that do
+	// not use the driver at all, wherever they are.
+	for name, attrs := range map[string]map[string]string{
+		"valid": {"size": "256Mi", "backend": "tmpfs"}, "at the cap": {"size": "4Gi", "backend": "loop"}, "defaults": nil,
+	} {
+		if err := c.dryRunPod(ctx, allowed, attrs); err != nil {
+			t.Errorf("%s pod in labelled namespace refused: %v", name, err)
+		}
+	}
+	p := c.inlinePod(allowed, map[string]string{"size": "256Mi"})
+	p.Name = "vap-admitted"
+	if _, err := c.cs.CoreV1().Pods(allowed).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Errorf("valid pod refused: %v", err)
+	} else {
+		// Not bound to the node: nothing runs it; remove it at once.
+		_ = c.cs.CoreV1().Pods(allowed).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))})
+	}
+	plain := c.inlinePod(denied, nil)
+	plain.Spec.Volumes = []corev1.Volume{memoryEmptyDir("data")}
+	if _, err := c.cs.CoreV1().Pods(denied).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("pod without the driver in unlabelled namespace refused: %v", err)
+	}
+}
+
+// inlinePod is a pod with one inline volume of the driver, not bound to a node
+// (admission only; nothing runs it).
+func (c *cluster) inlinePod(ns string, attrs map[string]string) *corev1.Pod {
+	p := c.newPod(ns, "vap-probe", csiVolume("data", attrs), nil)
+	p.Spec.NodeName = ""
+	return p
+}
+
+// dryRunPod creates an inline-volume pod with dryRun=All: admission runs, nothing is
+// stored.
+func (c *cluster) dryRunPod(ctx context.Context, ns string, attrs map[string]string) error {
+	_, err := c.cs.CoreV1().Pods(ns).Create(ctx, c.inlinePod(ns, attrs), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	return err
+}
+
+func wantRefused(t *testing.T, err error, what string, subs ...string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: pod admitted, want refused", what)
+		return
+	}
+	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
+		t.Errorf("%s: want Invalid or Forbidden, got %v", what, err)
+	}
+	for _, s := range subs {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("%s: refusal lacks %q: %v", what, s, err)
+		}
+	}
+	t.Logf("%s: refused: %v", what, err)
+}

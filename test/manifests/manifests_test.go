@@ -1,0 +1,380 @@
+package manifests
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const driverName = "scratch.csi.ephemera.dev"
+
+type rendered struct {
+	Target
+	objs []Object
+}
+
+func renderAll(t *testing.T) []rendered {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []rendered
+	for _, tg := range Targets() {
+		b, err := Render(root, tg)
+		if err != nil {
+			t.Fatalf("%s: %v", tg.Name, err)
+		}
+		objs, err := Decode(b)
+		if err != nil {
+			t.Fatalf("%s: %v", tg.Name, err)
+		}
+		if len(objs) == 0 {
+			t.Fatalf("%s: no objects", tg.Name)
+		}
+		out = append(out, rendered{tg, objs})
+	}
+	return out
+}
+
+func (r rendered) find(kind string) []Object {
+	var out []Object
+	for _, o := range r.objs {
+		if o.Kind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// windows reports whether the target is the Windows HostProcess overlay (owned
+// and tested by its own invariants elsewhere; here only the shared ones).
+func (r rendered) windows() bool { return strings.Contains(r.Name, "windows") }
+
+// embedded reports whether the target registers through the driver (--register).
+func (r rendered) embedded() bool { return strings.Contains(r.Name, "embedded") }
+
+func TestHelmLint(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range Targets() {
+		if tg.Kustomize != "" {
+			continue
+		}
+		msgs, err := Lint(filepath.Join(root, Chart), tg.HelmValues)
+		if err != nil {
+			t.Errorf("%s: %v", tg.Name, err)
+		}
+		for _, m := range msgs {
+			t.Logf("%s: %s", tg.Name, m)
+		}
+	}
+}
+
+func TestHelmRejectsBadValues(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, vals := range map[string]map[string]any{
+		"registrar mode":   {"registrar": map[string]any{"mode": "both"}},
+		"unknown backend":  {"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}},
+		"negative volumes": {"maxVolumesPerNode": -1},
+	} {
+		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
+			t.Errorf("%s: rendered, want an error", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestCSIDriver(t *testing.T) {
+	for _, r := range renderAll(t) {
+		if r.Kustomize == "deploy/admission" {
+			continue
+		}
+		ds := r.find("CSIDriver")
+		if len(ds) != 1 {
+			t.Errorf("%s: %d CSIDrivers, want 1", r.Name, len(ds))
+			continue
+		}
+		d := ds[0]
+		if d.Name() != driverName {
+			t.Errorf("%s: CSIDriver %q, want %q", r.Name, d.Name(), driverName)
+		}
+		for field, want := range map[string]any{"podInfoOnMount": true, "attachRequired": false, "requiresRepublish": false, "fsGroupPolicy": "File"} {
+			if got := d.Get("spec", field); got != want {
+				t.Errorf("%s: CSIDriver spec.%s = %v, want %v", r.Name, field, got, want)
+			}
+		}
+		if got := fmt.Sprint(d.Get("spec", "volumeLifecycleModes")); got != "[Ephemeral]" {
+			t.Errorf("%s: volumeLifecycleModes %s, want [Ephemeral]", r.Name, got)
+		}
+		if got := d.Get("metadata", "labels", "security.openshift.io/csi-ephemeral-volume-profile"); got != "restricted" {
+			t.Errorf("%s: OpenShift profile label = %v, want restricted", r.Name, got)
+		}
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	for _, r := range renderAll(t) {
+		if r.Kustomize == "deploy/admission" {
+			continue
+		}
+		dss := r.find("DaemonSet")
+		if len(dss) != 1 {
+			t.Fatalf("%s: %d DaemonSets, want 1", r.Name, len(dss))
+		}
+		ds := dss[0]
+		if r.windows() {
+			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds) })
+			continue
+		}
+		t.Run(r.Name, func(t *testing.T) { checkDaemonSet(t, r, ds) })
+	}
+}
+
+// checkRollout: every node DaemonSet, Linux or Windows.
+func checkRollout(t *testing.T, ds Object) {
+	if ds.Get("metadata", "namespace") != Namespace {
+		t.Errorf("namespace %v, want %s", ds.Get("metadata", "namespace"), Namespace)
+	}
+	ru := fmt.Sprint(ds.Get("spec", "updateStrategy", "type"), " surge=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxSurge"),
+		" unavailable=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxUnavailable"))
+	if ru != "RollingUpdate surge=0 unavailable=1" {
+		t.Errorf("updateStrategy %s, want RollingUpdate surge=0 unavailable=1 (never two drivers on one node's state)", ru)
+	}
+	if got := ds.Get("spec", "template", "spec", "priorityClassName"); got != "system-node-critical" {
+		t.Errorf("priorityClassName %v", got)
+	}
+}
+
+// checkDaemonSet: the Linux node DaemonSet.
+func checkDaemonSet(t *testing.T, r rendered, ds Object) {
+	checkRollout(t, ds)
+	spec := Object{"s": ds.Get("spec", "template", "spec")}
+	if got := spec.Get("s", "priorityClassName"); got != "system-node-critical" {
+		t.Errorf("priorityClassName %v", got)
+	}
+	if got := fmt.Sprint(spec.Get("s", "tolerations")); got != "[map[operator:Exists]]" {
+		t.Errorf("tolerations %s, want [{operator: Exists}]", got)
+	}
+	if got := spec.Get("s", "nodeSelector", "kubernetes.io/os"); got != "linux" {
+		t.Errorf("nodeSelector kubernetes.io/os = %v", got)
+	}
+	if sa := spec.Get("s", "serviceAccountName"); sa == nil || len(r.find("ServiceAccount")) != 1 || r.find("ServiceAccount")[0].Name() != sa {
+		t.Errorf("serviceAccountName %v does not name the rendered ServiceAccount", sa)
+	}
+
+	containers, _ := spec.Get("s", "containers").([]any)
+	var names []string
+	var driver Object
+	for _, c := range containers {
+		co := Object(c.(map[string]any))
+		names = append(names, co.Name2())
+		if co.Name2() == "driver" {
+			driver = co
+		}
+		if co.Get("resources", "requests", "cpu") == nil || co.Get("resources", "requests", "memory") == nil || co.Get("resources", "limits", "memory") == nil {
+			t.Errorf("container %s: resources %v, want cpu+memory requests and a memory limit", co.Name2(), co.Get("resources"))
+		}
+		if co.Get("livenessProbe") == nil {
+			t.Errorf("container %s: no livenessProbe", co.Name2())
+		}
+	}
+	if driver == nil {
+		t.Fatalf("no driver container in %v", names)
+	}
+	if r.embedded() {
+		if !slices.Equal(names, []string{"driver"}) {
+			t.Errorf("containers %v, want only the driver (embedded registrar: no sidecars)", names)
+		}
+	} else if !slices.Contains(names, "node-driver-registrar") || len(names) != 2 {
+		t.Errorf("containers %v, want driver + node-driver-registrar", names)
+	}
+
+	if driver.Get("securityContext", "privileged") != true {
+		t.Errorf("driver not privileged")
+	}
+	args := strings.Fields(fmt.Sprint(driver.Get("args")))
+	argSet := strings.Join(args, " ")
+	for _, want := range []string{"--driver-name=" + driverName, "--nodeid=$(NODE_NAME)", "--metrics-address=:9809", "--events",
+		"--state-dir=/var/lib/ephemera/" + driverName, "--endpoint=unix:///var/lib/kubelet/plugins/" + driverName + "/csi.sock"} {
+		if !strings.Contains(argSet, want) {
+			t.Errorf("driver args lack %s: %v", want, args)
+		}
+	}
+	if got := strings.Contains(argSet, "--register"); got != r.embedded() {
+		t.Errorf("--register in args = %v, want %v", got, r.embedded())
+	}
+	if driver.Get("env", 0, "name") != "NODE_NAME" || driver.Get("env", 0, "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
+		t.Errorf("env NODE_NAME from spec.nodeName missing: %v", driver.Get("env"))
+	}
+	if driver.Get("livenessProbe", "httpGet", "path") != "/healthz" || driver.Get("readinessProbe", "httpGet", "path") != "/readyz" {
+		t.Errorf("probes: liveness %v, readiness %v", driver.Get("livenessProbe"), driver.Get("readinessProbe"))
+	}
+
+	// Host paths: volume name -> host path, and the driver's mounts.
+	hostPaths := map[string]string{}
+	vols, _ := spec.Get("s", "volumes").([]any)
+	for _, v := range vols {
+		vo := Object(v.(map[string]any))
+		if p, ok := vo.Get("hostPath", "path").(string); ok {
+			hostPaths[vo.Name2()] = p
+		}
+	}
+	mounts := map[string]Object{} // host path -> mount
+	ms, _ := driver.Get("volumeMounts").([]any)
+	for _, m := range ms {
+		mo := Object(m.(map[string]any))
+		if hp, ok := hostPaths[fmt.Sprint(mo.Get("name"))]; ok {
+			mounts[hp] = mo
+		}
+	}
+	pods := mounts["/var/lib/kubelet/pods"]
+	if pods == nil || pods.Get("mountPropagation") != "Bidirectional" || pods.Get("mountPath") != "/var/lib/kubelet/pods" {
+		t.Errorf("driver: /var/lib/kubelet/pods must be mounted at the same path with Bidirectional propagation, got %v", pods)
+	}
+	for _, hp := range []string{"/var/lib/kubelet/plugins/" + driverName, "/var/lib/ephemera/" + driverName, "/dev"} {
+		if m := mounts[hp]; m == nil || m.Get("mountPath") != hp {
+			t.Errorf("driver: host path %s not mounted at the same path: %v", hp, m)
+		}
+	}
+	for hp := range mounts {
+		if strings.HasPrefix(hp, "/tmp") {
+			t.Errorf("host path %s under /tmp", hp)
+		}
+	}
+	if _, ok := mounts["/var/lib/kubelet/plugins_registry"]; ok != r.embedded() {
+		t.Errorf("driver mounts plugins_registry = %v, want %v", ok, r.embedded())
+	}
+}
+
+func TestRBAC(t *testing.T) {
+	for _, r := range renderAll(t) {
+		if r.Kustomize == "deploy/admission" {
+			continue
+		}
+		roles := r.find("ClusterRole")
+		bindings := r.find("ClusterRoleBinding")
+		if len(roles) != 1 || len(bindings) != 1 {
+			t.Fatalf("%s: %d ClusterRoles, %d bindings, want 1 each", r.Name, len(roles), len(bindings))
+		}
+		var got []string
+		rules, _ := roles[0].Get("rules").([]any)
+		for _, ru := range rules {
+			ro := Object(ru.(map[string]any))
+			got = append(got, fmt.Sprint(ro.Get("apiGroups"), ro.Get("resources"), ro.Get("verbs")))
+		}
+		want := []string{"[] [pods] [get list watch]", "[] [events] [create patch]"}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: ClusterRole rules %q, want exactly %q", r.Name, got, want)
+		}
+		b := bindings[0]
+		sa := r.find("ServiceAccount")[0]
+		if b.Get("roleRef", "name") != roles[0].Name() || b.Get("subjects", 0, "name") != sa.Name() || b.Get("subjects", 0, "namespace") != Namespace {
+			t.Errorf("%s: binding %v does not bind the role to %s/%s", r.Name, b, Namespace, sa.Name())
+		}
+	}
+}
+
+func TestAdmissionPolicy(t *testing.T) {
+	for _, r := range renderAll(t) {
+		if r.Kustomize != "" && r.Kustomize != "deploy/admission" {
+			continue // the overlays leave the policy to deploy/admission
+		}
+		ps, bs := r.find("ValidatingAdmissionPolicy"), r.find("ValidatingAdmissionPolicyBinding")
+		if len(ps) != 1 || len(bs) != 1 {
+			t.Fatalf("%s: %d policies, %d bindings, want 1 each", r.Name, len(ps), len(bs))
+		}
+		p, b := ps[0], bs[0]
+		if b.Get("spec", "policyName") != p.Name() || fmt.Sprint(b.Get("spec", "validationActions")) != "[Deny]" {
+			t.Errorf("%s: binding %v", r.Name, b.Get("spec"))
+		}
+		if p.Get("spec", "failurePolicy") != "Fail" {
+			t.Errorf("%s: failurePolicy %v, want Fail", r.Name, p.Get("spec", "failurePolicy"))
+		}
+		text := fmt.Sprint(p.Get("spec"))
+		for _, want := range []string{driverName, "ephemera.dev/scratch-allowed", "4Gi", "tmpfs", "loop", "csi.storage.k8s.io/", "kubectl label namespace"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s: policy does not mention %q", r.Name, want)
+			}
+		}
+		vals, _ := p.Get("spec", "validations").([]any)
+		for i, v := range vals {
+			vo := Object(v.(map[string]any))
+			if msg, _ := vo.Get("message").(string); msg == "" || strings.Contains(msg, "\n") {
+				t.Errorf("%s: validation %d: message %q must be one line", r.Name, i, msg)
+			}
+		}
+	}
+}
+
+func TestHelmNotes(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Notes(filepath.Join(root, Chart), map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(n, "kubectl label namespace NAMESPACE ephemera.dev/scratch-allowed=true") {
+		t.Errorf("NOTES.txt does not tell how to allow a namespace:\n%s", n)
+	}
+}
+
+// Name2 returns the "name" field of a list element (container, volume).
+func (o Object) Name2() string { s, _ := o["name"].(string); return s }
+
+// TestHelmOptions: values reach the objects.
+func TestHelmOptions(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := map[string]any{
+		"driverName":        "scratch.example.com",
+		"capacity":          map[string]any{"tmpfs": "8Gi"},
+		"maxVolumesPerNode": 50,
+		"backends":          map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
+		"image":             map[string]any{"repository": "registry.example.com/scratch", "tag": "v9"},
+		"csiDriver": map[string]any{"requiresRepublish": true,
+			"tokenRequests": []any{map[string]any{"audience": "vault", "expirationSeconds": 3600}}},
+		"metrics":   map[string]any{"port": 9999},
+		"admission": map[string]any{"maxSize": "1Gi", "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
+	}
+	b, err := Helm(filepath.Join(root, Chart), vals, Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for _, want := range []string{
+		"name: scratch.example.com", "requiresRepublish: true", "audience: vault",
+		"--capacity=loop=50Gi,tmpfs=8Gi", "--max-volumes-per-node=50", "--backends=tmpfs\n", "--metrics-address=:9999",
+		"containerPort: 9999", `image: "registry.example.com/scratch:v9"`,
+		"/var/lib/kubelet/plugins/scratch.example.com/csi.sock", "/var/lib/ephemera/scratch.example.com",
+		`v.csi.driver == "scratch.example.com"`, `expression: "\"1Gi\""`, `expression: "[\"tmpfs\"]"`,
+		`namespaceObject.metadata.labels["example.com/scratch"] == "yes"`,
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("rendered chart lacks %q", want)
+		}
+	}
+	b, err = Helm(filepath.Join(root, Chart), map[string]any{"admission": map[string]any{"enabled": false}}, Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "ValidatingAdmissionPolicy") {
+		t.Errorf("admission.enabled=false still renders the policy")
+	}
+	n, err := Notes(filepath.Join(root, Chart), map[string]any{"admission": map[string]any{"enabled": false}})
+	if err != nil || !strings.Contains(n, "WARNING: admission.enabled=false") {
+		t.Errorf("NOTES.txt without admission lacks the warning (%v):\n%s", err, n)
+	}
+}

@@ -1,0 +1,235 @@
+package manifests
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+// Chart is the Helm chart's directory, relative to the repository root.
+const Chart = "deploy/helm/ephemera-scratch"
+
+// Namespace is where the chart is rendered (the kustomize base uses the same).
+const Namespace = "kube-system"
+
+// Target is one rendered set of manifests.
+type Target struct {
+	// Name is the output file name without ".yaml".
+	Name string
+	// Kustomize is a kustomization directory relative to the repository root;
+	// empty for a Helm target.
+	Kustomize string
+	// HelmValues are values for the chart (a Helm target when Kustomize is "").
+	HelmValues map[string]any
+}
+
+// Targets lists everything that is rendered and tested.
+func Targets() []Target {
+	return []Target{
+		{Name: "kustomize-linux", Kustomize: "deploy/overlays/linux"},
+		{Name: "kustomize-linux-embedded-registrar", Kustomize: "deploy/overlays/linux-embedded-registrar"},
+		{Name: "kustomize-windows-hostprocess", Kustomize: "deploy/overlays/windows-hostprocess"},
+		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
+		{Name: "helm-default", HelmValues: map[string]any{}},
+		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+	}
+}
+
+// RepoRoot walks up from the working directory to the project's go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			bytes.Contains(b, []byte("module github.com/ephemera-csi/ephemera\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("the project's go.mod (module github.com/ephemera-csi/ephemera) is not above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Render renders t as a multi-document YAML stream.
+func Render(root string, t Target) ([]byte, error) {
+	if t.Kustomize != "" {
+		return Kustomize(filepath.Join(root, t.Kustomize))
+	}
+	return Helm(filepath.Join(root, Chart), t.HelmValues, Namespace)
+}
+
+// Kustomize is `kubectl kustomize dir` (kustomize's default load restrictions).
+func Kustomize(dir string) ([]byte, error) {
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize %s: %w", dir, err)
+	}
+	return m.AsYaml()
+}
+
+// Helm is `helm template ephemera-scratch chartDir --namespace ns` with values
+// (validated against values.schema.json): the rendered templates in file-name
+// order, NOTES.txt left out.
+func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
+	}
+	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
+		Name: "ephemera-scratch", Namespace: ns, Revision: 1, IsInstall: true,
+	}, chartutil.DefaultCapabilities)
+	if err != nil {
+		return nil, fmt.Errorf("chart %s values: %w", chartDir, err)
+	}
+	files, err := engine.Render(ch, vals)
+	if err != nil {
+		return nil, fmt.Errorf("render chart %s: %w", chartDir, err)
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		if strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml") {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	var out bytes.Buffer
+	for _, n := range names {
+		body := strings.TrimSpace(files[n])
+		if body == "" {
+			continue
+		}
+		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", n, body)
+	}
+	return out.Bytes(), nil
+}
+
+// Notes renders the chart's NOTES.txt with values.
+func Notes(chartDir string, values map[string]any) (string, error) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		return "", err
+	}
+	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
+		Name: "ephemera-scratch", Namespace: Namespace, Revision: 1, IsInstall: true,
+	}, chartutil.DefaultCapabilities)
+	if err != nil {
+		return "", err
+	}
+	files, err := engine.Render(ch, vals)
+	if err != nil {
+		return "", err
+	}
+	for n, s := range files {
+		if strings.HasSuffix(n, "NOTES.txt") {
+			return s, nil
+		}
+	}
+	return "", errors.New("no NOTES.txt")
+}
+
+// Lint is `helm lint chartDir` with values; it returns every message and an error
+// when one of them is an error (warnings and infos pass).
+func Lint(chartDir string, values map[string]any) ([]string, error) {
+	l := lint.All(chartDir, values, Namespace, false)
+	var msgs []string
+	var errs []error
+	for _, m := range l.Messages {
+		msgs = append(msgs, m.Error())
+		if m.Severity >= support.ErrorSev {
+			errs = append(errs, m.Err)
+		}
+	}
+	if len(errs) > 0 {
+		return msgs, fmt.Errorf("helm lint %s: %w", chartDir, errors.Join(errs...))
+	}
+	return msgs, nil
+}
+
+// Object is one decoded manifest.
+type Object map[string]any
+
+// Decode splits a YAML stream into objects (empty documents skipped).
+func Decode(stream []byte) ([]Object, error) {
+	var objs []Object
+	for _, doc := range splitDocs(stream) {
+		var o Object
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			return nil, fmt.Errorf("decode %q: %w", firstLine(doc), err)
+		}
+		if len(o) == 0 {
+			continue
+		}
+		objs = append(objs, o)
+	}
+	return objs, nil
+}
+
+func splitDocs(stream []byte) []string {
+	var docs []string
+	var cur []string
+	for _, line := range strings.Split(string(stream), "\n") {
+		if strings.TrimRight(line, " \t\r") == "---" {
+			docs = append(docs, strings.Join(cur, "\n"))
+			cur = nil
+			continue
+		}
+		cur = append(cur, line)
+	}
+	return append(docs, strings.Join(cur, "\n"))
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// Kind returns the object's kind.
+func (o Object) Kind() string { s, _ := o["kind"].(string); return s }
+
+// Name returns metadata.name.
+func (o Object) Name() string { s, _ := o.Get("metadata", "name").(string); return s }
+
+// Get walks maps by key and lists by integer index; nil when absent.
+func (o Object) Get(path ...any) any {
+	var cur any = map[string]any(o)
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := cur.(map[string]any)
+			if !ok {
+				return nil
+			}
+			cur = m[k]
+		case int:
+			l, ok := cur.([]any)
+			if !ok || k < 0 || k >= len(l) {
+				return nil
+			}
+			cur = l[k]
+		default:
+			return nil
+		}
+	}
+	return cur
+}
