@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"flag"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -37,11 +36,7 @@ func podIdentity(_ context.Context, v *api.Volume) (map[string]api.File, error) 
 func main() {
 	opts := Options()
 	klog.InitFlags(nil)
-	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint (unix:///path)")
-	flag.StringVar(&opts.NodeID, "nodeid", os.Getenv("NODE_NAME"), "Kubernetes node name")
-	flag.StringVar(&opts.KubeletRootDir, "kubelet-root", "", "kubelet --root-dir")
-	flag.StringVar(&opts.StateDir, "state-dir", "", "driver state directory")
-	flag.BoolVar(&opts.RegisterWithKubelet, "register", false, "register with the kubelet itself")
+	framework.BindFlags(flag.CommandLine, &opts)
 	flag.Parse()
 	d, err := framework.New(opts)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"os/signal"
 	"regexp"
 	"slices"
@@ -135,11 +134,7 @@ func allowNamespaces(list string) framework.Authorizer {
 func main() {
 	opts := Options()
 	klog.InitFlags(nil)
-	flag.StringVar(&opts.Endpoint, "endpoint", "", "CSI endpoint (unix:///path)")
-	flag.StringVar(&opts.NodeID, "nodeid", os.Getenv("NODE_NAME"), "Kubernetes node name")
-	flag.StringVar(&opts.KubeletRootDir, "kubelet-root", "", "kubelet --root-dir")
-	flag.StringVar(&opts.StateDir, "state-dir", "", "driver state directory")
-	flag.BoolVar(&opts.RegisterWithKubelet, "register", false, "register with the kubelet itself")
+	framework.BindFlags(flag.CommandLine, &opts)
 	allowed := flag.String("allowed-namespaces", "", "comma-separated namespaces whose pods may use the driver (empty: all)")
 	flag.Parse()
 	opts.Authorizer = allowNamespaces(*allowed)

@@ -1,0 +1,39 @@
+package framework
+
+import (
+	"flag"
+	"os"
+	"time"
+)
+
+// BindFlags registers on fs the command-line flags every driver binary needs and
+// the operator-facing knobs of Options, writing into o. Values already in o are
+// the defaults shown. A driver adds its own flags beside them.
+//
+//	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --register
+//	--max-volumes-per-node --metrics-address --gc-interval --orphan-grace-period
+//	--gc-dry-run
+func BindFlags(fs *flag.FlagSet, o *Options) {
+	if o.NodeID == "" {
+		o.NodeID = os.Getenv("NODE_NAME")
+	}
+	if o.KubeletRootDir == "" {
+		o.KubeletRootDir = defaultKubeletRoot
+	}
+	if o.GCInterval == 0 {
+		o.GCInterval = time.Minute
+	}
+	if o.OrphanGracePeriod == 0 {
+		o.OrphanGracePeriod = 2 * time.Minute
+	}
+	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
+	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
+	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
+	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory for the driver's state (state.db) and backend data. Default "+defaultStateRoot+"/<driver-name>; never under /tmp on a node.")
+	fs.BoolVar(&o.RegisterWithKubelet, "register", o.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
+	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", o.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz and /readyz over HTTP on this address, e.g. :9809. Empty: off.")
+	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
+	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
+	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")
+}
