@@ -31,21 +31,28 @@ func ExampleNew() {
 	// Output: unix:///var/lib/kubelet/plugins/hello.csi.example.com/csi.sock
 }
 
-// Run serves until the context ends; stop on SIGTERM like a DaemonSet pod.
+// Run serves until the context ends: stop on SIGTERM like a DaemonSet pod, and
+// exit non-zero when Run fails (the kubelet refused the registration, the state
+// file is held by another process) so the pod is restarted.
 func ExampleDriver_Run() {
 	d, err := framework.New(framework.Options{
 		DriverName: "hello.csi.example.com",
-		NodeID:     "node-1",
-		StateDir:   filepath.Join(os.TempDir(), "hello-state"),
+		NodeID:     os.Getenv("NODE_NAME"),
 		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{})},
 	})
 	if err != nil {
-		return
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	_ = d.Run // in main: if err := d.Run(ctx); err != nil { klog.Fatal(err) }
-	_ = ctx
+	if os.Getenv("NODE_NAME") == "" {
+		return // not on a node: keep the example runnable as a test
+	}
+	if err := d.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 }
 
 // A backend from two functions: a directory per volume.
