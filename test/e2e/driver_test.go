@@ -104,6 +104,9 @@ func (d *driver) start(ctx context.Context) error {
 	d.p, err = d.c.startProc("driver", d.bin, []string{
 		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
 		"--kubelet-root=" + d.c.kubeletRoot, "--register", "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
+		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod). It only acts on
+		// volumes whose pod directory is gone, which no other test produces.
+		"--gc-interval=1s", "--orphan-grace-period=2s",
 	}, nil)
 	if err != nil {
 		return err

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,4 +61,62 @@ func TestOrphanGCPodInformer(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestOrphanGCRemovesVolumeOfVanishedPod: the node loses a pod behind the
+// kubelet's back (the kubelet is down, the pod is force-deleted from the API and
+// its directory disappears), so no NodeUnpublishVolume will ever come. The
+// driver's orphan GC removes the volume's storage and record after its grace
+// period, and the restarted kubelet finds nothing to clean.
+func TestOrphanGCRemovesVolumeOfVanishedPod(t *testing.T) {
+	c := clu
+	d := requireDriver(t)
+	ctx := context.Background()
+	vol := csiVolume("orphan", map[string]string{"backend": "dir"})
+	p := c.createPod(t, c.newPod("default", "gc-orphan", vol, steps(st("write", "/data/f", "4096"), st("pause"))))
+	p = c.waitRunning(t, p, runningTimeout)
+	h := volumeHandle(string(p.UID), vol.Name)
+	backing := filepath.Join(d.stateDir, "volumes", h)
+	if _, err := os.Stat(backing); err != nil {
+		t.Fatalf("dir volume's backing directory: %v", err)
+	}
+
+	c.kubelet.stop(15 * time.Second)
+	kubeletUp := false
+	defer func() {
+		if !kubeletUp {
+			if err := c.runKubelet(ctx, false); err != nil {
+				t.Errorf("restarting the kubelet: %v", err)
+			}
+		}
+	}()
+	zero := int64(0)
+	if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	podDir := filepath.Join(c.kubeletRoot, "pods", string(p.UID))
+	since := d.logSize()
+	if failed := unmountAllUnder(podDir); len(failed) > 0 {
+		t.Fatalf("unmounting the pod directory: %v", failed)
+	}
+	if err := os.RemoveAll(podDir); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	if err := waitFor(ctx, 30*time.Second, 200*time.Millisecond, "the orphan GC removes "+h, func() (bool, error) {
+		l := d.logSince(since)
+		return strings.Contains(l, "Removed orphaned volume") && strings.Contains(l, h), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("orphan removed %v after its pod directory vanished (grace 2s, GC every 1s)", time.Since(t0).Round(100*time.Millisecond))
+	if _, err := os.Stat(backing); !os.IsNotExist(err) {
+		t.Errorf("backing directory left: %v", err)
+	}
+	if err := c.runKubelet(ctx, false); err != nil {
+		t.Fatalf("restarting the kubelet: %v", err)
+	}
+	kubeletUp = true
+	d.assertNoRecords(t, h)
 }
