@@ -101,16 +101,31 @@ func (d *driver) registrations() int {
 func (d *driver) start(ctx context.Context) error {
 	before := d.registrations()
 	var err error
-	d.p, err = d.c.startProc("driver", d.bin, []string{
-		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
-		"--kubelet-root=" + d.c.kubeletRoot, "--register", "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
-		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod). It only acts on
-		// volumes whose pod directory is gone, which no other test produces.
-		"--gc-interval=1s", "--orphan-grace-period=2s",
-	}, nil)
+	d.p, err = d.c.startProc("driver", d.bin, d.args(true), nil)
 	if err != nil {
 		return err
 	}
+	return d.waitRegistered(ctx, before)
+}
+
+// args are the driver's flags; register adds --register (the embedded registrar).
+func (d *driver) args(register bool) []string {
+	a := []string{
+		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
+		"--kubelet-root=" + d.c.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
+		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod). It only acts on
+		// volumes whose pod directory is gone, which no other test produces.
+		"--gc-interval=1s", "--orphan-grace-period=2s",
+	}
+	if register {
+		a = append(a, "--register")
+	}
+	return a
+}
+
+// waitRegistered waits for a kubelet registration of the driver newer than
+// before and for the CSINode object to list it.
+func (d *driver) waitRegistered(ctx context.Context, before int) error {
 	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+d.name+" and CSINode lists it", func() (bool, error) {
 		if d.p.exited() {
 			return false, stop(fmt.Errorf("driver exited (%v), see %s", d.p.exitErr(), d.logPath))
