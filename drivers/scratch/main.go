@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
@@ -72,6 +73,7 @@ func main() {
 	opts.KubeletRootDir = defaults.kubeletRoot
 	framework.BindFlags(flag.CommandLine, &opts)
 	flag.StringVar(&opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
+	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
 	gcConfirm := flag.Bool("gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 	flag.Parse()
 
@@ -83,7 +85,7 @@ func main() {
 	stopEvents := func() {}
 	var starters []func(context.Context)
 	if *withEvents || *gcConfirm {
-		client, err := kubeClient(opts.DriverName)
+		client, err := kubeClient(opts.DriverName, *kubeconfig)
 		if err != nil {
 			klog.ErrorS(err, "Cannot reach the API server")
 			os.Exit(1)
@@ -207,12 +209,18 @@ func quantity(flagName, s string) (int64, error) {
 	return q.Value(), nil
 }
 
-// kubeClient talks to the API server with the in-cluster service account (for
-// --events and --gc-confirm-with-api).
-func kubeClient(driverName string) (kubernetes.Interface, error) {
-	cfg, err := rest.InClusterConfig()
+// kubeClient talks to the API server (for --events and --gc-confirm-with-api)
+// with the kubeconfig, or else the in-cluster service account.
+func kubeClient(driverName, kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("--events/--gc-confirm-with-api need the in-cluster service account: %w", err)
+		return nil, fmt.Errorf("--events/--gc-confirm-with-api need --kubeconfig or the in-cluster service account: %w", err)
 	}
 	cfg.UserAgent = driverName + "/" + version
 	return kubernetes.NewForConfig(cfg)

@@ -113,9 +113,12 @@ func (d *driver) args(register bool) []string {
 	a := []string{
 		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
 		"--kubelet-root=" + d.c.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
-		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod). It only acts on
-		// volumes whose pod directory is gone, which no other test produces.
-		"--gc-interval=1s", "--orphan-grace-period=2s",
+		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
+		// the API server. It only acts on volumes whose pod directory is gone, which
+		// no other test produces.
+		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
+		// Pod events (TestDriverEvents), through the admin kubeconfig.
+		"--events", "--kubeconfig=" + filepath.Join(d.c.root, "admin.kubeconfig"),
 	}
 	if register {
 		a = append(a, "--register")

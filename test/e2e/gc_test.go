@@ -11,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/ephemera-csi/ephemera/framework/kube"
 )
@@ -66,8 +67,9 @@ func TestOrphanGCPodInformer(t *testing.T) {
 // TestOrphanGCRemovesVolumeOfVanishedPod: the node loses a pod behind the
 // kubelet's back (the kubelet is down, the pod is force-deleted from the API and
 // its directory disappears), so no NodeUnpublishVolume will ever come. The
-// driver's orphan GC removes the volume's storage and record after its grace
-// period, and the restarted kubelet finds nothing to clean.
+// driver's orphan GC, confirming with the API server that the pod is gone,
+// removes the volume's storage and record after its grace period and posts an
+// OrphanRemoved event; the restarted kubelet finds nothing to clean.
 func TestOrphanGCRemovesVolumeOfVanishedPod(t *testing.T) {
 	c := clu
 	d := requireDriver(t)
@@ -113,6 +115,24 @@ func TestOrphanGCRemovesVolumeOfVanishedPod(t *testing.T) {
 	t.Logf("orphan removed %v after its pod directory vanished (grace 2s, GC every 1s)", time.Since(t0).Round(100*time.Millisecond))
 	if _, err := os.Stat(backing); !os.IsNotExist(err) {
 		t.Errorf("backing directory left: %v", err)
+	}
+	// The driver tells the pod's owner what it did: an OrphanRemoved event on the
+	// (deleted) pod, posted through the real API server (--events).
+	if err := waitFor(ctx, 30*time.Second, 250*time.Millisecond, "the driver's OrphanRemoved event", func() (bool, error) {
+		evs, err := c.cs.CoreV1().Events(p.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.uid": string(p.UID), "reason": "OrphanRemoved"}.String(),
+		})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Source.Component == driverName && e.Type == "Normal" && strings.Contains(e.Message, vol.Name) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Error(err)
 	}
 	if err := c.runKubelet(ctx, false); err != nil {
 		t.Fatalf("restarting the kubelet: %v", err)
