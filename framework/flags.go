@@ -3,7 +3,6 @@ package framework
 import (
 	"flag"
 	"os"
-	"time"
 )
 
 // BindFlags registers on fs the command-line flags every driver binary needs and
@@ -21,10 +20,10 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 		o.KubeletRootDir = defaultKubeletRoot
 	}
 	if o.GCInterval == 0 {
-		o.GCInterval = time.Minute
+		o.GCInterval = defaultGCInterval
 	}
 	if o.OrphanGracePeriod == 0 {
-		o.OrphanGracePeriod = 2 * time.Minute
+		o.OrphanGracePeriod = defaultOrphanGracePeriod
 	}
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
 	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")

@@ -60,6 +60,10 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
 	}
 	results := map[string]gcResult{}
+	report := func(rec *store.Record, r gcResult) {
+		results[rec.VolumeID] = r
+		d.gcObserved(rec, string(r))
+	}
 	seen := map[string]bool{}
 	for _, rec := range recs {
 		seen[rec.VolumeID] = true
@@ -72,30 +76,30 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			continue
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
-			results[rec.VolumeID] = gcFailed
+			report(rec, gcFailed)
 			continue
 		}
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
 		first := d.orphans.mark(rec.VolumeID, now)
 		if now.Sub(first) < d.opts.OrphanGracePeriod {
-			results[rec.VolumeID] = gcPending
+			report(rec, gcPending)
 			continue
 		}
 		if d.opts.Pods != nil {
 			exists, err := d.opts.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
 				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
-				results[rec.VolumeID] = gcFailed
+				report(rec, gcFailed)
 				continue
 			}
 			if exists {
-				results[rec.VolumeID] = gcConfirmed
+				report(rec, gcConfirmed)
 				continue
 			}
 		}
 		if d.opts.GCDryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", "orphanedFor", now.Sub(first).Round(time.Second))
-			results[rec.VolumeID] = gcWouldRm
+			report(rec, gcWouldRm)
 			continue
 		}
 		if !d.locks.TryAcquire(rec.VolumeID) {
@@ -105,21 +109,14 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		d.locks.Release(rec.VolumeID)
 		if err != nil {
 			vlog.Error(err, "Removing orphaned volume failed; will retry")
-			results[rec.VolumeID] = gcFailed
+			report(rec, gcFailed)
 			continue
 		}
 		d.orphans.clear(rec.VolumeID)
 		vlog.Info("Removed orphaned volume (pod directory gone)")
-		results[rec.VolumeID] = gcRemoved
+		report(rec, gcRemoved)
 	}
 	d.orphans.forgetExcept(seen)
-	byID := make(map[string]*store.Record, len(recs))
-	for _, rec := range recs {
-		byID[rec.VolumeID] = rec
-	}
-	for id, r := range results {
-		d.gcObserved(byID[id], string(r))
-	}
 	return results, nil
 }
 

@@ -121,6 +121,19 @@ type Options struct {
 	Store store.Store
 }
 
+// Defaults of the orphan GC, shared by setDefaults and BindFlags.
+const (
+	defaultGCInterval        = time.Minute
+	defaultOrphanGracePeriod = 2 * time.Minute
+)
+
+// DefaultStateDir is Options.StateDir's default for a driver:
+// /var/lib/ephemera/<driverName> (C:\var\lib\ephemera\<driverName> on Windows). A
+// driver that places backend data under its state dir before New uses it too.
+func DefaultStateDir(driverName string) string {
+	return filepath.Join(defaultStateRoot, driverName)
+}
+
 // frameworkParams are the attributes the framework consumes itself.
 var frameworkParams = []string{api.ParamSize, api.ParamBackend}
 
@@ -132,7 +145,7 @@ func (o *Options) setDefaults() {
 		o.KubeletRootDir = defaultKubeletRoot
 	}
 	if o.StateDir == "" && o.DriverName != "" {
-		o.StateDir = filepath.Join(defaultStateRoot, o.DriverName)
+		o.StateDir = DefaultStateDir(o.DriverName)
 	}
 	if o.Endpoint == "" && o.DriverName != "" {
 		o.Endpoint = "unix://" + filepath.Join(o.KubeletRootDir, "plugins", o.DriverName, "csi.sock")
@@ -149,10 +162,10 @@ func (o *Options) setDefaults() {
 		o.OperationTimeout = 90 * time.Second
 	}
 	if o.GCInterval == 0 {
-		o.GCInterval = time.Minute
+		o.GCInterval = defaultGCInterval
 	}
 	if o.OrphanGracePeriod == 0 {
-		o.OrphanGracePeriod = 2 * time.Minute
+		o.OrphanGracePeriod = defaultOrphanGracePeriod
 	}
 	if o.ContentTimeout == 0 {
 		o.ContentTimeout = 30 * time.Second

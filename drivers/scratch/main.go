@@ -44,12 +44,12 @@ const DriverName = "scratch.csi.ephemera.dev"
 var version = "dev" // set with -ldflags "-X main.version=..."
 
 // Per-OS defaults: tmpfs and loop are Linux-only, vhdx Windows-only.
-var defaults = func() (d struct{ backends, backend, kubeletRoot, stateRoot string }) {
+var defaults = func() (d struct{ backends, backend string }) {
 	if runtime.GOOS == "windows" {
-		d.backends, d.backend, d.kubeletRoot, d.stateRoot = "dir,vhdx", "dir", `C:\var\lib\kubelet`, `C:\var\lib\ephemera`
+		d.backends, d.backend = "dir,vhdx", "dir"
 		return d
 	}
-	d.backends, d.backend, d.kubeletRoot, d.stateRoot = "tmpfs,dir,loop", "tmpfs", "/var/lib/kubelet", "/var/lib/ephemera"
+	d.backends, d.backend = "tmpfs,dir,loop", "tmpfs"
 	return d
 }()
 
@@ -70,7 +70,6 @@ func main() {
 		withEvents   = flag.Bool("events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
 	)
 	flag.StringVar(&opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
-	opts.KubeletRootDir = defaults.kubeletRoot
 	framework.BindFlags(flag.CommandLine, &opts)
 	flag.StringVar(&opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
@@ -130,7 +129,7 @@ type loopFlags struct {
 func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, lo loopFlags, starters []func(context.Context)) error {
 	opts.Version = version
 	if opts.StateDir == "" {
-		opts.StateDir = filepath.Join(defaults.stateRoot, opts.DriverName)
+		opts.StateDir = framework.DefaultStateDir(opts.DriverName)
 	}
 	defSize, err := quantity("--default-size", defaultSize)
 	if err != nil {
