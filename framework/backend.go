@@ -34,9 +34,39 @@ type Validator interface {
 }
 
 // Lister is implemented by backends that can enumerate the volumes they hold
-// storage for. The startup reconcile deletes storage no record refers to.
+// storage for. The startup reconcile compares the inventory with the records:
+// storage without a record is adopted (its pod still has the volume on this
+// node, or it is kept as unclaimed), and deleted only when the backend is a
+// Stamper whose stamp proves the state store has known its storage all along
+// and nothing mounts it.
 type Lister interface {
 	List(ctx context.Context) (volumeIDs []string, err error)
+}
+
+// Finder is implemented by backends that can tell, without creating anything,
+// which source a volume's existing storage is published from: what Create
+// returned for it. The framework uses it to recognise a volume's storage where
+// its record is missing (a lost or damaged state file: the volume is adopted,
+// never mounted over or deleted) and to refuse to delete storage that is still
+// mounted anywhere. Find returns an error wrapping api.ErrNotFound when v has no
+// storage that could be mounted (none, or a backing file not attached).
+// Backends without it cannot have their volumes adopted by source.
+type Finder interface {
+	Find(ctx context.Context, v *api.Volume) (api.Source, error)
+}
+
+// Stamper is implemented by backends whose storage outlives the driver process
+// (Lister backends with a storage area on disk). The framework stamps the
+// storage area with the identity of its state store once every piece of
+// storage there has a record; from then on the store creates a record before
+// any storage, so storage without a record is provably a leftover and may be
+// deleted. A store that finds another identity (a new or rebuilt state file)
+// adopts what it finds instead, and stamps the area afterwards.
+type Stamper interface {
+	// Stamp returns the identity the storage area carries, "" when none.
+	Stamp(ctx context.Context) (string, error)
+	// SetStamp durably records id as the storage area's identity.
+	SetStamp(ctx context.Context, id string) error
 }
 
 // ContentProvider puts files into a volume: after its storage is published and

@@ -155,6 +155,8 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	}
 	n, used := d.capacity.snapshot()
 	log.Info("Reconciled state", logkeys.Count, n, "bytesByBackend", used, logkeys.Duration, time.Since(start))
+	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
+	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
 
 	sock, _ := socketPath(d.opts.Endpoint)
 	lis, err := listenUnix(sock)

@@ -11,7 +11,7 @@ import (
 //
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --register
 //	--max-volumes-per-node --metrics-address --gc-interval --orphan-grace-period
-//	--gc-dry-run
+//	--gc-dry-run --gc-max-orphan-share
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -25,6 +25,9 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.OrphanGracePeriod == 0 {
 		o.OrphanGracePeriod = defaultOrphanGracePeriod
 	}
+	if o.GCMaxOrphanShare == 0 {
+		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
+	}
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
 	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
 	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
@@ -35,4 +38,5 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
 	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")
+	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
 }

@@ -32,12 +32,15 @@ const (
 	gcPending   gcResult = "pending"    // orphaned, within the grace period
 	gcConfirmed gcResult = "pod_exists" // pod dir gone but the API server has the pod
 	gcFailed    gcResult = "failed"     // teardown or check failed; retried next pass
+	gcRefused   gcResult = "refused"    // the pass looked unsafe (see collectGarbage)
 )
 
-// orphans remembers since when each volume has looked orphaned.
+// orphans remembers since when each volume has looked orphaned, and the
+// kubelet pods directory the GC first saw.
 type orphans struct {
-	mu    sync.Mutex
-	since map[string]time.Time
+	mu      sync.Mutex
+	since   map[string]time.Time
+	podsDir os.FileInfo
 }
 
 // collectGarbage runs one pass of the orphan GC (DESIGN.md contract 7): a volume
@@ -47,13 +50,19 @@ type orphans struct {
 // seen that way — and, with Options.Pods, after the API server confirms the pod
 // is gone — it is torn down like an unpublish. Volumes busy with another
 // operation are skipped until the next pass. It returns what it did per volume.
+//
+// The GC distrusts a sudden empty world. It acts only on the pods directory it
+// first saw (same device and inode: a directory replaced, or a mount over it
+// lazily unmounted, stops it), and a pass in which more than
+// Options.GCMaxOrphanShare of the volumes look orphaned at once removes only
+// volumes the API server confirms gone (none without Options.Pods). Storage
+// still mounted anywhere is never deleted (teardown).
 func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]gcResult, error) {
 	log := d.opts.Logger.WithName("gc")
 	podsDir := filepath.Join(d.opts.KubeletRootDir, "pods")
-	if _, err := os.Stat(podsDir); err != nil {
-		// Without the kubelet's pods directory every volume would look orphaned:
-		// a wrong --kubelet-root must not delete everything.
-		return nil, fmt.Errorf("orphan GC skipped: kubelet pods directory %s: %w", podsDir, err)
+	if err := d.checkPodsDir(podsDir); err != nil {
+		d.metrics.GC(string(gcRefused))
+		return nil, err
 	}
 	recs, err := d.store.List(ctx)
 	if err != nil {
@@ -65,11 +74,14 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		d.gcObserved(rec, string(r))
 	}
 	seen := map[string]bool{}
+	var due []*store.Record // orphaned past the grace period
+	total := 0
 	for _, rec := range recs {
 		seen[rec.VolumeID] = true
 		if rec.Pod.UID == "" {
-			continue
+			continue // unclaimed storage: no pod to look for
 		}
+		total++
 		_, err := os.Lstat(filepath.Join(podsDir, rec.Pod.UID))
 		if err == nil {
 			d.orphans.clear(rec.VolumeID)
@@ -79,12 +91,30 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			report(rec, gcFailed)
 			continue
 		}
-		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
 		first := d.orphans.mark(rec.VolumeID, now)
 		if now.Sub(first) < d.opts.OrphanGracePeriod {
 			report(rec, gcPending)
 			continue
 		}
+		due = append(due, rec)
+	}
+	d.orphans.forgetExcept(seen)
+	// A wholesale disappearance is more likely a replaced or hidden pods
+	// directory than that many pods deleted behind the kubelet's back.
+	suspicious := len(due) > max(1, int(d.opts.GCMaxOrphanShare*float64(total)))
+	if suspicious {
+		if d.opts.Pods == nil {
+			log.Error(nil, "Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation (--gc-confirm-with-api) that their pods are gone nothing is removed",
+				"orphaned", len(due), "volumes", total, "maxShare", d.opts.GCMaxOrphanShare, "podsDir", podsDir)
+			for _, rec := range due {
+				report(rec, gcRefused)
+			}
+			return results, nil
+		}
+		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", "orphaned", len(due), "volumes", total)
+	}
+	for _, rec := range due {
+		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
 		if d.opts.Pods != nil {
 			exists, err := d.opts.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
@@ -97,6 +127,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 				continue
 			}
 		}
+		first := d.orphans.mark(rec.VolumeID, now)
 		if d.opts.GCDryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", "orphanedFor", now.Sub(first).Round(time.Second))
 			report(rec, gcWouldRm)
@@ -116,8 +147,28 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		vlog.Info("Removed orphaned volume (pod directory gone)")
 		report(rec, gcRemoved)
 	}
-	d.orphans.forgetExcept(seen)
 	return results, nil
+}
+
+// checkPodsDir fails unless the kubelet's pods directory exists and is the
+// directory the GC saw first (same device and inode). Without it every volume
+// would look orphaned: a wrong --kubelet-root, a pods directory replaced by an
+// empty one, or a mount over it lazily unmounted must not delete anything.
+func (d *Driver) checkPodsDir(podsDir string) error {
+	fi, err := os.Stat(podsDir)
+	if err != nil {
+		return fmt.Errorf("orphan GC skipped: kubelet pods directory %s: %w", podsDir, err)
+	}
+	d.orphans.mu.Lock()
+	defer d.orphans.mu.Unlock()
+	if d.orphans.podsDir == nil {
+		d.orphans.podsDir = fi
+		return nil
+	}
+	if !os.SameFile(d.orphans.podsDir, fi) {
+		return fmt.Errorf("orphan GC skipped: kubelet pods directory %s is not the directory seen when the driver started (another device or inode: replaced, or a mount over it went away); restart the driver if the change is intended", podsDir)
+	}
+	return nil
 }
 
 func (o *orphans) mark(id string, now time.Time) time.Time {

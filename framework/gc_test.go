@@ -51,10 +51,7 @@ func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Drive
 		if err := st.Put(t.Context(), rec); err != nil {
 			t.Fatal(err)
 		}
-		fake.AddDir(target)
-		if err := fake.Mount(api.Source{Path: "/src"}, target); err != nil {
-			t.Fatal(err)
-		}
+		fake.AddMount(target, api.Source{Path: "/src"})
 	}
 	for _, uid := range live {
 		if err := os.MkdirAll(filepath.Join(root, "pods", uid), 0o750); err != nil {
@@ -143,7 +140,7 @@ func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 }
 
 func TestGCSafety(t *testing.T) {
-	d, _, st := gcDriver(t, Options{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b"})
+	d, _, st := gcDriver(t, Options{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
 	ctx, now := t.Context(), time.Now()
 	// A volume busy with another operation is left for the next pass.
 	if !d.locks.TryAcquire(api.VolumeHandle("a", "v")) {
@@ -162,7 +159,7 @@ func TestGCSafety(t *testing.T) {
 	if _, err := d.collectGarbage(ctx, now.Add(time.Hour)); err == nil {
 		t.Fatal("GC ran without the kubelet's pods directory")
 	}
-	if recs, _ := st.List(ctx); len(recs) != 1 {
-		t.Errorf("%d records left, want the busy one kept", len(recs))
+	if recs, _ := st.List(ctx); len(recs) != 4 {
+		t.Errorf("%d records left, want the busy one and the live ones kept", len(recs))
 	}
 }

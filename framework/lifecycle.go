@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"strings"
 	"time"
 
@@ -57,7 +56,23 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	case err != nil:
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	if rec.Hash != pr.hash || rec.TargetPath != pr.vol.TargetPath {
+	switch {
+	case rec.Phase == store.PhaseUnclaimed:
+		// Storage the reconcile found without a record or a pod: this is the
+		// pod it belongs to (the handle is derived from its UID and volume
+		// name). Claim it like a rebuilt volume whose mount is gone.
+		log.Info("Claiming storage found without a record")
+		rec.Phase, rec.Rebuilt = store.PhasePublished, true
+		rec.TargetPath = pr.vol.TargetPath
+		if err := d.complete(ctx, pr, rec); err != nil {
+			return nil, err
+		}
+		return d.republish(ctx, pr, rec)
+	case rec.Rebuilt:
+		if err := d.complete(ctx, pr, rec); err != nil {
+			return nil, err
+		}
+	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
 	}
 	switch rec.Phase {
@@ -80,7 +95,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // repaired.
 func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
 	log := klog.FromContext(ctx)
-	mounted, err := d.mounter.IsMountPoint(rec.TargetPath)
+	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return nil, transient(fmt.Errorf("checking target: %w", err))
 	}
@@ -142,26 +157,13 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 			return nil, transient(fmt.Errorf("authorizing the volume: %w", err))
 		}
 	}
+	if resp, handled, err := d.publishOverMount(ctx, pr); handled {
+		return resp, err
+	}
 	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
 		return nil, err
 	}
-	now := time.Now().UTC()
-	rec := &store.Record{
-		VolumeID:   v.ID,
-		VolumeName: v.Name,
-		TargetPath: v.TargetPath,
-		Pod:        v.Pod,
-		Backend:    v.Backend,
-		Params:     pr.params,
-		Hash:       pr.hash,
-		Size:       v.Size,
-		FSType:     v.FSType,
-		ReadOnly:   v.ReadOnly,
-		FSGroup:    v.FSGroup,
-		Phase:      store.PhasePublishing,
-		Created:    now,
-		Updated:    now,
-	}
+	rec := newRecord(pr, store.PhasePublishing)
 	if err := d.store.Put(ctx, rec); err != nil {
 		d.capacity.release(v.Backend, v.Size)
 		return nil, transient(fmt.Errorf("saving volume intent: %w", err))
@@ -212,12 +214,12 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("creating target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMkdir)
-	if err := d.mounter.Mount(src, v.TargetPath); err != nil {
+	if err := d.mounter.Mount(d.opts.KubeletRootDir, src, v.TargetPath); err != nil {
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
 	if v.FSGroup != nil && !isWindows {
-		if err := applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
+		if err := d.applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
 			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
 		}
 	}
@@ -232,7 +234,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(v.TargetPath, true); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); err != nil {
 			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}
@@ -243,15 +245,20 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 // does for volumes it owns: group ownership, group read/write/search, and setgid
 // so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
 // kubelet leaves this to the driver and never walks the volume itself.
-func applyFSGroup(dir string, gid int) error {
-	if err := os.Lchown(dir, -1, gid); err != nil {
-		return err
-	}
-	fi, err := os.Lstat(dir)
+func (d *Driver) applyFSGroup(target string, gid int) error {
+	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, target)
 	if err != nil {
 		return err
 	}
-	return os.Chmod(dir, fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
+	defer r.Close()
+	if err := r.Lchown(".", -1, gid); err != nil {
+		return err
+	}
+	fi, err := r.Lstat(".")
+	if err != nil {
+		return err
+	}
+	return r.Chmod(".", fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
 }
 
 // NodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
@@ -292,6 +299,13 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	case err != nil:
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
+	switch {
+	case rec.Phase == store.PhaseUnclaimed:
+		// The kubelet names the pod this storage belongs to: tear it down.
+		rec.TargetPath = req.GetTargetPath()
+	case !sameTarget(rec.TargetPath, req.GetTargetPath()):
+		return nil, invalidArgf("volume %s is published at %s, not at %s; nothing was touched", id, rec.TargetPath, req.GetTargetPath())
+	}
 	if rec.Phase != store.PhaseUnpublishing {
 		rec.Phase, rec.Updated = store.PhaseUnpublishing, time.Now().UTC()
 		if err := d.store.Put(ctx, rec); err != nil {
@@ -308,7 +322,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 
 // unpublishTarget unmounts everything at target and removes the directory.
 func (d *Driver) unpublishTarget(target string) error {
-	if err := d.mounter.Unmount(target); err != nil {
+	if err := d.mounter.Unmount(d.opts.KubeletRootDir, target); err != nil {
 		return fmt.Errorf("unmounting target: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterUnmount)
@@ -327,7 +341,11 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return err
 	}
 	if b, ok := d.opts.Backends[rec.Backend]; ok {
-		if err := d.deleteStorage(ctx, b, recordVolume(rec)); err != nil {
+		v := recordVolume(rec)
+		if err := d.refuseIfMounted(ctx, b, v, rec.Source); err != nil {
+			return err
+		}
+		if err := d.deleteStorage(ctx, b, v); err != nil {
 			return fmt.Errorf("backend %s: deleting storage: %w", rec.Backend, err)
 		}
 	} else if rec.Backend != "" {

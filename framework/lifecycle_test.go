@@ -190,10 +190,7 @@ func TestReconcileRollsBackInterruptedAndOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fake.AddDir(target)
-	if err := fake.Mount(src, target); err != nil {
-		t.Fatal(err)
-	}
+	fake.AddMount(target, src)
 	orphan := "csi-" + fmtHex(7)
 	if _, err := dirs.Create(ctx, &api.Volume{ID: orphan}); err != nil {
 		t.Fatal(err)

@@ -71,6 +71,12 @@ type Options struct {
 	OrphanGracePeriod time.Duration
 	// GCDryRun makes the GC only log what it would remove.
 	GCDryRun bool
+	// GCMaxOrphanShare is the share of volumes that may look orphaned in one
+	// GC pass before the pass is distrusted (a replaced or hidden pods
+	// directory makes every volume look orphaned): above it, with Pods set, only
+	// volumes whose pods the API server confirms gone are removed; without Pods
+	// nothing is. One orphan is always allowed. Defaults to 0.5.
+	GCMaxOrphanShare float64
 	// Pods, when set, confirms with the API server that an orphan's pod is gone
 	// before the GC removes its volume (see framework/kube).
 	Pods PodChecker
@@ -125,6 +131,7 @@ type Options struct {
 const (
 	defaultGCInterval        = time.Minute
 	defaultOrphanGracePeriod = 2 * time.Minute
+	defaultGCMaxOrphanShare  = 0.5
 )
 
 // DefaultStateDir is Options.StateDir's default for a driver:
@@ -166,6 +173,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.OrphanGracePeriod == 0 {
 		o.OrphanGracePeriod = defaultOrphanGracePeriod
+	}
+	if o.GCMaxOrphanShare == 0 {
+		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
 	}
 	if o.ContentTimeout == 0 {
 		o.ContentTimeout = 30 * time.Second
@@ -224,6 +234,9 @@ func (o *Options) validate() error {
 	}
 	if o.ContentTimeout < 0 || o.ContentTimeout >= o.OperationTimeout {
 		errs = append(errs, fmt.Errorf("ContentTimeout %s must be positive and below OperationTimeout %s", o.ContentTimeout, o.OperationTimeout))
+	}
+	if o.GCMaxOrphanShare < 0 || o.GCMaxOrphanShare > 1 {
+		errs = append(errs, fmt.Errorf("GCMaxOrphanShare %v must be between 0 and 1", o.GCMaxOrphanShare))
 	}
 	if o.RefreshInterval < 0 || o.RefreshConcurrency < 0 {
 		errs = append(errs, errors.New("RefreshInterval and RefreshConcurrency must not be negative"))

@@ -78,7 +78,7 @@ func parseTargetPath(root, t string, windows bool) (target, error) {
 		return target{}, fmt.Errorf("target_path %q does not have the form %s<pod-uid>/volumes/kubernetes.io~csi/<volume-name>/mount used for inline volumes", t, prefix)
 	}
 	if !validUID(parts[0]) {
-		return target{}, fmt.Errorf("target_path %q: %q is not a pod UID", t, parts[0])
+		return target{}, fmt.Errorf("target_path %q: %q is not a pod UID the kubelet produces (a lowercase UUID, or 32 lowercase hex digits for a static pod)", t, parts[0])
 	}
 	if !validVolumeName(parts[3]) {
 		return target{}, fmt.Errorf("target_path %q: %q is not a valid pod volume name (DNS label)", t, parts[3])
@@ -101,19 +101,40 @@ func cutPrefix(s, prefix string, windows bool) (string, bool) {
 	return strings.CutPrefix(s, prefix)
 }
 
-// validUID accepts Kubernetes UIDs (RFC 4122 text) and, for static pods, the
-// hex hash the kubelet uses: 1-64 characters of [0-9a-zA-Z-].
+// validUID accepts the pod UIDs the kubelet produces: an RFC 4122 UUID in its
+// lowercase text form (the API server's, 8-4-4-4-12 hex digits) or, for a
+// static pod, the 32 lowercase hex digits of the kubelet's hash of the pod.
+//
+// Only these shapes keep volume handles unique: the handle is
+// sha256(podUID + volumeName) without a separator (the kubelet's formula), so
+// UIDs of free length would let pod "aaaa1" volume "b" and pod "aaaa" volume
+// "1b" share one. With fixed-length UIDs of these two shapes (a UUID has
+// hyphens where a static pod's hash has none) no two pods' volumes collide.
 func validUID(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '-') {
-			return false
+	switch len(s) {
+	case 36:
+		for i := range len(s) {
+			if i == 8 || i == 13 || i == 18 || i == 23 {
+				if s[i] != '-' {
+					return false
+				}
+			} else if !isLowerHex(s[i]) {
+				return false
+			}
 		}
+		return true
+	case 32:
+		for i := range len(s) {
+			if !isLowerHex(s[i]) {
+				return false
+			}
+		}
+		return true
 	}
-	return true
+	return false
 }
+
+func isLowerHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' }
 
 // validVolumeName accepts a DNS-1123 label, which the API server enforces for
 // pod volume names.

@@ -54,7 +54,7 @@ func TestParseTargetPath(t *testing.T) {
 		{"windows root in forward slashes", `C:/var/lib/kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
 		{"windows doubled separators", `C:\var\lib\kubelet`, `C:\\var\\lib\kubelet\\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
 		{"windows trailing backslash", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount\`, true, "data", ""},
-		{"windows upper-case pod UID", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + strings.ToUpper(uid) + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
+		{"windows upper-case pod UID", `C:\var\lib\kubelet`, `C:\var\lib\kubelet\pods\` + strings.ToUpper(uid) + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not a pod UID"},
 		{"windows other drive root", `D:\k`, `d:\k\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "data", ""},
 		{"windows drive-less path, root on D", `D:\k`, `\k\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "not under"},
 		{"windows long UNC prefix", `C:\var\lib\kubelet`, `\\?\UNC\server\share\pods\` + uid + `\volumes\kubernetes.io~csi\data\mount`, true, "", "absolute"},

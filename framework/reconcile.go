@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/metrics"
@@ -14,16 +15,23 @@ import (
 // (what the driver promised), the mount table (what is published) and the
 // backends' inventories (what storage exists):
 //
-//   - a record not in phase Published belongs to an operation cut short by a crash;
-//     the kubelet never got OK for a publish in that state, and an unpublish in
-//     that state is idempotent, so both are rolled back completely;
+//   - a record in phase Publishing or Unpublishing belongs to an operation cut
+//     short by a crash; the kubelet never got OK for a publish in that state,
+//     and an unpublish in that state is idempotent, so both are rolled back
+//     completely (storage still mounted anywhere is not deleted: see
+//     refuseIfMounted);
 //   - a Published record is kept whether or not its target is mounted: a
 //     republish repairs it, NodeUnpublish or the orphan GC removes it;
-//   - backend storage that no record refers to is deleted.
+//   - a volume of this driver published at its target without a record (the
+//     kubelet's vol_data.json names this driver and the handle) is adopted
+//     with a rebuilt record (adopt.go);
+//   - backend storage that no record refers to is adopted when its pod still
+//     has the volume, deleted when the store can prove it a leftover, and kept
+//     as unclaimed otherwise (adoptInventory).
 //
 // Failures to clean one volume are logged and left for the next attempt (a later
 // NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
-// store fails the startup.
+// store fails the startup. Nothing is ever deleted because a record is missing.
 func (d *Driver) reconcile(ctx context.Context) error {
 	log := d.opts.Logger.WithName("reconcile")
 	recs, err := d.store.List(ctx)
@@ -36,8 +44,11 @@ func (d *Driver) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.VolumeID] = true
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.Phase, rec.Phase)
-		if rec.Phase == store.PhasePublished {
-			mounted, err := d.mounter.IsMountPoint(rec.TargetPath)
+		switch rec.Phase {
+		case store.PhaseUnclaimed:
+			continue
+		case store.PhasePublished:
+			mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
 			if err != nil {
 				vlog.Error(err, "Checking target of published volume")
 			} else if !mounted {
@@ -54,30 +65,14 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		d.metrics.Reconciled(metrics.ReconcileRolledBack)
 		vlog.Info("Rolled back interrupted operation")
 	}
-	for name, b := range d.opts.Backends {
-		lister, ok := b.(Lister)
-		if !ok {
-			continue
-		}
-		ids, err := d.listStorage(ctx, name, lister)
-		if err != nil {
-			log.Error(err, "Listing backend inventory", logkeys.Backend, name)
-			d.metrics.Reconciled(metrics.ReconcileFailed)
-			continue
-		}
-		for _, id := range ids {
-			if known[id] {
-				continue
-			}
-			if err := d.deleteStorage(ctx, b, orphanVolume(id, name)); err != nil {
-				log.Error(err, "Deleting storage without a record", logkeys.Backend, name, logkeys.VolumeID, id)
-				d.metrics.Reconciled(metrics.ReconcileFailed)
-				failed = append(failed, err)
-				continue
-			}
-			d.metrics.Reconciled(metrics.ReconcileOrphanDeleted)
-			log.Info("Deleted storage without a record", logkeys.Backend, name, logkeys.VolumeID, id)
-		}
+	if err := d.adoptPublished(ctx, known); err != nil {
+		log.Error(err, "Adopting published volumes without a record")
+		d.metrics.Reconciled(metrics.ReconcileFailed)
+		failed = append(failed, err)
+	}
+	index := sync.OnceValues(d.volDataIndex)
+	for _, name := range backendNames(d.opts.Backends) {
+		failed = append(failed, d.adoptInventory(ctx, name, d.opts.Backends[name], known, index)...)
 	}
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), "err", errors.Join(failed...).Error())

@@ -235,7 +235,7 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 	if rec.Phase != store.PhasePublished {
 		return
 	}
-	if mounted, err := d.mounter.IsMountPoint(rec.TargetPath); err != nil || !mounted {
+	if mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
 		return // the next republish repairs it, with fresh content
 	}
 	v := recordVolume(rec)
@@ -281,11 +281,11 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 		return err
 	}
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(v.TargetPath, false); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable for the refresh: %w", err)
 		}
 		defer func() {
-			if rerr := d.mounter.SetReadOnly(v.TargetPath, true); rerr != nil {
+			if rerr := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); rerr != nil {
 				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
 			}
 		}()
@@ -310,7 +310,12 @@ func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
 	if v.FSGroup != nil && !isWindows {
 		gid = int(*v.FSGroup)
 	}
-	if err := content.Write(v.TargetPath, files, content.Options{GID: gid}); err != nil {
+	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, v.TargetPath)
+	if err != nil {
+		return fmt.Errorf("writing content: %w", err)
+	}
+	defer r.Close()
+	if err := content.WriteRoot(r, files, content.Options{GID: gid}); err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	return nil

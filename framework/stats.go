@@ -59,7 +59,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	if rec.Phase != store.PhasePublished {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
 	}
-	mounted, err := d.mounter.IsMountPoint(rec.TargetPath)
+	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return health{}, transient(fmt.Errorf("checking target: %w", err))
 	}
@@ -93,7 +93,12 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		if rec.Source != nil && rec.Source.IsDir() {
 			usage = directoryUsage
 		}
-		u, err := usage(rec.TargetPath)
+		var u fsUsage
+		r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, rec.TargetPath)
+		if err == nil {
+			u, err = usage(r, rec.TargetPath)
+			r.Close()
+		}
 		switch {
 		case errors.Is(err, mount.ErrNotSupported):
 			return nil, status.Errorf(codes.Unimplemented, "volume stats: %v", err)

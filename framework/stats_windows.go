@@ -4,6 +4,7 @@ package framework
 
 import (
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -26,7 +27,7 @@ func withSep(p string) string { return strings.TrimRight(p, `\/`) + `\` }
 // the link at a target to the directory, and a folder mount point to its
 // volume): capacity, space available to the caller (quotas applied) and space
 // in use.
-func filesystemUsage(path string) (fsUsage, error) {
+func filesystemUsage(_ *os.Root, path string) (fsUsage, error) {
 	p, err := windows.UTF16PtrFromString(withSep(path))
 	if err != nil {
 		return fsUsage{}, err
@@ -44,8 +45,8 @@ func filesystemUsage(path string) (fsUsage, error) {
 // the capacity and free space are the host volume's and the usage is a walk
 // of the directory: logical file sizes (not cluster-rounded; a file's
 // hard links are counted once per link), one inode per entry.
-func directoryUsage(path string) (fsUsage, error) {
-	u, err := filesystemUsage(path)
+func directoryUsage(_ *os.Root, path string) (fsUsage, error) {
+	u, err := filesystemUsage(nil, path)
 	if err != nil {
 		return fsUsage{}, err
 	}

@@ -12,6 +12,7 @@ package dir
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -20,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // Attribute names.
@@ -39,7 +41,8 @@ type Options struct {
 	AllowSoftSize bool
 }
 
-// Backend implements framework.Backend, framework.Validator and framework.Lister.
+// Backend implements framework.Backend, framework.Validator, framework.Lister,
+// framework.Finder and framework.Stamper.
 type Backend struct{ opts Options }
 
 // New returns a directory backend.
@@ -118,6 +121,31 @@ func (b *Backend) Delete(_ context.Context, v *api.Volume) error {
 	}
 	return os.RemoveAll(p)
 }
+
+// Find returns the volume's directory when it exists.
+func (b *Backend) Find(_ context.Context, v *api.Volume) (api.Source, error) {
+	p, err := b.path(v.ID)
+	if err != nil {
+		return api.Source{}, err
+	}
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return api.Source{}, fmt.Errorf("%w: no directory for volume %s", api.ErrNotFound, v.ID)
+	}
+	if err != nil {
+		return api.Source{}, err
+	}
+	if !fi.IsDir() {
+		return api.Source{}, fmt.Errorf("%s is not a directory", p)
+	}
+	return api.Source{Path: p}, nil
+}
+
+// Stamp returns the state store identity stamped in Root.
+func (b *Backend) Stamp(context.Context) (string, error) { return stamp.Read(b.opts.Root) }
+
+// SetStamp stamps Root with the state store's identity.
+func (b *Backend) SetStamp(_ context.Context, id string) error { return stamp.Write(b.opts.Root, id) }
 
 // List returns the IDs of the volume directories present.
 func (b *Backend) List(context.Context) ([]string, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // Kernel interfaces; variables so that tests could point them elsewhere.
@@ -470,6 +471,44 @@ func (b *Backend) List(context.Context) ([]string, error) {
 	}
 	return sortedIDs(ids), nil
 }
+
+// Find returns the loop device bound to the volume's backing file, with the
+// filesystem on it; api.ErrNotFound when there is no backing file or no
+// device bound to it (storage that cannot be mounted as it is).
+func (b *Backend) Find(_ context.Context, v *api.Volume) (api.Source, error) {
+	path, err := b.file(v.ID)
+	if err != nil {
+		return api.Source{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return api.Source{}, fmt.Errorf("%w: no backing file for volume %s", api.ErrNotFound, v.ID)
+		}
+		return api.Source{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	devs, err := b.devices(path, &st)
+	if err != nil {
+		return api.Source{}, err
+	}
+	for _, d := range devs {
+		if !d.current {
+			continue
+		}
+		fsType, err := probe(d.dev)
+		if err != nil {
+			return api.Source{}, err
+		}
+		return api.Source{Path: d.dev, FSType: fsType}, nil
+	}
+	return api.Source{}, fmt.Errorf("%w: no loop device is attached to %s", api.ErrNotFound, path)
+}
+
+// Stamp returns the state store identity stamped in Dir.
+func (b *Backend) Stamp(context.Context) (string, error) { return stamp.Read(b.opts.Dir) }
+
+// SetStamp stamps Dir with the state store's identity.
+func (b *Backend) SetStamp(_ context.Context, id string) error { return stamp.Write(b.opts.Dir, id) }
 
 // Check reports an error when the volume's backing file is gone or no loop
 // device is bound to it.

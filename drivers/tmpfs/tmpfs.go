@@ -47,7 +47,8 @@ type Options struct {
 	DefaultMode fs.FileMode
 }
 
-// Backend implements framework.Backend and framework.Validator.
+// Backend implements framework.Backend, framework.Validator and
+// framework.Finder.
 type Backend struct{ opts Options }
 
 // New returns a tmpfs backend.
@@ -120,6 +121,13 @@ func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 		return api.Source{}, err
 	}
 	return api.Source{Path: SourceName, FSType: "tmpfs", Options: opts}, nil
+}
+
+// Find returns the source every tmpfs volume is mounted from: a tmpfs of this
+// backend's source name. The storage lives only in that mount, so at a
+// volume's own target it identifies the volume.
+func (b *Backend) Find(context.Context, *api.Volume) (api.Source, error) {
+	return api.Source{Path: SourceName, FSType: "tmpfs"}, nil
 }
 
 // Delete has nothing to free: unmounting the target released the memory.

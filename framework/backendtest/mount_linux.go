@@ -31,14 +31,14 @@ func (e *env) mount(t *testing.T, v *api.Volume, src api.Source) {
 		t.Fatalf("creating target: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := e.mounter.Unmount(v.TargetPath); err != nil {
+		if err := e.mounter.Unmount(e.kubeletRoot, v.TargetPath); err != nil {
 			t.Errorf("cleanup: unmounting %s: %v", v.TargetPath, err)
 		}
 		if err := e.mounter.RemoveTarget(e.kubeletRoot, v.TargetPath); err != nil {
 			t.Errorf("cleanup: removing %s: %v", v.TargetPath, err)
 		}
 	})
-	if err := e.mounter.Mount(src, v.TargetPath); err != nil {
+	if err := e.mounter.Mount(e.kubeletRoot, src, v.TargetPath); err != nil {
 		t.Fatalf("mounting the Source %+v that Create returned: %v", src, err)
 	}
 	e.checkMounted(t, v.TargetPath, src)
@@ -47,7 +47,7 @@ func (e *env) mount(t *testing.T, v *api.Volume, src api.Source) {
 // unmount unpublishes target as the framework's teardown does.
 func (e *env) unmount(t *testing.T, target string) {
 	t.Helper()
-	if err := e.mounter.Unmount(target); err != nil {
+	if err := e.mounter.Unmount(e.kubeletRoot, target); err != nil {
 		t.Fatalf("unmounting %s: %v", target, err)
 	}
 }

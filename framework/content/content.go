@@ -51,6 +51,21 @@ type Options struct {
 // files equal the current content, nothing is swapped. Bad names return an error
 // wrapping api.ErrInvalidParams before anything is written.
 func Write(dir string, files map[string]api.File, opts Options) error {
+	if _, err := newPlan(files, opts.GID); err != nil {
+		return err
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return WriteRoot(r, files, opts)
+}
+
+// WriteRoot is Write on a directory the caller opened, for example one resolved
+// beneath the kubelet root without following links (the framework's case):
+// nothing Write does leaves r.
+func WriteRoot(r *os.Root, files map[string]api.File, opts Options) error {
 	p, err := newPlan(files, opts.GID)
 	if err != nil {
 		return err
@@ -59,11 +74,6 @@ func Write(dir string, files map[string]api.File, opts Options) error {
 	if now == nil {
 		now = time.Now
 	}
-	r, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
 
 	old, cerr := current(r)
 	if old == "" && len(p.names) == 0 {

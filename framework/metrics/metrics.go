@@ -61,6 +61,15 @@ const (
 	ReconcileRolledBack    = "rolled_back"
 	ReconcileOrphanDeleted = "orphan_deleted"
 	ReconcileFailed        = "failed"
+	// ReconcileAdopted counts volumes found on the node without a record
+	// (mounted at their target, or storage whose pod still has the volume) that
+	// were adopted with a rebuilt record; ReconcileUnclaimed counts storage
+	// without a record or a pod that was kept as unclaimed instead of deleted;
+	// ReconcileQuarantined counts records of the state file that could not be
+	// read and were rebuilt from the node.
+	ReconcileAdopted     = "adopted"
+	ReconcileUnclaimed   = "unclaimed"
+	ReconcileQuarantined = "quarantined"
 
 	// GCRemoved and GCFailed are the GC results always exported (at 0 until
 	// they happen); GC accepts the GC's other results too.
@@ -166,7 +175,8 @@ func New(c Config) *Metrics {
 	for _, full := range c.Methods {
 		m.methods[full] = &methodSeries{name: shortMethod(full)}
 	}
-	for _, r := range []string{ReconcileRolledBack, ReconcileOrphanDeleted, ReconcileFailed} {
+	for _, r := range []string{ReconcileRolledBack, ReconcileOrphanDeleted, ReconcileFailed,
+		ReconcileAdopted, ReconcileUnclaimed, ReconcileQuarantined} {
 		m.reconcile.WithLabelValues(r)
 	}
 	for _, r := range []string{GCRemoved, GCFailed} {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,6 +22,8 @@ const (
 	MethodUnmount      = "Unmount"
 	MethodIsMountPoint = "IsMountPoint"
 	MethodRemoveTarget = "RemoveTarget"
+	MethodInspect      = "Inspect"
+	MethodOpenTarget   = "OpenTarget"
 )
 
 // Fake is an in-memory [Interface] for unit tests of the framework. It behaves
@@ -66,7 +69,8 @@ func NewFake() *Fake { return &Fake{} }
 // panics on an unknown method name.
 func (f *Fake) Fail(method string, fn func(target string) error) {
 	switch method {
-	case MethodMakeTarget, MethodMount, MethodSetReadOnly, MethodUnmount, MethodIsMountPoint, MethodRemoveTarget:
+	case MethodMakeTarget, MethodMount, MethodSetReadOnly, MethodUnmount, MethodIsMountPoint, MethodRemoveTarget,
+		MethodInspect, MethodOpenTarget:
 	default:
 		panic(fmt.Sprintf("mount.Fake.Fail: unknown method %q", method))
 	}
@@ -230,14 +234,40 @@ func (f *Fake) MakeTarget(root, target string) error {
 	return nil
 }
 
-func (f *Fake) Mount(src api.Source, target string) error {
+// AddMount stacks src at target as if someone else mounted it there (a mount
+// an older driver left, or a foreign one), without the checks Mount makes;
+// target and its ancestors become directories.
+func (f *Fake) AddMount(target string, src api.Source) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.init()
+	t := filepath.Clean(target)
+	for d := t; ; d = filepath.Dir(d) {
+		f.dirs[d] = true
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	f.mounts[t] = append(f.mounts[t], src)
+}
+
+func (f *Fake) Mount(root string, src api.Source, target string) error {
 	t, err := f.begin(MethodMount, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return err
 	}
+	if t, err = f.walk(root, target); err != nil {
+		return err
+	}
+	if f.symlinks[t] {
+		return fmt.Errorf("target %q: %w", target, ErrSymlink)
+	}
 	if !f.dirs[t] {
 		return &fs.PathError{Op: "mount", Path: target, Err: fs.ErrNotExist}
+	}
+	if len(f.mounts[t]) > 0 {
+		return fmt.Errorf("mount on %q: %w", target, ErrMounted)
 	}
 	src.Options = slices.Clone(src.Options)
 	f.mounts[t] = append(f.mounts[t], src)
@@ -245,10 +275,13 @@ func (f *Fake) Mount(src api.Source, target string) error {
 	return nil
 }
 
-func (f *Fake) SetReadOnly(target string, readOnly bool) error {
+func (f *Fake) SetReadOnly(root, target string, readOnly bool) error {
 	t, err := f.begin(MethodSetReadOnly, target)
 	defer f.mu.Unlock()
 	if err != nil {
+		return err
+	}
+	if t, err = f.walk(root, target); err != nil {
 		return err
 	}
 	if len(f.mounts[t]) == 0 {
@@ -258,24 +291,121 @@ func (f *Fake) SetReadOnly(target string, readOnly bool) error {
 	return nil
 }
 
-func (f *Fake) Unmount(target string) error {
+func (f *Fake) Unmount(root, target string) error {
 	t, err := f.begin(MethodUnmount, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	t, err = f.walk(root, target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if f.symlinks[t] {
+		return fmt.Errorf("target %q: %w", target, ErrSymlink)
 	}
 	delete(f.mounts, t)
 	delete(f.readOnly, t)
 	return nil
 }
 
-func (f *Fake) IsMountPoint(target string) (bool, error) {
-	t, err := f.begin(MethodIsMountPoint, target)
+func (f *Fake) IsMountPoint(root, target string) (bool, error) {
+	mt, err := f.inspect(MethodIsMountPoint, root, target)
+	return mt != nil, err
+}
+
+// Inspect describes the top mount at target: Source and FSType are those of
+// the api.Source mounted there, ID counts from 1 in mount order per target.
+func (f *Fake) Inspect(root, target string) (*Mounted, error) {
+	return f.inspect(MethodInspect, root, target)
+}
+
+func (f *Fake) inspect(method, root, target string) (*Mounted, error) {
+	t, err := f.begin(method, target)
 	defer f.mu.Unlock()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return len(f.mounts[t]) > 0, nil
+	t, err = f.walk(root, target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.symlinks[t] {
+		return nil, fmt.Errorf("target %q: %w", target, ErrSymlink)
+	}
+	stack := f.mounts[t]
+	if len(stack) == 0 {
+		return nil, nil
+	}
+	top := stack[len(stack)-1]
+	return &Mounted{ID: uint64(len(stack)), FSType: top.FSType, Source: top.Path, ReadOnly: f.readOnly[t]}, nil
+}
+
+// Shows compares the mounted source's path and type with src's.
+func (f *Fake) Shows(mt *Mounted, src api.Source) (bool, error) {
+	return mt != nil && mt.Source == src.Path && mt.FSType == src.FSType, nil
+}
+
+// MountedAt returns the targets where src (same path and type) is mounted.
+func (f *Fake) MountedAt(src api.Source) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for t, stack := range f.mounts {
+		for _, s := range stack {
+			if s.Path == src.Path && s.FSType == src.FSType {
+				out = append(out, t)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Published returns the mounted targets below root/pods with an inline
+// volume's shape.
+func (f *Fake) Published(root string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	prefix := filepath.Join(filepath.Clean(root), "pods") + string(filepath.Separator)
+	var out []string
+	for t, stack := range f.mounts {
+		rest, ok := strings.CutPrefix(t, prefix)
+		if !ok || len(stack) == 0 {
+			continue
+		}
+		parts := strings.Split(rest, string(filepath.Separator))
+		if len(parts) == 5 && parts[1] == "volumes" && parts[2] == "kubernetes.io~csi" && parts[4] == "mount" {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// OpenTarget opens the real directory at target: the Fake mounts nothing, so
+// a test that has the framework write files (content, fsGroup) creates that
+// directory itself. The Fake's own view must show the target as a directory.
+func (f *Fake) OpenTarget(root, target string) (*os.Root, error) {
+	t, err := f.begin(MethodOpenTarget, target)
+	defer f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if t, err = f.walk(root, target); err != nil {
+		return nil, err
+	}
+	if !f.dirs[t] {
+		return nil, &fs.PathError{Op: "open", Path: target, Err: fs.ErrNotExist}
+	}
+	return os.OpenRoot(target)
 }
 
 func (f *Fake) RemoveTarget(root, target string) error {

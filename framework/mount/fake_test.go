@@ -30,13 +30,14 @@ func TestFakeLifecycle(t *testing.T) {
 		t.Fatal("target not created")
 	}
 	src := api.Source{Path: "tmpfs", FSType: "tmpfs", Options: []string{"size=1m"}}
-	if err := f.Mount(src, target); err != nil {
+	if err := f.Mount(root, src, target); err != nil {
 		t.Fatal(err)
 	}
 	src.Options[0] = "size=2m" // the fake keeps its own copy
-	if err := f.Mount(api.Source{Path: abs("/data")}, target); err != nil {
-		t.Fatal(err)
+	if err := f.Mount(root, api.Source{Path: abs("/data")}, target); !errors.Is(err, ErrMounted) {
+		t.Fatalf("Mount over a mount: %v, want ErrMounted", err)
 	}
+	f.AddMount(target, api.Source{Path: abs("/data")}) // what an older driver stacked
 	if n := f.MountCount(target); n != 2 {
 		t.Errorf("MountCount = %d, want 2 (a double mount must be observable)", n)
 	}
@@ -46,22 +47,22 @@ func TestFakeLifecycle(t *testing.T) {
 	if got := f.MountedTargets(); !slices.Equal(got, []string{target}) {
 		t.Errorf("MountedTargets = %v", got)
 	}
-	if ok, err := f.IsMountPoint(target); !ok || err != nil {
+	if ok, err := f.IsMountPoint(root, target); !ok || err != nil {
 		t.Errorf("IsMountPoint = %v, %v", ok, err)
 	}
-	if err := f.SetReadOnly(target, true); err != nil || !f.IsReadOnly(target) {
+	if err := f.SetReadOnly(root, target, true); err != nil || !f.IsReadOnly(target) {
 		t.Errorf("SetReadOnly: %v, IsReadOnly %v", err, f.IsReadOnly(target))
 	}
 	if err := f.RemoveTarget(root, target); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("RemoveTarget while mounted: %v, want EBUSY", err)
 	}
-	if err := f.Unmount(target); err != nil {
+	if err := f.Unmount(root, target); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.MountCount(target); n != 0 || f.IsReadOnly(target) {
 		t.Errorf("after Unmount: MountCount %d, IsReadOnly %v", n, f.IsReadOnly(target))
 	}
-	if err := f.Unmount(target); err != nil {
+	if err := f.Unmount(root, target); err != nil {
 		t.Errorf("second Unmount: %v", err)
 	}
 	if err := f.RemoveTarget(root, target); err != nil || f.DirExists(target) {
@@ -97,10 +98,10 @@ func TestFakeErrors(t *testing.T) {
 	root := abs("/r")
 	target := filepath.Join(root, "t")
 	var f Fake // the zero value works
-	if err := f.Mount(api.Source{Path: abs("/d")}, target); !errors.Is(err, fs.ErrNotExist) {
+	if err := f.Mount(root, api.Source{Path: abs("/d")}, target); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Mount on a missing target: %v, want ErrNotExist", err)
 	}
-	if err := f.SetReadOnly(target, true); err == nil {
+	if err := f.SetReadOnly(root, target, true); err == nil {
 		t.Error("SetReadOnly of an unmounted target succeeded")
 	}
 	for _, bad := range []string{root, abs("/elsewhere/t"), abs("/r/../t")} {
@@ -126,22 +127,22 @@ func TestFakeErrors(t *testing.T) {
 	if err := f.MakeTarget(root, target); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Mount(api.Source{Path: abs("/d")}, target); !errors.Is(err, boom) {
+	if err := f.Mount(root, api.Source{Path: abs("/d")}, target); !errors.Is(err, boom) {
 		t.Errorf("injected Mount error: %v", err)
 	}
 	if f.MountCount(target) != 0 {
 		t.Error("a failed Mount changed state")
 	}
 	f.Fail(MethodMount, nil)
-	if err := f.Mount(api.Source{Path: abs("/d")}, target); err != nil {
+	if err := f.Mount(root, api.Source{Path: abs("/d")}, target); err != nil {
 		t.Errorf("Mount after clearing the injection: %v", err)
 	}
 	f.Fail(MethodUnmount, func(string) error { return fmt.Errorf("unmount: %w", syscall.EBUSY) })
-	if err := f.Unmount(target); !errors.Is(err, syscall.EBUSY) || f.MountCount(target) != 1 {
+	if err := f.Unmount(root, target); !errors.Is(err, syscall.EBUSY) || f.MountCount(target) != 1 {
 		t.Errorf("injected Unmount error: %v, MountCount %d", err, f.MountCount(target))
 	}
 	f.Fail(MethodIsMountPoint, func(string) error { return boom })
-	if _, err := f.IsMountPoint(target); !errors.Is(err, boom) {
+	if _, err := f.IsMountPoint(root, target); !errors.Is(err, boom) {
 		t.Errorf("injected IsMountPoint error: %v", err)
 	}
 
@@ -162,10 +163,10 @@ func TestFakeConcurrent(t *testing.T) {
 			target := filepath.Join(root, fmt.Sprint(i))
 			for range 50 {
 				_ = f.MakeTarget(root, target)
-				_ = f.Mount(api.Source{Path: abs("/d")}, target)
-				_, _ = f.IsMountPoint(target)
-				_ = f.SetReadOnly(target, true)
-				_ = f.Unmount(target)
+				_ = f.Mount(root, api.Source{Path: abs("/d")}, target)
+				_, _ = f.IsMountPoint(root, target)
+				_ = f.SetReadOnly(root, target, true)
+				_ = f.Unmount(root, target)
 				_ = f.RemoveTarget(root, target)
 				_ = f.Calls()
 			}
@@ -201,12 +202,12 @@ func TestFakeFailBlocks(t *testing.T) {
 		}
 	}
 	done := make(chan error)
-	go func() { done <- f.Mount(api.Source{Path: abs("/d")}, a) }()
+	go func() { done <- f.Mount(root, api.Source{Path: abs("/d")}, a) }()
 	<-entered
-	if err := f.Mount(api.Source{Path: abs("/d")}, b); err != nil {
+	if err := f.Mount(root, api.Source{Path: abs("/d")}, b); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := f.IsMountPoint(a); ok {
+	if ok, _ := f.IsMountPoint(root, a); ok {
 		t.Error("a mounted before its Mount returned")
 	}
 	close(release)

@@ -89,15 +89,18 @@ type linkFS interface {
 	Remove(name string) error
 	// IsEmptyDir reports whether the directory name has no entries.
 	IsEmptyDir(name string) (bool, error)
+	// ReadDir lists the directory name.
+	ReadDir(name string) ([]fs.DirEntry, error)
 }
 
 type osFS struct{}
 
-func (osFS) Lstat(name string) (fs.FileInfo, error) { return os.Lstat(name) }
-func (osFS) Stat(name string) (fs.FileInfo, error)  { return os.Stat(name) }
-func (osFS) Readlink(name string) (string, error)   { return os.Readlink(name) }
-func (osFS) Symlink(oldname, newname string) error  { return os.Symlink(oldname, newname) }
-func (osFS) Remove(name string) error               { return os.Remove(name) }
+func (osFS) Lstat(name string) (fs.FileInfo, error)     { return os.Lstat(name) }
+func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
+func (osFS) Readlink(name string) (string, error)       { return os.Readlink(name) }
+func (osFS) Symlink(oldname, newname string) error      { return os.Symlink(oldname, newname) }
+func (osFS) Remove(name string) error                   { return os.Remove(name) }
+func (osFS) ReadDir(name string) ([]fs.DirEntry, error) { return os.ReadDir(name) }
 func (osFS) IsEmptyDir(name string) (_ bool, err error) {
 	f, err := os.Open(name)
 	if err != nil {
@@ -193,12 +196,15 @@ func (m *linkMounter) MakeTarget(root, target string) error {
 // node reboot, a state directory moved) is removed and replaced; a live link to
 // anything else is an error wrapping fs.ErrExist, since a pod may be using what
 // it shows.
-func (m *linkMounter) Mount(src api.Source, target string) error {
+func (m *linkMounter) Mount(root string, src api.Source, target string) error {
 	if !src.IsDir() {
 		return fmt.Errorf("mount %s %q: tmpfs and block filesystems are not available on Windows, publish a directory: %w",
 			src.FSType, src.Path, ErrNotSupported)
 	}
 	source, target := m.clean(src.Path), m.clean(target)
+	if err := m.checkBeneath(m.clean(root), target); err != nil {
+		return err
+	}
 	if !filepath.IsAbs(source) {
 		return fmt.Errorf("source %q must be an absolute path", src.Path)
 	}
@@ -249,7 +255,7 @@ func (m *linkMounter) Mount(src api.Source, target string) error {
 // SetReadOnly returns ErrNotSupported: a directory link cannot be made
 // read-only, and pretending would hand a pod a writable volume it asked to be
 // read-only.
-func (m *linkMounter) SetReadOnly(target string, readOnly bool) error {
+func (m *linkMounter) SetReadOnly(root, target string, readOnly bool) error {
 	if !readOnly {
 		return nil
 	}
@@ -259,8 +265,14 @@ func (m *linkMounter) SetReadOnly(target string, readOnly bool) error {
 
 // Unmount removes the link at target, never what it points to. A missing target,
 // or one that is not a link (a plain directory), is left alone and is not an error.
-func (m *linkMounter) Unmount(target string) error {
+func (m *linkMounter) Unmount(root, target string) error {
 	target = m.clean(target)
+	if err := m.checkBeneath(m.clean(root), target); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
 	fi, err := m.fs.Lstat(target)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -282,22 +294,100 @@ func (m *linkMounter) Unmount(target string) error {
 // kubelet's Windows mounter counts any link as mounted; a dangling one is not
 // published for the framework (so a republish repairs it), and Unmount still
 // removes it.
-func (m *linkMounter) IsMountPoint(target string) (bool, error) {
+func (m *linkMounter) IsMountPoint(root, target string) (bool, error) {
+	mt, err := m.Inspect(root, target)
+	return mt != nil, err
+}
+
+// Inspect describes the link at target whose destination exists (see
+// IsMountPoint): Source is the link's destination.
+func (m *linkMounter) Inspect(root, target string) (*Mounted, error) {
 	target = m.clean(target)
+	if err := m.checkBeneath(m.clean(root), target); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
 	fi, err := m.fs.Lstat(target)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if !isLink(fi.Mode()) {
-		return false, nil
+		return nil, nil
 	}
 	// Any failure to reach the destination (missing, or on Windows a mount
 	// point whose volume is detached) means nothing usable is published.
-	_, err = m.fs.Stat(target)
-	return err == nil, nil
+	if _, err := m.fs.Stat(target); err != nil {
+		return nil, nil
+	}
+	dest, err := m.fs.Readlink(target)
+	if err != nil {
+		return nil, err
+	}
+	return &Mounted{Source: dest}, nil
+}
+
+// Shows reports whether the link mt describes points to the directory src.
+func (m *linkMounter) Shows(mt *Mounted, src api.Source) (bool, error) {
+	if mt == nil || !src.IsDir() {
+		return false, nil
+	}
+	return sameLinkTarget(mt.Source, m.clean(src.Path), m.windows), nil
+}
+
+// MountedAt returns nil: a link does not pin its destination, and finding
+// every link to a directory would mean walking the disk. Deleting a linked
+// directory is guarded by the framework's own records and the kubelet root's
+// links (Published).
+func (m *linkMounter) MountedAt(api.Source) ([]string, error) { return nil, nil }
+
+// OpenTarget opens the directory the link at target shows, after checking that
+// no component between root and target is a link.
+func (m *linkMounter) OpenTarget(root, target string) (*os.Root, error) {
+	target = m.clean(target)
+	if err := m.checkBeneath(m.clean(root), target); err != nil {
+		return nil, err
+	}
+	return os.OpenRoot(target)
+}
+
+// Published walks root/pods/*/volumes/kubernetes.io~csi/*/mount for links
+// whose destination exists.
+func (m *linkMounter) Published(root string) ([]string, error) {
+	root = m.clean(root)
+	var out []string
+	pods := filepath.Join(root, "pods")
+	uids, err := m.fs.ReadDir(pods)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range uids {
+		if !u.IsDir() {
+			continue
+		}
+		csiDir := filepath.Join(pods, u.Name(), "volumes", "kubernetes.io~csi")
+		vols, err := m.fs.ReadDir(csiDir)
+		if err != nil {
+			continue
+		}
+		for _, v := range vols {
+			if !v.IsDir() {
+				continue
+			}
+			t := filepath.Join(csiDir, v.Name(), "mount")
+			if ok, err := m.IsMountPoint(root, t); err == nil && ok {
+				out = append(out, t)
+			}
+		}
+	}
+	return out, nil
 }
 
 // RemoveTarget removes target (an empty directory, or a link, never what it

@@ -96,6 +96,20 @@ func (m *memFS) Remove(name string) error {
 	return nil
 }
 
+func (m *memFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	dir := filepath.Clean(name)
+	if _, ok := m.entries[dir]; !ok {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
+	}
+	var out []fs.DirEntry
+	for p, e := range m.entries {
+		if filepath.Dir(p) == dir && p != dir {
+			out = append(out, fs.FileInfoToDirEntry(memInfo{p, e}))
+		}
+	}
+	return out, nil
+}
+
 func (m *memFS) IsEmptyDir(name string) (bool, error) {
 	prefix := filepath.Clean(name) + string(filepath.Separator)
 	for p := range m.entries {
@@ -272,7 +286,7 @@ func TestLinkMount(t *testing.T) {
 			mfs := tc.fs()
 			m := newLinkMounter(mfs, nil)
 			m.windows = m.windows || tc.windows
-			err := m.Mount(tc.src, target)
+			err := m.Mount(root, tc.src, target)
 			switch {
 			case tc.wantErr == nil && err != nil:
 				t.Fatalf("Mount: %v", err)
@@ -286,7 +300,7 @@ func TestLinkMount(t *testing.T) {
 				t.Errorf("calls %q, want %q", mfs.calls, tc.want)
 			}
 			if tc.wantErr == nil && !tc.windows { // memFS cannot follow a Windows spelling
-				if ok, err := m.IsMountPoint(target); !ok || err != nil {
+				if ok, err := m.IsMountPoint(root, target); !ok || err != nil {
 					t.Errorf("IsMountPoint after Mount: %v, %v", ok, err)
 				}
 			}
@@ -297,7 +311,7 @@ func TestLinkMount(t *testing.T) {
 var errAny = errors.New("any error")
 
 func TestLinkUnmountAndIsMountPoint(t *testing.T) {
-	target := abs("/k/t")
+	root, target := abs("/k"), abs("/k/t")
 	for _, tc := range []struct {
 		name        string
 		mode        fs.FileMode
@@ -323,10 +337,10 @@ func TestLinkUnmountAndIsMountPoint(t *testing.T) {
 				mfs.add(target, tc.mode, abs("/data"))
 			}
 			m := newLinkMounter(mfs, nil)
-			if got, err := m.IsMountPoint(target); got != tc.mounted || err != nil {
+			if got, err := m.IsMountPoint(root, target); got != tc.mounted || err != nil {
 				t.Errorf("IsMountPoint = %v, %v; want %v", got, err, tc.mounted)
 			}
-			if err := m.Unmount(target); err != nil {
+			if err := m.Unmount(root, target); err != nil {
 				t.Fatalf("Unmount: %v", err)
 			}
 			_, err := mfs.Lstat(target)
@@ -404,7 +418,7 @@ func TestLinkMakeAndRemoveTarget(t *testing.T) {
 }
 
 func TestLinkSetReadOnly(t *testing.T) {
-	if err := newLinkMounter(newMemFS(), nil).SetReadOnly(abs("/k/t"), true); !errors.Is(err, ErrNotSupported) {
+	if err := newLinkMounter(newMemFS(), nil).SetReadOnly(abs("/k"), abs("/k/t"), true); !errors.Is(err, ErrNotSupported) {
 		t.Errorf("SetReadOnly: %v, want ErrNotSupported", err)
 	}
 }
@@ -424,7 +438,7 @@ func TestLinkMounterOS(t *testing.T) {
 	if err := m.MakeTarget(root, target); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Mount(api.Source{Path: data}, target); err != nil {
+	if err := m.Mount(root, api.Source{Path: data}, target); err != nil {
 		if os.IsPermission(err) {
 			t.Skipf("no privilege to create symlinks: %v", err)
 		}
@@ -433,13 +447,13 @@ func TestLinkMounterOS(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(b) != "x" {
 		t.Fatalf("read through link: %q, %v", b, err)
 	}
-	if err := m.Mount(api.Source{Path: data}, target); err != nil {
+	if err := m.Mount(root, api.Source{Path: data}, target); err != nil {
 		t.Errorf("second Mount of the same source: %v", err)
 	}
-	if ok, err := m.IsMountPoint(target); !ok || err != nil {
+	if ok, err := m.IsMountPoint(root, target); !ok || err != nil {
 		t.Errorf("IsMountPoint = %v, %v", ok, err)
 	}
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(data, "f")); err != nil {
@@ -455,16 +469,16 @@ func TestLinkMounterOS(t *testing.T) {
 	if err := os.Symlink(gone, target); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := m.IsMountPoint(target); ok || err != nil {
+	if ok, err := m.IsMountPoint(root, target); ok || err != nil {
 		t.Errorf("IsMountPoint(dangling link) = %v, %v; want false", ok, err)
 	}
-	if err := m.Mount(api.Source{Path: data}, target); err != nil {
+	if err := m.Mount(root, api.Source{Path: data}, target); err != nil {
 		t.Errorf("Mount over a dangling link: %v", err)
 	}
 	if dest, err := os.Readlink(target); err != nil || dest != data {
 		t.Errorf("link after Mount: %q, %v; want %q", dest, err, data)
 	}
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatal(err)
 	}
 
@@ -472,7 +486,7 @@ func TestLinkMounterOS(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(full, "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Mount(api.Source{Path: data}, full); !errors.Is(err, ErrNotEmpty) {
+	if err := m.Mount(root, api.Source{Path: data}, full); !errors.Is(err, ErrNotEmpty) {
 		t.Errorf("Mount on a non-empty directory: %v, want ErrNotEmpty", err)
 	}
 }

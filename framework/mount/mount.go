@@ -2,6 +2,7 @@ package mount
 
 import (
 	"errors"
+	"os"
 
 	"github.com/ephemera-csi/ephemera/api"
 )
@@ -18,9 +19,21 @@ var ErrNotEmpty = errors.New("target directory is not empty")
 // the framework never follows links under the kubelet root.
 var ErrSymlink = errors.New("path contains a symbolic link")
 
-// Interface is the platform seam. Paths are absolute; root is the kubelet root
-// directory under which target paths live. No symbolic link between root and the
-// target is ever followed.
+// ErrMounted is returned by Mount when something is already mounted at the
+// target: a mount is never stacked over another one.
+var ErrMounted = errors.New("target is already a mount point")
+
+// ErrTargetMoved is returned by Mount when the target directory was moved or
+// replaced while the mount was made (a rename racing the publish): the new mount
+// is not at the target path, so it is removed again and nothing is published.
+var ErrTargetMoved = errors.New("target directory was moved or replaced during the mount")
+
+// Interface is the platform seam. Every path a method takes is absolute; root is
+// the kubelet root directory and target lies below it. Every method resolves
+// target beneath root once, without following any symbolic link below root
+// (root itself may be a link an operator configured), and works on what it
+// resolved (a file descriptor on Linux) from then on: a link or a rename raced
+// into the path can make a call fail, never act outside root.
 type Interface interface {
 	// MakeTarget creates the last component of target (mode 0750, less the umask)
 	// below root. The parent must exist (else an error wrapping fs.ErrNotExist).
@@ -31,33 +44,74 @@ type Interface interface {
 	MakeTarget(root, target string) error
 	// Mount publishes src at target, which MakeTarget created. Linux mounts the
 	// filesystem or bind-mounts the directory (not recursively), always nosuid
-	// and nodev; mounting twice stacks a second mount, so check IsMountPoint
-	// first. Windows needs a directory source that exists (else
-	// [ErrNotSupported] or an error wrapping fs.ErrNotExist), replaces an empty
-	// target directory with a directory symlink to src.Path ([ErrNotEmpty] if it
-	// is not empty), and succeeds if the link to src.Path is already there.
-	Mount(src api.Source, target string) error
-	// SetReadOnly makes the published target read-only, or writable again: a
-	// remount of that mount only (the filesystem behind it stays writable, so a
-	// refresh can write new content and make it read-only again) that keeps the
-	// mount's other flags. Mounts the kubelet made of the target for containers
-	// keep their own flags. Windows links cannot be made read-only:
-	// [ErrNotSupported] for readOnly, nil otherwise.
-	SetReadOnly(target string, readOnly bool) error
+	// and nodev, and returns only once the new mount is verified to be at target
+	// ([ErrTargetMoved] otherwise, with the mount removed again). A target that
+	// is already a mount point is [ErrMounted]: nothing is ever stacked. Windows
+	// needs a directory source that exists (else [ErrNotSupported] or an error
+	// wrapping fs.ErrNotExist), replaces an empty target directory with a
+	// directory symlink to src.Path ([ErrNotEmpty] if it is not empty), and
+	// succeeds if the link to src.Path is already there.
+	Mount(root string, src api.Source, target string) error
+	// SetReadOnly makes the mount at target read-only, or writable again: that
+	// mount only (the filesystem behind it stays writable, so a refresh can write
+	// new content and make it read-only again), keeping its other flags. Mounts
+	// the kubelet made of the target for containers keep their own flags.
+	// Windows links cannot be made read-only: [ErrNotSupported] for readOnly, nil
+	// otherwise.
+	SetReadOnly(root, target string, readOnly bool) error
 	// Unmount removes everything published at target, including mounts stacked by
 	// earlier runs, until target is no longer a mount point. It is nil when target
 	// does not exist or is not a mount point. A target in use fails with an error
 	// wrapping syscall.EBUSY (retry later; nothing is lazily detached). Data
 	// behind a Windows link is never touched.
-	Unmount(target string) error
+	Unmount(root, target string) error
 	// IsMountPoint reports whether something is published at target; false and
-	// nil when target does not exist. A symlink at target is not followed (on
-	// Windows, a symlink or junction at target is what "published" means).
-	IsMountPoint(target string) (bool, error)
+	// nil when target does not exist. On Windows, a link at target whose
+	// destination exists is what "published" means.
+	IsMountPoint(root, target string) (bool, error)
+	// Inspect describes what is published at target, or returns nil when nothing
+	// is. It reads the mount table (Linux), so it is for rare paths (adopting a
+	// volume whose record is missing), not for every request.
+	Inspect(root, target string) (*Mounted, error)
 	// RemoveTarget removes the empty target directory below root without
 	// following links: a link at target is removed itself, never what it points
 	// to. It is nil when target (or a parent) does not exist; a mounted target
 	// fails with an error wrapping syscall.EBUSY, a non-empty one with
 	// syscall.ENOTEMPTY (Linux).
 	RemoveTarget(root, target string) error
+	// OpenTarget opens the directory published at target for the framework's own
+	// file work in it (content, ownership, usage), resolved beneath root like
+	// every other call. The caller closes it.
+	OpenTarget(root, target string) (*os.Root, error)
+	// Shows reports whether m, what Inspect found at a target, is the storage
+	// src names: the same directory (a bind mount of it, or a link to it), the
+	// filesystem on the same block device, or a filesystem of src's type and
+	// source name (tmpfs).
+	Shows(m *Mounted, src api.Source) (bool, error)
+	// MountedAt returns the mount points, anywhere in the mount table this
+	// process sees, that show src's storage: bind mounts of the directory src
+	// names or of anything below it, or mounts of the block device. It returns
+	// nil for sources it cannot attribute (a tmpfs lives only in its mount).
+	MountedAt(src api.Source) ([]string, error)
+	// Published returns the targets below root/pods that something is published
+	// at (mount points on Linux, links on Windows), as paths under root, in no
+	// particular order. It is the node's own record of what is published, used
+	// to rebuild lost state.
+	Published(root string) ([]string, error)
+}
+
+// Mounted describes what is published at a target.
+type Mounted struct {
+	// ID is the kernel's mount ID (0 on Windows).
+	ID uint64
+	// Dev and Ino identify the root directory of the mount: the filesystem's
+	// device and the inode of the directory shown at the target.
+	Dev, Ino uint64
+	// FSType and Source are the filesystem type and the source of the mount as
+	// the mount table shows them ("tmpfs", "ephemera-tmpfs"; "ext4",
+	// "/dev/loop3"). On Windows FSType is empty and Source is the link's
+	// destination.
+	FSType, Source string
+	// ReadOnly reports whether the mount is read-only.
+	ReadOnly bool
 }

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -18,22 +21,54 @@ import (
 // and its record) can leave several mounts stacked on one target.
 const maxUnmounts = 64
 
-// publishFlags are set on every published mount: a volume must never carry setuid
-// binaries or device nodes into a pod.
-const publishFlags = unix.MS_NOSUID | unix.MS_NODEV
+// publishAttrs are set on every published mount: a volume must never carry
+// setuid binaries or device nodes into a pod.
+const publishAttrs = unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+
+// resolveFlags resolve a path below the kubelet root: never through a symbolic
+// link (magic links of /proc included), never above the starting directory.
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
 // New returns the Linux implementation. It calls the kernel directly through
-// golang.org/x/sys/unix and needs CAP_SYS_ADMIN for Mount, SetReadOnly and Unmount,
-// Linux 5.6 for openat2(2) and Linux 5.8 for STATX_ATTR_MOUNT_ROOT (older kernels
-// fall back to comparing mount IDs or devices with the parent).
+// golang.org/x/sys/unix and needs CAP_SYS_ADMIN for Mount, SetReadOnly and
+// Unmount. Every target is resolved with openat2(2) (Linux 5.6) beneath the
+// kubelet root and mounted through the new mount API onto the resolved
+// directory (fsopen/fsmount or open_tree, then move_mount: Linux 5.2).
+// mount_setattr(2) (Linux 5.12) sets mount flags on the resolved mount; before
+// 5.12 a remount through the resolved directory's /proc/self/fd path does it.
+// Mount points are recognised with STATX_ATTR_MOUNT_ROOT (Linux 5.8; older
+// kernels compare mount IDs with the parent).
 func New() Interface { return &linuxMounter{} }
 
-type linuxMounter struct{}
+type linuxMounter struct {
+	// noSetattr is set once mount_setattr(2) turned out to be missing (and by
+	// tests, to cover the fallback).
+	noSetattr atomic.Bool
+}
 
-// openParent opens the directory that will hold target's last component,
-// resolving every component below root with openat2(2) so that no symbolic link
-// is followed and nothing outside root is reached. root itself is opened
-// normally: an operator may configure it as a symlink.
+// openBeneath opens target below root with openat2(2): no symbolic link below
+// root is followed and nothing outside root is reached. root itself is opened
+// normally: an operator may configure it as a symlink. flags are open(2) flags
+// (O_CLOEXEC is added).
+func openBeneath(root, target string, flags int) (int, error) {
+	parent, base, err := splitBeneath(root, target)
+	if err != nil {
+		return -1, err
+	}
+	rel := base
+	if parent != "." {
+		rel = filepath.Join(parent, base)
+	}
+	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rootfd)
+	return openat2(rootfd, rel, flags, filepath.Join(root, rel))
+}
+
+// openParent opens the directory that holds target's last component, beneath
+// root, and returns it with that component's name.
 func openParent(root, target string) (fd int, base string, err error) {
 	parent, base, err := splitBeneath(root, target)
 	if err != nil {
@@ -44,26 +79,85 @@ func openParent(root, target string) (fd int, base string, err error) {
 		return -1, "", &fs.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer unix.Close(rootfd)
-	how := unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	fd, err = openat2(rootfd, parent, unix.O_PATH|unix.O_DIRECTORY, filepath.Join(root, parent))
+	if err != nil {
+		return -1, "", err
 	}
+	return fd, base, nil
+}
+
+// openat2 opens rel below dirfd without following links; shown is the path for
+// error messages.
+func openat2(dirfd int, rel string, flags int, shown string) (int, error) {
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: resolveFlags}
+	var fd int
+	var err error
 	for range 8 {
-		fd, err = unix.Openat2(rootfd, parent, &how)
+		fd, err = unix.Openat2(dirfd, rel, &how)
 		if err != unix.EAGAIN && err != unix.EINTR { // EAGAIN: a concurrent rename; retry
 			break
 		}
 	}
 	switch {
 	case err == nil:
-		return fd, base, nil
+		return fd, nil
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
-		return -1, "", fmt.Errorf("parent of %q below %q: %w (%v)", target, root, ErrSymlink, err)
+		return -1, fmt.Errorf("%q: %w (%v)", shown, ErrSymlink, err)
 	case errors.Is(err, unix.ENOSYS):
-		return -1, "", fmt.Errorf("openat2 %q: %w (Linux 5.6 or later is required)", filepath.Join(root, parent), err)
+		return -1, fmt.Errorf("openat2 %q: %w (Linux 5.6 or later is required)", shown, err)
 	default:
-		return -1, "", &fs.PathError{Op: "openat2", Path: filepath.Join(root, parent), Err: err}
+		return -1, &fs.PathError{Op: "openat2", Path: shown, Err: err}
 	}
+}
+
+// fdPath names what fd refers to in a path, for the calls that take only a path
+// (umount2(2), mount(2) remounts). The kernel resolves /proc/self/fd/N to the
+// file fd refers to, wherever it is now; components after it are looked up
+// from there.
+func fdPath(fd int, rest string) string {
+	p := "/proc/self/fd/" + strconv.Itoa(fd)
+	if rest != "" {
+		p += "/" + rest
+	}
+	return p
+}
+
+// mountID returns the mount ID of fd and whether fd is the root of its mount.
+func mountID(fd int) (id uint64, root bool, st unix.Statx_t, err error) {
+	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT,
+		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &st)
+	if err != nil {
+		return 0, false, st, err
+	}
+	id = st.Mnt_id
+	if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return id, st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, st, nil
+	}
+	isRoot, err := byParent(fd, &st)
+	return id, isRoot, st, err
+}
+
+// byParent is the mount-root test for kernels before 5.8, which do not report
+// STATX_ATTR_MOUNT_ROOT: fd (with st, its statx) is a mount root when its
+// parent directory is on another mount. A mount ID is exact; st_dev (before
+// Linux 5.8 has mount IDs in statx) misses a bind mount within one filesystem.
+func byParent(fd int, st *unix.Statx_t) (bool, error) {
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return false, nil
+	}
+	var parent unix.Statx_t
+	if err := unix.Statx(fd, "..", unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT,
+		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &parent); err != nil {
+		return false, err
+	}
+	sameDev := st.Dev_major == parent.Dev_major && st.Dev_minor == parent.Dev_minor
+	if sameDev && st.Ino == parent.Ino {
+		return true, nil // "/" is its own parent
+	}
+	if st.Mask&parent.Mask&unix.STATX_MNT_ID != 0 {
+		return st.Mnt_id != parent.Mnt_id, nil
+	}
+	return !sameDev, nil
 }
 
 func (m *linuxMounter) MakeTarget(root, target string) error {
@@ -117,45 +211,158 @@ func (m *linuxMounter) RemoveTarget(root, target string) error {
 	return &fs.PathError{Op: "remove", Path: target, Err: err}
 }
 
-func (m *linuxMounter) Mount(src api.Source, target string) error {
-	if src.IsDir() {
-		if err := unix.Mount(src.Path, target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind mount %q on %q: %w", src.Path, target, err)
-		}
-		// The flags of a new bind mount are those of the source mount; a second
-		// call adds nosuid and nodev and keeps the rest (some may be locked).
-		flags, err := mountFlags(target)
-		if err == nil {
-			err = unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|flags|publishFlags, "")
-		}
-		if err != nil {
-			_ = unix.Unmount(target, unix.UMOUNT_NOFOLLOW) // roll back the bind
-			return fmt.Errorf("remount bind mount %q nosuid,nodev: %w", target, err)
-		}
-		return nil
+// Mount resolves target beneath root to a file descriptor, creates the mount
+// detached from any path (fsopen/fsconfig/fsmount for a filesystem, open_tree
+// for a bind), attaches it to that descriptor with move_mount, and then checks
+// that target, resolved afresh, shows the new mount. A rename can move the
+// resolved directory elsewhere between the resolution and the attach (a rename
+// does not lock the directories below the one it moves); the check catches
+// that, and the stray mount is detached again before the call returns, so a
+// publish is never answered for a volume that is not at its target.
+func (m *linuxMounter) Mount(root string, src api.Source, target string) error {
+	tfd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return err
 	}
-	data := strings.Join(src.Options, ",")
-	if err := unix.Mount(src.Path, target, src.FSType, publishFlags, data); err != nil {
-		return fmt.Errorf("mount %s %q on %q: %w", src.FSType, src.Path, target, err)
+	defer unix.Close(tfd)
+	if _, isRoot, _, err := mountID(tfd); err != nil {
+		return &fs.PathError{Op: "statx", Path: target, Err: err}
+	} else if isRoot {
+		return fmt.Errorf("mount on %q: %w", target, ErrMounted)
+	}
+
+	mfd, err := m.newMount(src)
+	if err != nil {
+		return fmt.Errorf("mount %s on %q: %w", describe(src), target, err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", tfd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount %s on %q (move_mount): %w", describe(src), target, err)
+	}
+	if src.IsDir() && m.noSetattr.Load() {
+		// Without mount_setattr the bind mount gets nosuid,nodev by a remount
+		// once attached, through the mount's own descriptor.
+		if err := remount(mfd, "", unix.MS_NOSUID|unix.MS_NODEV, 0); err != nil {
+			detach(mfd)
+			return fmt.Errorf("remount bind mount on %q nosuid,nodev: %w", target, err)
+		}
+	}
+	if err := verifyAt(root, target, mfd); err != nil {
+		detach(mfd)
+		return err
 	}
 	return nil
 }
 
-func (m *linuxMounter) SetReadOnly(target string, readOnly bool) error {
-	flags, err := mountFlags(target)
+// verifyAt checks that target, resolved beneath root now, is the root of the
+// mount mfd refers to.
+func verifyAt(root, target string, mfd int) error {
+	want, _, wst, err := mountID(mfd)
 	if err != nil {
-		return err
+		return fmt.Errorf("statx of the new mount: %w", err)
 	}
-	// MS_REMOUNT|MS_BIND changes the flags of this mount only, for a bind mount
-	// and for a filesystem mounted here alike.
-	flags |= unix.MS_REMOUNT | unix.MS_BIND
-	if readOnly {
-		flags |= unix.MS_RDONLY
+	vfd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("mount on %q: %w (resolving it again: %v)", target, ErrTargetMoved, err)
 	}
-	if err := unix.Mount("", target, "", flags, ""); err != nil {
-		return fmt.Errorf("remount %q (read-only %v): %w", target, readOnly, err)
+	defer unix.Close(vfd)
+	got, isRoot, gst, err := mountID(vfd)
+	if err != nil {
+		return &fs.PathError{Op: "statx", Path: target, Err: err}
+	}
+	same := isRoot && got == want
+	if wst.Mask&gst.Mask&unix.STATX_MNT_ID == 0 { // no mount IDs before Linux 5.8
+		same = isRoot && wst.Dev_major == gst.Dev_major && wst.Dev_minor == gst.Dev_minor && wst.Ino == gst.Ino
+	}
+	if !same {
+		return fmt.Errorf("mount on %q: %w", target, ErrTargetMoved)
 	}
 	return nil
+}
+
+// detach removes a mount that must not stay (it landed somewhere else than
+// the target). It is new and empty, so it is detached lazily: the descriptor
+// the caller still holds keeps it busy.
+func detach(mfd int) {
+	_ = unix.Unmount(fdPath(mfd, ""), unix.MNT_DETACH)
+}
+
+// newMount returns a detached mount of src, nosuid and nodev.
+func (m *linuxMounter) newMount(src api.Source) (int, error) {
+	if src.IsDir() {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, src.Path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return -1, fmt.Errorf("open_tree: %w", err)
+		}
+		if m.noSetattr.Load() {
+			return fd, nil
+		}
+		attr := unix.MountAttr{Attr_set: publishAttrs}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			unix.Close(fd)
+			if errors.Is(err, unix.ENOSYS) {
+				m.noSetattr.Store(true)
+				return m.newMount(src)
+			}
+			return -1, fmt.Errorf("mount_setattr nosuid,nodev: %w", err)
+		}
+		return fd, nil
+	}
+	fsfd, err := unix.Fsopen(src.FSType, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return -1, fmt.Errorf("fsopen: %w (Linux 5.2 or later is required)", err)
+		}
+		return -1, fmt.Errorf("fsopen: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigSetString(fsfd, "source", src.Path); err != nil {
+		return -1, fsError(fsfd, "source="+src.Path, err)
+	}
+	for _, o := range src.Options {
+		k, v, hasValue := strings.Cut(o, "=")
+		if hasValue {
+			err = unix.FsconfigSetString(fsfd, k, v)
+		} else {
+			err = unix.FsconfigSetFlag(fsfd, k)
+		}
+		if err != nil {
+			return -1, fsError(fsfd, o, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fsError(fsfd, "create", err)
+	}
+	fd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, publishAttrs)
+	if err != nil {
+		return -1, fsError(fsfd, "fsmount", err)
+	}
+	return fd, nil
+}
+
+// fsError adds the messages the filesystem left in its context (read(2) on an
+// fsopen descriptor) to err.
+func fsError(fsfd int, step string, err error) error {
+	var msgs []string
+	buf := make([]byte, 256)
+	for range 8 {
+		n, rerr := unix.Read(fsfd, buf)
+		if rerr != nil || n <= 0 {
+			break
+		}
+		msgs = append(msgs, strings.TrimSpace(string(buf[:n])))
+	}
+	if len(msgs) > 0 {
+		return fmt.Errorf("fsconfig %s: %w (%s)", step, err, strings.Join(msgs, "; "))
+	}
+	return fmt.Errorf("fsconfig %s: %w", step, err)
+}
+
+func describe(src api.Source) string {
+	if src.IsDir() {
+		return fmt.Sprintf("bind %q", src.Path)
+	}
+	return fmt.Sprintf("%s %q", src.FSType, src.Path)
 }
 
 // stToMS maps the statfs f_flags a remount must carry over to mount(2) flags. The
@@ -173,11 +380,14 @@ var stToMS = [...]struct{ st, ms uintptr }{
 	{0x2000 /* ST_NOSYMFOLLOW */, unix.MS_NOSYMFOLLOW},
 }
 
-// mountFlags returns the mount(2) flags to preserve on a remount of target.
-func mountFlags(target string) (uintptr, error) {
+// remount changes the flags of the mount whose root dirfd/name resolves to
+// (mount(2) with MS_REMOUNT|MS_BIND, a per-mount change): the flags it has,
+// plus set, less clear. Used where mount_setattr(2) is missing.
+func remount(dirfd int, name string, set, clear uintptr) error {
+	p := fdPath(dirfd, name)
 	var st unix.Statfs_t
-	if err := unix.Statfs(target, &st); err != nil {
-		return 0, &fs.PathError{Op: "statfs", Path: target, Err: err}
+	if err := unix.Statfs(p, &st); err != nil {
+		return err
 	}
 	var flags uintptr
 	for _, f := range stToMS {
@@ -185,53 +395,86 @@ func mountFlags(target string) (uintptr, error) {
 			flags |= f.ms
 		}
 	}
-	return flags, nil
+	if st.Flags&unix.ST_RDONLY != 0 {
+		flags |= unix.MS_RDONLY
+	}
+	flags = (flags | set) &^ clear
+	return unix.Mount("", p, "", unix.MS_REMOUNT|unix.MS_BIND|flags, "")
 }
 
-func (m *linuxMounter) IsMountPoint(target string) (bool, error) {
-	var stx unix.Statx_t
-	err := unix.Statx(unix.AT_FDCWD, target, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT,
-		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx)
-	if errors.Is(err, unix.ENOENT) {
+func (m *linuxMounter) SetReadOnly(root, target string, readOnly bool) error {
+	fd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if _, isRoot, _, err := mountID(fd); err != nil {
+		return &fs.PathError{Op: "statx", Path: target, Err: err}
+	} else if !isRoot {
+		return fmt.Errorf("remount %q (read-only %v): not a mount point", target, readOnly)
+	}
+	if !m.noSetattr.Load() {
+		attr := unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}
+		if readOnly {
+			attr = unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		}
+		err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOSYS) {
+			return fmt.Errorf("remount %q (read-only %v): %w", target, readOnly, err)
+		}
+		m.noSetattr.Store(true)
+	}
+	set, clear := uintptr(0), uintptr(unix.MS_RDONLY)
+	if readOnly {
+		set, clear = clear, set
+	}
+	if err := remount(fd, "", set, clear); err != nil {
+		return fmt.Errorf("remount %q (read-only %v): %w", target, readOnly, err)
+	}
+	return nil
+}
+
+func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
+	fd, err := openBeneath(root, target, unix.O_PATH)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
 		return false, nil
 	}
 	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	_, isRoot, _, err := mountID(fd)
+	if err != nil {
 		return false, &fs.PathError{Op: "statx", Path: target, Err: err}
 	}
-	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
-	}
-	return mountPointByParent(target, &stx)
+	return isRoot, nil
 }
 
-// mountPointByParent is IsMountPoint for kernels before 5.8, which do not report
-// STATX_ATTR_MOUNT_ROOT: it compares target with its parent. A mount ID is exact;
-// st_dev misses a bind mount within one filesystem.
-func mountPointByParent(target string, stx *unix.Statx_t) (bool, error) {
-	if stx.Mode&unix.S_IFMT == unix.S_IFLNK {
-		return false, nil
-	}
-	if filepath.Clean(target) == "/" {
-		return true, nil
-	}
-	var parent unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(target), unix.AT_NO_AUTOMOUNT,
-		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &parent); err != nil {
-		return false, &fs.PathError{Op: "statx", Path: filepath.Dir(target), Err: err}
-	}
-	if stx.Mask&parent.Mask&unix.STATX_MNT_ID != 0 {
-		return stx.Mnt_id != parent.Mnt_id, nil
-	}
-	return stx.Dev_major != parent.Dev_major || stx.Dev_minor != parent.Dev_minor, nil
-}
-
-func (m *linuxMounter) Unmount(target string) error {
+// Unmount unmounts what is mounted at target, through the target's parent
+// directory resolved beneath root: umount2(2) takes a path, and
+// /proc/self/fd/<parent>/<name> with UMOUNT_NOFOLLOW names exactly the entry
+// below the resolved parent (a mount point cannot be renamed away, and a link
+// swapped in is not followed). No descriptor of the mount itself is held, so
+// a mount in use still fails with EBUSY instead of being detached lazily.
+func (m *linuxMounter) Unmount(root, target string) error {
 	for range maxUnmounts {
-		mounted, err := m.IsMountPoint(target)
-		if err != nil || !mounted {
+		pfd, base, err := openParent(root, target)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		mounted, err := m.mountedBelow(pfd, base, target)
+		if err != nil || !mounted {
+			unix.Close(pfd)
+			return err
+		}
+		err = unix.Unmount(fdPath(pfd, base), unix.UMOUNT_NOFOLLOW)
+		unix.Close(pfd)
 		switch {
 		case err == nil, errors.Is(err, unix.EINTR):
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
@@ -241,4 +484,204 @@ func (m *linuxMounter) Unmount(target string) error {
 		}
 	}
 	return fmt.Errorf("unmount %q: still a mount point after %d unmounts", target, maxUnmounts)
+}
+
+// mountedBelow reports whether name in the directory pfd is a mount point; a
+// symbolic link there is ErrSymlink.
+func (m *linuxMounter) mountedBelow(pfd int, name, shown string) (bool, error) {
+	fd, err := openat2(pfd, name, unix.O_PATH, shown)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	_, isRoot, _, err := mountID(fd)
+	if err != nil {
+		return false, &fs.PathError{Op: "statx", Path: shown, Err: err}
+	}
+	return isRoot, nil
+}
+
+func (m *linuxMounter) Inspect(root, target string) (*Mounted, error) {
+	fd, err := openBeneath(root, target, unix.O_PATH)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	id, isRoot, st, err := mountID(fd)
+	if err != nil {
+		return nil, &fs.PathError{Op: "statx", Path: target, Err: err}
+	}
+	if !isRoot {
+		return nil, nil
+	}
+	mt := &Mounted{ID: id, Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err == nil {
+		mt.ReadOnly = sfs.Flags&unix.ST_RDONLY != 0
+	}
+	infos, err := ReadMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	for _, mi := range infos {
+		if uint64(mi.ID) == id {
+			mt.FSType, mt.Source = mi.FSType, mi.Source
+			break
+		}
+	}
+	return mt, nil
+}
+
+func (m *linuxMounter) OpenTarget(root, target string) (*os.Root, error) {
+	fd, err := openBeneath(root, target, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	r, err := os.OpenRoot(fdPath(fd, ""))
+	if err != nil {
+		return nil, fmt.Errorf("open %q: %w", target, err)
+	}
+	return r, nil
+}
+
+func (m *linuxMounter) Shows(mt *Mounted, src api.Source) (bool, error) {
+	if mt == nil {
+		return false, nil
+	}
+	if !src.IsDir() && !strings.HasPrefix(src.Path, "/") {
+		// A filesystem without a device (tmpfs): its type and source name.
+		return mt.FSType == src.FSType && mt.Source == src.Path, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(src.Path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, &fs.PathError{Op: "stat", Path: src.Path, Err: err}
+	}
+	if src.IsDir() {
+		return st.Mode&unix.S_IFMT == unix.S_IFDIR && uint64(st.Dev) == mt.Dev && st.Ino == mt.Ino, nil
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFBLK && uint64(st.Rdev) == mt.Dev, nil
+}
+
+func (m *linuxMounter) MountedAt(src api.Source) ([]string, error) {
+	if !src.IsDir() && !strings.HasPrefix(src.Path, "/") {
+		return nil, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(src.Path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, &fs.PathError{Op: "stat", Path: src.Path, Err: err}
+	}
+	infos, err := ReadMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	return mountedAt(infos, src, st)
+}
+
+// mountedAt finds the mounts of src in infos; st is src.Path's stat.
+func mountedAt(infos []MountInfo, src api.Source, st unix.Stat_t) ([]string, error) {
+	var out []string
+	if !src.IsDir() {
+		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			return nil, nil
+		}
+		for _, mi := range infos {
+			if unix.Mkdev(uint32(mi.Major), uint32(mi.Minor)) == uint64(st.Rdev) {
+				out = append(out, mi.MountPoint)
+			}
+		}
+		return out, nil
+	}
+	// The directory's path within its filesystem: the mount of that filesystem
+	// whose mount point is the longest prefix of the directory's real path, plus
+	// the rest. Bind mounts of it (or of anything below it) show that path, or
+	// one below it, as their root.
+	real, err := filepath.EvalSymlinks(src.Path)
+	if err != nil {
+		return nil, err
+	}
+	dev := uint64(st.Dev)
+	var host *MountInfo
+	for i := range infos {
+		mi := &infos[i]
+		if unix.Mkdev(uint32(mi.Major), uint32(mi.Minor)) != dev || !within(real, mi.MountPoint) {
+			continue
+		}
+		if host == nil || len(mi.MountPoint) > len(host.MountPoint) {
+			host = mi
+		}
+	}
+	if host == nil {
+		return nil, fmt.Errorf("no mount of the filesystem of %q in the mount table", real)
+	}
+	inFS := filepath.Join(host.Root, strings.TrimPrefix(real, host.MountPoint))
+	for _, mi := range infos {
+		if mi.ID == host.ID || unix.Mkdev(uint32(mi.Major), uint32(mi.Minor)) != dev {
+			continue
+		}
+		if within(mi.Root, inFS) {
+			out = append(out, mi.MountPoint)
+		}
+	}
+	return out, nil
+}
+
+// within reports whether p is dir or below it (separator-aware).
+func within(p, dir string) bool {
+	if dir == "/" {
+		return strings.HasPrefix(p, "/")
+	}
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+func (m *linuxMounter) Published(root string) ([]string, error) {
+	real, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	infos, err := ReadMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	return publishedUnder(infos, root, real), nil
+}
+
+// publishedUnder returns the mount points in infos that have the shape of an
+// inline volume's target below real/pods, as paths under root (real is root
+// with links resolved, as the mount table shows it). Each appears once.
+func publishedUnder(infos []MountInfo, root, real string) []string {
+	prefix := filepath.Join(real, "pods") + "/"
+	seen := map[string]bool{}
+	var out []string
+	for _, mi := range infos {
+		rest, ok := strings.CutPrefix(mi.MountPoint, prefix)
+		if !ok {
+			continue
+		}
+		parts := strings.Split(rest, "/")
+		if len(parts) != 5 || parts[1] != "volumes" || parts[2] != "kubernetes.io~csi" || parts[4] != "mount" {
+			continue
+		}
+		t := filepath.Join(root, "pods", rest)
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	return out
 }

@@ -135,15 +135,15 @@ func makeMounted(t *testing.T, m Interface, root, name string, src api.Source) s
 	if err := m.MakeTarget(root, target); err != nil {
 		t.Fatalf("MakeTarget: %v", err)
 	}
-	if err := m.Mount(src, target); err != nil {
+	if err := m.Mount(root, src, target); err != nil {
 		t.Fatalf("Mount: %v", err)
 	}
 	return target
 }
 
-func mustMountPoint(t *testing.T, m Interface, path string, want bool) {
+func mustMountPoint(t *testing.T, m Interface, root, path string, want bool) {
 	t.Helper()
-	got, err := m.IsMountPoint(path)
+	got, err := m.IsMountPoint(root, path)
 	if err != nil || got != want {
 		t.Fatalf("IsMountPoint(%s) = %v, %v; want %v, nil", path, got, err, want)
 	}
@@ -154,7 +154,7 @@ func TestTmpfs(t *testing.T) {
 	m := New()
 	target := makeMounted(t, m, root, "vol", tmpfsSource("1m"))
 
-	mustMountPoint(t, m, target, true)
+	mustMountPoint(t, m, root, target, true)
 	if n := mountsAt(t, target); n != 1 {
 		t.Fatalf("%s is in mountinfo %d times, want once", target, n)
 	}
@@ -171,10 +171,10 @@ func TestTmpfs(t *testing.T) {
 		t.Fatalf("writing 2 MiB to a 1 MiB tmpfs: %v, want ENOSPC", err)
 	}
 
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatalf("Unmount: %v", err)
 	}
-	mustMountPoint(t, m, target, false)
+	mustMountPoint(t, m, root, target, false)
 	if n := mountsAt(t, target); n != 0 {
 		t.Fatalf("%s still in mountinfo %d times", target, n)
 	}
@@ -209,7 +209,7 @@ func TestBindMount(t *testing.T) {
 	if mi.Root != src && !strings.HasSuffix(mi.Root, "/backing") {
 		t.Errorf("bind mount root %q, want the backing directory", mi.Root)
 	}
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(src, "hello")); err != nil {
@@ -238,34 +238,34 @@ func TestIsMountPointSameFilesystemBind(t *testing.T) {
 	if st.Dev != parent.Dev {
 		t.Fatalf("test setup: st_dev differs (%d, %d); the trap is not armed", st.Dev, parent.Dev)
 	}
-	mustMountPoint(t, m, target, true)
-	mustMountPoint(t, m, src, false)
+	mustMountPoint(t, m, root, target, true)
+	mustMountPoint(t, m, root, src, false)
 }
 
 func TestIsMountPoint(t *testing.T) {
 	root := newRoot(t)
 	m := New()
-	mustMountPoint(t, m, filepath.Join(root, "missing"), false)
-	mustMountPoint(t, m, filepath.Join(root, "missing", "deeper"), false)
-	mustMountPoint(t, m, root, false)
-	mustMountPoint(t, m, "/", true)
-	mustMountPoint(t, m, "/proc", true)
+	mustMountPoint(t, m, root, filepath.Join(root, "missing"), false)
+	mustMountPoint(t, m, root, filepath.Join(root, "missing", "deeper"), false)
 
 	target := makeMounted(t, m, root, "vol", tmpfsSource("64k"))
-	mustMountPoint(t, m, target, true)
-	mustMountPoint(t, m, target+"/", true)
+	mustMountPoint(t, m, root, target, true)
+	mustMountPoint(t, m, root, target+"/", true)
 
-	// A symlink to a mount point is not one: the link is not followed.
+	// A symlink to a mount point is never followed: asking about it is an
+	// error, not an answer about what it points to.
 	link := filepath.Join(root, "link")
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
-	mustMountPoint(t, m, link, false)
+	if got, err := m.IsMountPoint(root, link); got || !errors.Is(err, ErrSymlink) {
+		t.Errorf("IsMountPoint(link) = %v, %v; want false, ErrSymlink", got, err)
+	}
 
 	if err := os.Mkdir(filepath.Join(target, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	mustMountPoint(t, m, filepath.Join(target, "sub"), false)
+	mustMountPoint(t, m, root, filepath.Join(target, "sub"), false)
 }
 
 func TestSetReadOnly(t *testing.T) {
@@ -290,7 +290,7 @@ func TestSetReadOnly(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(target, "before"), []byte("x"), 0o644); err != nil {
 				t.Fatalf("write before SetReadOnly: %v", err)
 			}
-			if err := m.SetReadOnly(target, true); err != nil {
+			if err := m.SetReadOnly(root, target, true); err != nil {
 				t.Fatalf("SetReadOnly: %v", err)
 			}
 			err := os.WriteFile(filepath.Join(target, "after"), []byte("x"), 0o644)
@@ -315,11 +315,11 @@ func TestSetReadOnly(t *testing.T) {
 					t.Errorf("backing directory became read-only: %v", err)
 				}
 			}
-			if err := m.SetReadOnly(target, true); err != nil {
+			if err := m.SetReadOnly(root, target, true); err != nil {
 				t.Errorf("second SetReadOnly: %v", err)
 			}
 			// A new implementation (a restarted driver) has no memory of the mount.
-			if err := New().SetReadOnly(target, true); err != nil {
+			if err := New().SetReadOnly(root, target, true); err != nil {
 				t.Errorf("SetReadOnly after restart: %v", err)
 			}
 		})
@@ -339,7 +339,7 @@ func TestSetReadOnlyKeepsFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := makeMounted(t, m, root, "vol", api.Source{Path: src})
-	if err := m.SetReadOnly(target, true); err != nil {
+	if err := m.SetReadOnly(root, target, true); err != nil {
 		t.Fatal(err)
 	}
 	mi := mountInfoAt(t, target)
@@ -354,22 +354,26 @@ func TestUnmountStacked(t *testing.T) {
 	root := newRoot(t)
 	m := New()
 	target := makeMounted(t, m, root, "vol", tmpfsSource("64k"))
+	// Mount never stacks (ErrMounted); older drivers did.
+	if err := m.Mount(root, tmpfsSource("64k"), target); !errors.Is(err, ErrMounted) {
+		t.Fatalf("Mount over a mount point: %v, want ErrMounted", err)
+	}
 	for range 2 {
-		if err := m.Mount(tmpfsSource("64k"), target); err != nil {
+		if err := unix.Mount("tmpfs", target, "tmpfs", 0, "size=64k"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := mountsAt(t, target); n != 3 {
 		t.Fatalf("%d mounts at %s, want 3", n, target)
 	}
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatalf("Unmount: %v", err)
 	}
 	if n := mountsAt(t, target); n != 0 {
 		t.Fatalf("%d mounts left at %s", n, target)
 	}
-	mustMountPoint(t, m, target, false)
-	if err := m.Unmount(target); err != nil {
+	mustMountPoint(t, m, root, target, false)
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatalf("second Unmount: %v", err)
 	}
 }
@@ -382,16 +386,16 @@ func TestUnmountBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = m.Unmount(target)
+	err = m.Unmount(root, target)
 	if !errors.Is(err, unix.EBUSY) || !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("Unmount with an open file: %v, want EBUSY", err)
 	}
-	mustMountPoint(t, m, target, true) // not lazily detached
+	mustMountPoint(t, m, root, target, true) // not lazily detached
 	if err := m.RemoveTarget(root, target); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("RemoveTarget of a mount point: %v, want EBUSY", err)
 	}
 	f.Close()
-	if err := m.Unmount(target); err != nil {
+	if err := m.Unmount(root, target); err != nil {
 		t.Fatalf("Unmount after close: %v", err)
 	}
 }
@@ -400,7 +404,7 @@ func TestMissingIsNil(t *testing.T) {
 	root := newRoot(t)
 	m := New()
 	for _, p := range []string{filepath.Join(root, "missing"), filepath.Join(root, "no", "such", "dir")} {
-		if err := m.Unmount(p); err != nil {
+		if err := m.Unmount(root, p); err != nil {
 			t.Errorf("Unmount(%s): %v", p, err)
 		}
 		if err := m.RemoveTarget(root, p); err != nil {
@@ -412,7 +416,7 @@ func TestMissingIsNil(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unmount(dir); err != nil {
+	if err := m.Unmount(root, dir); err != nil {
 		t.Errorf("Unmount(plain dir): %v", err)
 	}
 }
@@ -421,21 +425,21 @@ func TestMountErrors(t *testing.T) {
 	root := newRoot(t)
 	m := New()
 	missing := filepath.Join(root, "missing")
-	if err := m.Mount(tmpfsSource("64k"), missing); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
+	if err := m.Mount(root, tmpfsSource("64k"), missing); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
 		t.Errorf("Mount on a missing target: %v, want ENOENT naming the target", err)
 	}
 	target := filepath.Join(root, "vol")
 	if err := m.MakeTarget(root, target); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Mount(api.Source{Path: filepath.Join(root, "no-backing")}, target); !errors.Is(err, fs.ErrNotExist) {
+	if err := m.Mount(root, api.Source{Path: filepath.Join(root, "no-backing")}, target); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("bind of a missing source: %v, want ENOENT", err)
 	}
-	if err := m.Mount(api.Source{Path: "/dev/null", FSType: "no-such-fs"}, target); !errors.Is(err, unix.ENODEV) {
+	if err := m.Mount(root, api.Source{Path: "/dev/null", FSType: "no-such-fs"}, target); !errors.Is(err, unix.ENODEV) {
 		t.Errorf("unknown filesystem type: %v, want ENODEV", err)
 	}
-	mustMountPoint(t, m, target, false)
-	if err := m.SetReadOnly(target, true); err == nil {
+	mustMountPoint(t, m, root, target, false)
+	if err := m.SetReadOnly(root, target, true); err == nil {
 		t.Errorf("SetReadOnly on a plain directory succeeded")
 	}
 }
@@ -600,7 +604,7 @@ func benchMounts(b *testing.B, n int) string {
 		if err := m.MakeTarget(root, target); err != nil {
 			b.Fatal(err)
 		}
-		if err := m.Mount(tmpfsSource("4k"), target); err != nil {
+		if err := m.Mount(root, tmpfsSource("4k"), target); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -612,7 +616,7 @@ func BenchmarkIsMountPoint(b *testing.B) {
 	m := New()
 	b.ReportAllocs()
 	for b.Loop() {
-		if ok, err := m.IsMountPoint(target); !ok || err != nil {
+		if ok, err := m.IsMountPoint(filepath.Dir(target), target); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
 	}
@@ -656,15 +660,20 @@ func TestMountPointByParent(t *testing.T) {
 		{link, false, false},
 		{"/", true, true},
 	} {
-		var stx unix.Statx_t
-		if err := unix.Statx(unix.AT_FDCWD, tc.path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx); err != nil {
+		fd, err := unix.Open(tc.path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := mountPointByParent(tc.path, &stx); err != nil || got != tc.byMntID {
+		defer unix.Close(fd)
+		var stx unix.Statx_t
+		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := byParent(fd, &stx); err != nil || got != tc.byMntID {
 			t.Errorf("by mount ID %s: %v, %v; want %v", tc.path, got, err, tc.byMntID)
 		}
 		stx.Mask &^= unix.STATX_MNT_ID
-		if got, err := mountPointByParent(tc.path, &stx); err != nil || got != tc.byStDev {
+		if got, err := byParent(fd, &stx); err != nil || got != tc.byStDev {
 			t.Errorf("by st_dev %s: %v, %v; want %v", tc.path, got, err, tc.byStDev)
 		}
 	}
@@ -677,7 +686,7 @@ func TestSetReadOnlyReversible(t *testing.T) {
 	root := newRoot(t)
 	m := New()
 	target := makeMounted(t, m, root, "vol", tmpfsSource("1m"))
-	if err := m.SetReadOnly(target, true); err != nil {
+	if err := m.SetReadOnly(root, target, true); err != nil {
 		t.Fatal(err)
 	}
 	container := filepath.Join(root, "container")
@@ -688,7 +697,7 @@ func TestSetReadOnlyReversible(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Unmount(container, syscall.MNT_DETACH) })
-	if err := m.SetReadOnly(target, false); err != nil {
+	if err := m.SetReadOnly(root, target, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(target, "refresh"), []byte("x"), 0o644); err != nil {
@@ -700,7 +709,7 @@ func TestSetReadOnlyReversible(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(container, "refresh")); err != nil || string(b) != "x" {
 		t.Errorf("the container does not see the refreshed file: %q %v", b, err)
 	}
-	if err := m.SetReadOnly(target, true); err != nil {
+	if err := m.SetReadOnly(root, target, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(target, "y"), nil, 0o644); !errors.Is(err, syscall.EROFS) {

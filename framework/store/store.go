@@ -28,6 +28,12 @@ const (
 	PhasePublished Phase = "Published"
 	// PhaseUnpublishing is the durable intent written before teardown starts.
 	PhaseUnpublishing Phase = "Unpublishing"
+	// PhaseUnclaimed marks storage the startup reconcile found without a record
+	// and without a pod on this node to own it (no target, no vol_data.json),
+	// when it could not prove the storage a leftover. It is kept, counted and
+	// reported, never deleted by the driver on its own: a publish of that volume
+	// claims it, and an operator can release it.
+	PhaseUnclaimed Phase = "Unclaimed"
 )
 
 // ErrNotFound is returned by Get for an unknown volume ID.
@@ -57,8 +63,22 @@ type Record struct {
 	Source   *api.Source       `json:"source,omitempty"`
 	State    map[string]string `json:"state,omitempty"`
 	Phase    Phase             `json:"phase"`
-	Created  time.Time         `json:"created"`
-	Updated  time.Time         `json:"updated"`
+	// Rebuilt marks a record the driver rebuilt from the node (the mount table,
+	// the kubelet's vol_data.json, a backend's inventory) because its own was
+	// lost or damaged. Such a record lacks what only the request carried: Hash,
+	// Params, the pod's name, namespace and service account, ReadOnly, FSType,
+	// FSGroup, and for a directory volume Size. The next NodePublishVolume of
+	// the volume completes it from the request and clears the mark.
+	Rebuilt bool      `json:"rebuilt,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+}
+
+// Identifier is implemented by stores with an identity: a random ID created
+// with the store's file, so a lost, reset or rebuilt state file has a new one.
+// The framework stamps backends' storage areas with it (see framework.Stamper).
+type Identifier interface {
+	ID() string
 }
 
 // Store persists records. Put is durable when it returns (bbolt fsyncs); concurrent
