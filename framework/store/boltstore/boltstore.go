@@ -30,10 +30,11 @@ import (
 const SchemaVersion = 1
 
 // ErrLocked is returned by [Open] when another process holds the file's lock for
-// longer than [Options].Timeout.
+// longer than [Options].Timeout, and by [Inspect] and [Salvage] while a driver has
+// the store open.
 var ErrLocked = errors.New("state store is locked")
 
-// ErrCorrupt is returned by [Open] for a damaged file: a
+// ErrCorrupt is returned by [Open], [Inspect] and [Salvage] for a damaged file: a
 // truncated or empty file, invalid meta pages, pages that do not form a sound
 // tree, or a panic or memory fault in bbolt while reading the file. The message
 // names the file and what is wrong with it. Such a file cannot be repaired; the

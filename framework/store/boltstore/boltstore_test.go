@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -171,13 +172,14 @@ func TestOpenRefusesNewerRecord(t *testing.T) {
 			t.Errorf("error does not contain %q", want)
 		}
 	}
-	// Nothing was quarantined.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		if tx.Bucket([]byte("quarantine")) != nil {
-			t.Error("the refused Open quarantined records")
-		}
-		return nil
-	})
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if len(rep.Quarantined) != 0 || len(rep.Undecodable) != 2 || rep.RecordCount != 3 {
+		t.Errorf("after the refused Open: %d quarantined, %d undecodable of %d records; want 0, 2 of 3",
+			len(rep.Quarantined), len(rep.Undecodable), rep.RecordCount)
+	}
 }
 
 func TestClosedErrorWrapsBolt(t *testing.T) {
@@ -269,27 +271,22 @@ func TestQuarantine(t *testing.T) {
 
 			wantQuarantine := func(keys ...string) {
 				t.Helper()
-				rawUpdate(t, path, func(tx *bolt.Tx) error {
-					q := tx.Bucket([]byte("quarantine"))
-					if q == nil {
-						t.Fatal("no quarantine bucket")
+				rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+				if err != nil {
+					t.Fatalf("Inspect: %v", err)
+				}
+				if len(rep.Quarantined) != len(keys) {
+					t.Fatalf("Inspect: %d quarantined entries, want %d", len(rep.Quarantined), len(keys))
+				}
+				for i, e := range rep.Quarantined {
+					head := tt.raw[:min(len(tt.raw), 64)]
+					if e.Key != keys[i] || e.Len != len(tt.raw) || e.Head != strconv.Quote(head) || e.Reason == "" {
+						t.Errorf("quarantined entry %d = %+v, want key %s, %d bytes, head %q and a reason", i, e, keys[i], len(tt.raw), head)
 					}
-					var got []string
-					_ = q.ForEach(func(k, v []byte) error {
-						got = append(got, string(k))
-						if string(v) != tt.raw {
-							t.Errorf("quarantined %s = %q, want %q", k, v, tt.raw)
-						}
-						return nil
-					})
-					if !slices.Equal(got, keys) {
-						t.Errorf("quarantine holds %q, want %q", got, keys)
-					}
-					if n := tx.Bucket([]byte("volumes")).Stats().KeyN; n != 3 {
-						t.Errorf("volumes holds %d records, want 3", n)
-					}
-					return nil
-				})
+				}
+				if rep.RecordCount != 3 || len(rep.Undecodable) != 0 {
+					t.Errorf("Inspect: %d records, %d undecodable; want 3, 0", rep.RecordCount, len(rep.Undecodable))
+				}
 			}
 			wantQuarantine(tt.key)
 
@@ -340,6 +337,10 @@ func TestID(t *testing.T) {
 		t.Errorf("ID() after reopen = %q, want %q", s.ID(), id)
 	}
 	s.Close()
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+	if err != nil || rep.StoreID != id {
+		t.Errorf("Inspect: StoreID %q, %v; want %q", rep.StoreID, err, id)
+	}
 
 	other := open(t, filepath.Join(dir, "other.db"))
 	if other.ID() == id {
@@ -426,6 +427,9 @@ func TestOpenChecksMetaBucket(t *testing.T) {
 			}
 			if !errors.Is(err, boltstore.ErrCorrupt) || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("Open: %v, want ErrCorrupt with %q", err, tt.wantMsg)
+			}
+			if _, err := boltstore.Inspect(path, boltstore.InspectOptions{}); !errors.Is(err, boltstore.ErrCorrupt) {
+				t.Errorf("Inspect: %v, want ErrCorrupt", err)
 			}
 		})
 	}

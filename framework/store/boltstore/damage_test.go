@@ -371,6 +371,15 @@ func TestOpenDamagedFile(t *testing.T) {
 				}
 			}
 
+			// Inspect and Salvage read the same file without crashing either.
+			_, ierr := boltstore.Inspect(path, boltstore.InspectOptions{Timeout: 100 * time.Millisecond})
+			if got, want := errors.Is(ierr, boltstore.ErrCorrupt), tt.wantMsg != ""; got != want {
+				t.Errorf("Inspect: %v, want ErrCorrupt %t", ierr, want)
+			}
+			if _, serr := boltstore.Salvage(path); serr != nil && !errors.Is(serr, boltstore.ErrCorrupt) {
+				t.Errorf("Salvage: %v, want nil or ErrCorrupt", serr)
+			}
+
 			// Without the check, the protected open and walk still never crash.
 			// Every run gets its own copy: a panic inside bbolt's Open leaks the
 			// mapping, and with it the file lock.

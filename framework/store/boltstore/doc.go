@@ -14,7 +14,7 @@
 //   - "quarantine" holds records that did not decode, moved out of "volumes" by
 //     [Open]: the key is the volume ID ("<id>#2", "<id>#3"... if the same volume
 //     is quarantined again), the value the raw bytes. Nothing in it is ever
-//     deleted; it is evidence for an operator. The bucket exists
+//     deleted; it is evidence for an operator (see [Inspect]). The bucket exists
 //     once something has been quarantined.
 //
 // "volumes" and "meta" are created together, so a file with only one of them is
@@ -64,13 +64,21 @@
 //
 // Damage found in steps 1 and 2 is an error wrapping [ErrCorrupt] that names the
 // file and what is wrong with it; nothing in a damaged file is changed. The
-// framework then moves the file aside and rebuilds the state from the node
-// (docs/operations.md, "Damaged state").
+// framework then keeps what [Salvage] can still read, moves the file aside and
+// rebuilds the state from the node (docs/operations.md, "Damaged state").
 //
 // New files are created whole: bbolt initialises a temporary file, which is
 // hard-linked into place. So an empty file at the store's path is always damage
 // (for example a file system that lost the data of an unsynced file), never a
 // file being created.
+//
+// # Inspection
+//
+// [Inspect] reads a file for an operator, read-only and protected the same way,
+// and [Salvage] reads the records of a damaged file page by page without bbolt.
+// Both take a shared lock, which they cannot get while a driver has the store
+// open: they fail with [ErrLocked] after a timeout rather than read a file that
+// is being written.
 //
 // # Durability and batching
 //
