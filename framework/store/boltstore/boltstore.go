@@ -153,9 +153,10 @@ func Open(path string, opts Options) (*Store, error) {
 		if db != nil {
 			_ = db.Close()
 		} else if file != nil {
-			// bbolt panicked inside its Open (checkFile should make that impossible).
-			// The mapping it made is lost and keeps the file locked until the
-			// process exits; a new file at path is not affected.
+			// bbolt's Open failed, and closed the file (closing it again is
+			// harmless), or it panicked, which checkFile should make impossible:
+			// then the mapping bbolt made is lost and keeps the file locked until
+			// the process exits. A new file at path is not affected.
 			_ = file.Close()
 		}
 		return nil, openError(path, opts.Timeout, err)
