@@ -42,6 +42,12 @@ var ErrNotFound = errors.New("volume record not found")
 // ErrVersion is returned for a record written by a newer schema version.
 var ErrVersion = errors.New("volume record has a newer schema version than this driver understands")
 
+// ErrUndecodable is returned for a stored record that cannot be decoded (damaged
+// bytes, or a record stored under another volume's ID). boltstore moves such
+// records aside when it opens a file, so a store only returns it for damage that
+// appeared while it was open; reopening the store quarantines the record.
+var ErrUndecodable = errors.New("volume record cannot be decoded")
+
 // Record is everything the driver promised about one volume. It never contains
 // secrets.
 type Record struct {

@@ -1,13 +1,20 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,8 +30,22 @@ import (
 const SchemaVersion = 1
 
 // ErrLocked is returned by [Open] when another process holds the file's lock for
-// longer than [Options].Timeout.
+// longer than [Options].Timeout, and by [Inspect] and [Salvage] while a driver has
+// the store open.
 var ErrLocked = errors.New("state store is locked")
+
+// ErrCorrupt is returned by [Open], [Inspect] and [Salvage] for a damaged file: a
+// truncated or empty file, invalid meta pages, pages that do not form a sound
+// tree, or a panic or memory fault in bbolt while reading the file. The message
+// names the file and what is wrong with it. Such a file cannot be repaired; the
+// framework moves it aside and rebuilds the state from the node.
+var ErrCorrupt = errors.New("state file is damaged")
+
+// errLockTimeout is returned by lockFile when the lock stays taken.
+var errLockTimeout = errors.New("timed out waiting for the file lock")
+
+// lockRetry is how often lockFile tries the lock again, as bbolt does.
+const lockRetry = 50 * time.Millisecond
 
 // batchDelay replaces bbolt's default MaxBatchDelay (10ms): how long a Put or
 // Delete waits for others to share its transaction. A commit fsyncs in about 3ms on
@@ -34,9 +55,11 @@ var ErrLocked = errors.New("state store is locked")
 const batchDelay = time.Millisecond
 
 var (
-	bucketVolumes = []byte("volumes")
-	bucketMeta    = []byte("meta")
-	keySchema     = []byte("schemaVersion")
+	bucketVolumes    = []byte("volumes")
+	bucketMeta       = []byte("meta")
+	bucketQuarantine = []byte("quarantine")
+	keySchema        = []byte("schemaVersion")
+	keyStoreID       = []byte("storeID")
 )
 
 // Options configures [Open].
@@ -44,6 +67,10 @@ type Options struct {
 	// Timeout is how long Open waits for the file's exclusive lock before failing
 	// with ErrLocked. Defaults to 1s.
 	Timeout time.Duration
+
+	// skipCheck skips checkFile, for tests of what the protected open does
+	// alone.
+	skipCheck bool
 }
 
 func (o *Options) setDefaults() {
@@ -61,17 +88,27 @@ func (o *Options) validate() error {
 
 // Store is a [store.Store] backed by a bbolt file. It is safe for concurrent use.
 type Store struct {
-	db      *bolt.DB
-	path    string
-	writers atomic.Int32 // Puts and Deletes in progress
+	db          *bolt.DB
+	path        string
+	id          string
+	quarantined []string
+	writers     atomic.Int32 // Puts and Deletes in progress
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens the store at path, creating the file and its parent directory (mode
-// 0700) when missing. It fails with an error wrapping [ErrLocked] when another
-// process holds the file, and with one wrapping [store.ErrVersion] when the file was
-// written by a newer schema.
+// 0700) when missing.
+//
+// Before bbolt maps an existing file, Open checks its structure with plain reads,
+// then reads every bucket and key through bbolt on a goroutine that turns memory
+// faults and bbolt's panics into errors: whatever the file holds, Open returns an
+// error wrapping [ErrCorrupt] rather than crashing. Records that do not decode are
+// moved to the "quarantine" bucket (see [Store.Quarantined]).
+//
+// Open fails with an error wrapping [ErrLocked] when another process holds the
+// file, and with one wrapping [store.ErrVersion] when the file or one of its
+// records was written by a newer driver.
 func Open(path string, opts Options) (*Store, error) {
 	opts.setDefaults()
 	if err := opts.validate(); err != nil {
@@ -83,44 +120,343 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("boltstore: create state directory: %v", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%w: %s: gave up waiting %s for the file lock; another driver process (e.g. a second DaemonSet pod on this node) holds it",
-			ErrLocked, path, opts.Timeout)
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		if err := create(path, opts.Timeout); err != nil {
+			return nil, fmt.Errorf("boltstore: create %s: %v", path, err)
+		}
 	}
+
+	var (
+		db   *bolt.DB
+		file *os.File
+		got  loaded
+	)
+	err := protect(func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, &bolt.Options{
+			Timeout: opts.Timeout,
+			// bbolt opens the file through this hook before it locks and maps it:
+			// lock it here and check it while nothing is mapped yet.
+			OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+				f, err := openChecked(name, flag&^os.O_CREATE, perm, opts.Timeout, !opts.skipCheck)
+				file = f
+				return f, err
+			},
+		})
+		if err != nil {
+			return err
+		}
+		got, err = load(db)
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("boltstore: open %s: %v", path, err)
-	}
-	if err := db.Update(initSchema); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("boltstore: %s: %w", path, err)
+		if db != nil {
+			_ = db.Close()
+		} else if file != nil {
+			// bbolt's Open failed, and closed the file (closing it again is
+			// harmless), or it panicked, which checkFile should make impossible:
+			// then the mapping bbolt made is lost and keeps the file locked until
+			// the process exits. A new file at path is not affected.
+			_ = file.Close()
+		}
+		return nil, openError(path, opts.Timeout, err)
 	}
 	db.MaxBatchDelay = batchDelay
-	return &Store{db: db, path: path}, nil
+	return &Store{db: db, path: path, id: got.id, quarantined: got.quarantined}, nil
 }
 
-// initSchema creates the buckets and checks (or records) the schema version.
-func initSchema(tx *bolt.Tx) error {
-	if _, err := tx.CreateBucketIfNotExists(bucketVolumes); err != nil {
-		return err
+// openError turns an error of Open into one that names path and says what to do.
+func openError(path string, timeout time.Duration, err error) error {
+	switch {
+	case errors.Is(err, ErrLocked), errors.Is(err, ErrCorrupt):
+		return err // from openChecked, which names the file
+	case errors.Is(err, berrors.ErrTimeout):
+		return lockedError(path, timeout, "another driver process (e.g. a second DaemonSet pod on this node) holds it")
+	case errors.Is(err, store.ErrVersion):
+		return fmt.Errorf("boltstore: %s: %w; run the newer driver version that wrote it (downgrades are not supported)", path, err)
+	case isCorruption(err):
+		return corruptError(path, err)
+	default:
+		return fmt.Errorf("boltstore: open %s: %v", path, err)
 	}
-	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+}
+
+// isCorruption reports whether err says that the file is damaged: a *damage from
+// the checks, a panic or fault in bbolt, or bbolt's own verdict on the meta pages.
+func isCorruption(err error) bool {
+	var perr *panicError
+	return isDamage(err) || errors.As(err, &perr) ||
+		errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrVersionMismatch) || errors.Is(err, berrors.ErrChecksum)
+}
+
+func lockedError(path string, timeout time.Duration, who string) error {
+	return fmt.Errorf("%w: %s: gave up waiting %s for the file lock; %s", ErrLocked, path, timeout, who)
+}
+
+func corruptError(path string, err error) error {
+	return fmt.Errorf("%w: %s: %v; move it aside to rebuild the state from the node (see docs/operations.md, 'Damaged state')",
+		ErrCorrupt, path, err)
+}
+
+// openChecked opens the existing file name, takes bbolt's exclusive lock on it and
+// checks its structure with checkFile (when check is set). The file is returned
+// open and, where the platform allows (see handOver), still locked.
+func openChecked(name string, flag int, perm os.FileMode, timeout time.Duration, check bool) (*os.File, error) {
+	f, err := os.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+		}
+	}()
+	if err := lockFile(f, true, timeout); errors.Is(err, errLockTimeout) {
+		return nil, lockedError(name, timeout, "another driver process (e.g. a second DaemonSet pod on this node) holds it")
+	} else if err != nil {
+		return nil, fmt.Errorf("lock %s: %v", name, err)
+	}
+	if check {
+		if _, err := checkFile(f); isDamage(err) {
+			return nil, corruptError(name, err)
+		} else if err != nil {
+			return nil, fmt.Errorf("check %s: %v", name, err)
+		}
+	}
+	if err := handOver(f); err != nil {
+		return nil, fmt.Errorf("unlock %s: %v", name, err)
+	}
+	ok = true
+	return f, nil
+}
+
+// create makes a new store file at path. bbolt initialises a temporary file next
+// to it, which is then hard-linked to path unless path exists by then (another
+// process created it first; Open then opens that one). So a file at path always
+// has its meta pages, and an empty file at path is damage, not a file being
+// created.
+func create(path string, timeout time.Duration) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".new-*")
 	if err != nil {
 		return err
 	}
-	raw := meta.Get(keySchema)
-	if raw == nil {
-		return meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion)))
+	name := tmp.Name()
+	defer os.Remove(name)
+	if err := tmp.Close(); err != nil {
+		return err
 	}
-	v, err := strconv.Atoi(string(raw))
+	db, err := bolt.Open(name, 0o600, &bolt.Options{Timeout: timeout})
 	if err != nil {
-		return fmt.Errorf("corrupt schema version %q", raw)
+		return err
+	}
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(name, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// loaded is what load found in a file.
+type loaded struct {
+	id          string
+	quarantined []string
+}
+
+// badRecord is a record that does not decode.
+type badRecord struct {
+	id  string
+	raw []byte
+}
+
+// load reads every bucket and key of db (so that damage shows now, as a fault or
+// a bbolt panic inside protect, and not in a later call), checks the schema,
+// decodes every record, and then, only when something needs writing, initialises
+// the buckets and the store ID and moves undecodable records to quarantine.
+func load(db *bolt.DB) (loaded, error) {
+	var (
+		got   loaded
+		fresh bool // no buckets yet
+		bad   []badRecord
+	)
+	err := db.View(func(tx *bolt.Tx) error {
+		if err := walkAll(tx); err != nil {
+			return err
+		}
+		meta, volumes := tx.Bucket(bucketMeta), tx.Bucket(bucketVolumes)
+		if meta == nil && volumes == nil {
+			fresh = true
+			return nil
+		}
+		var err error
+		if got.id, err = checkMeta(meta, volumes); err != nil {
+			return err
+		}
+		return volumes.ForEach(func(k, v []byte) error {
+			_, err := decode(string(k), v)
+			switch {
+			case errors.Is(err, store.ErrVersion):
+				return err
+			case err != nil:
+				bad = append(bad, badRecord{id: string(k), raw: bytes.Clone(v)})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return got, err
+	}
+	if !fresh && got.id != "" && len(bad) == 0 {
+		return got, nil
+	}
+	if got.id == "" {
+		got.id = newID()
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		volumes, err := tx.CreateBucketIfNotExists(bucketVolumes)
+		if err != nil {
+			return err
+		}
+		if fresh {
+			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+				return err
+			}
+		}
+		if err := meta.Put(keyStoreID, []byte(got.id)); err != nil {
+			return err
+		}
+		if len(bad) == 0 {
+			return nil
+		}
+		q, err := tx.CreateBucketIfNotExists(bucketQuarantine)
+		if err != nil {
+			return err
+		}
+		for _, r := range bad {
+			if err := q.Put(quarantineKey(q, r.id), r.raw); err != nil {
+				return err
+			}
+			if err := volumes.Delete([]byte(r.id)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return got, err
+	}
+	for _, r := range bad {
+		got.quarantined = append(got.quarantined, r.id)
+	}
+	return got, nil
+}
+
+// checkMeta checks the "meta" bucket of a file that has buckets, and returns its
+// store ID ("" when an older driver wrote the file). Both buckets are created in
+// one transaction, so a file with only one of them is damaged.
+func checkMeta(meta, volumes *bolt.Bucket) (string, error) {
+	if meta == nil {
+		return "", damagef("the %q bucket is missing while %q exists", bucketMeta, bucketVolumes)
+	}
+	if volumes == nil {
+		return "", damagef("the %q bucket is missing while %q exists", bucketVolumes, bucketMeta)
+	}
+	v, err := parseSchema(meta.Get(keySchema))
+	if err != nil {
+		return "", err
 	}
 	if v > SchemaVersion {
-		return fmt.Errorf("%w: file schema %d, this driver knows %d", store.ErrVersion, v, SchemaVersion)
+		return "", fmt.Errorf("%w: file schema %d, this driver knows %d", store.ErrVersion, v, SchemaVersion)
 	}
-	return nil
+	return parseStoreID(meta.Get(keyStoreID))
 }
+
+func parseSchema(raw []byte) (int, error) {
+	if raw == nil {
+		return 0, damagef("the schema version is missing from the %q bucket", bucketMeta)
+	}
+	v, err := strconv.Atoi(string(raw))
+	if err != nil || v < 1 {
+		return 0, damagef("the schema version %q is not a positive number", raw)
+	}
+	return v, nil
+}
+
+// parseStoreID returns a stored ID, "" for none.
+func parseStoreID(raw []byte) (string, error) {
+	if raw == nil {
+		return "", nil
+	}
+	if b, err := hex.DecodeString(string(raw)); err != nil || len(b) != idBytes || strings.ToLower(string(raw)) != string(raw) {
+		return "", damagef("the store ID %q is not %d lower-case hex digits", raw, 2*idBytes)
+	}
+	return string(raw), nil
+}
+
+// idBytes is the size of a store ID: 128 random bits.
+const idBytes = 16
+
+func newID() string {
+	b := make([]byte, idBytes)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+// quarantineKey returns the key under which to quarantine the record of id: id
+// itself, or "id#2", "id#3"... when that record was quarantined before, so that
+// nothing in quarantine is ever overwritten.
+func quarantineKey(q *bolt.Bucket, id string) []byte {
+	key := []byte(id)
+	for n := 2; q.Get(key) != nil; n++ {
+		key = fmt.Appendf(nil, "%s#%d", id, n)
+	}
+	return key
+}
+
+// walkAll reads every key and value of every bucket of tx through bbolt's cursors,
+// so that a fault or an assertion on a damaged page happens now.
+func walkAll(tx *bolt.Tx) error {
+	var sum uint32 // the bytes must be read, not just sliced
+	var walk func(b *bolt.Bucket, depth int) error
+	walk = func(b *bolt.Bucket, depth int) error {
+		if depth > maxDepth {
+			return damagef("buckets are nested more than %d levels deep", maxDepth)
+		}
+		c := b.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			sum = crc32.Update(sum, crc32.IEEETable, k)
+			sum = crc32.Update(sum, crc32.IEEETable, v)
+			if v != nil {
+				continue
+			}
+			if sub := b.Bucket(k); sub != nil {
+				if err := walk(sub, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(tx.Cursor().Bucket(), 0)
+}
+
+// ID returns the store's identity: 32 hex digits, random, written into the file
+// when it is created (or when an older driver's file is first opened). A new file
+// is a new identity. See the package documentation.
+func (s *Store) ID() string { return s.id }
+
+// Quarantined returns the IDs of the records that this Open moved to the
+// "quarantine" bucket because they did not decode, in key order; nil when none.
+// The framework rebuilds those volumes from the node. A later Open does not
+// return them again.
+func (s *Store) Quarantined() []string { return slices.Clone(s.quarantined) }
 
 // Path returns the path of the bbolt file.
 func (s *Store) Path() string { return s.path }
@@ -206,7 +542,11 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 }
 
 // List implements [store.Store]. Records come back ordered by volume ID (bbolt keeps
-// keys in byte order, which is Go's string order).
+// keys in byte order, which is Go's string order). A record that does not decode
+// fails the whole List with an error wrapping [store.ErrUndecodable] (or
+// [store.ErrVersion]) that names it: Open quarantines such records, so this only
+// happens for damage that appeared while the store was open, and reopening the
+// store quarantines it.
 func (s *Store) List(ctx context.Context) ([]*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -238,13 +578,14 @@ func (s *Store) Close() error {
 }
 
 // decode parses one stored record, refusing newer record versions before looking at
-// the rest of the document (whose shape may have changed).
+// the rest of the document (whose shape may have changed). A record that does not
+// parse, or is stored under another volume's ID, is undecodable.
 func decode(id string, raw []byte) (*store.Record, error) {
 	var head struct {
 		Version int `json:"version"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("decode record %q: %v", id, err)
+		return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
 	}
 	if head.Version > store.RecordVersion {
 		return nil, fmt.Errorf("%w: record %q has version %d, this driver knows %d",
@@ -252,7 +593,10 @@ func decode(id string, raw []byte) (*store.Record, error) {
 	}
 	r := new(store.Record)
 	if err := json.Unmarshal(raw, r); err != nil {
-		return nil, fmt.Errorf("decode record %q: %v", id, err)
+		return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
+	}
+	if r.VolumeID != id {
+		return nil, fmt.Errorf("%w: %q: the record is for volume %q", store.ErrUndecodable, id, r.VolumeID)
 	}
 	return r, nil
 }

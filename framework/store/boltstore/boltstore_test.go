@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,7 +103,7 @@ func TestOpenLocked(t *testing.T) {
 }
 
 // rawUpdate edits the closed store file directly with bbolt.
-func rawUpdate(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
+func rawUpdate(t testing.TB, path string, fn func(tx *bolt.Tx) error) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
@@ -134,7 +136,9 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	rawUpdate(t, path, func(*bolt.Tx) error { return nil })
 }
 
-func TestGetRefusesNewerRecord(t *testing.T) {
+// TestOpenRefusesNewerRecord: a record written by a newer driver is not
+// quarantined (it is not damaged); Open refuses the whole file instead.
+func TestOpenRefusesNewerRecord(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	s := open(t, path)
 	if err := s.Put(t.Context(), storetest.FullRecord("vol-old")); err != nil {
@@ -143,22 +147,38 @@ func TestGetRefusesNewerRecord(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// A newer driver wrote this record; its shape has changed too.
+	// A newer driver wrote this record; its shape has changed too. Another record
+	// is damaged: nothing may be quarantined in a file Open refuses.
 	newer := fmt.Sprintf(`{"version":%d,"volumeID":"vol-new","pod":"not-an-object"}`, store.RecordVersion+1)
 	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte("volumes")).Put([]byte("vol-new"), []byte(newer))
+		b := tx.Bucket([]byte("volumes"))
+		if err := b.Put([]byte("vol-bad"), []byte("{garbage")); err != nil {
+			return err
+		}
+		return b.Put([]byte("vol-new"), []byte(newer))
 	})
 
-	s = open(t, path)
-	defer s.Close()
-	if _, err := s.Get(t.Context(), "vol-new"); !errors.Is(err, store.ErrVersion) {
-		t.Errorf("Get(newer) error = %v, want ErrVersion", err)
+	s, err := boltstore.Open(path, boltstore.Options{})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open of a file with a newer record succeeded")
 	}
-	if _, err := s.List(t.Context()); !errors.Is(err, store.ErrVersion) {
-		t.Errorf("List with a newer record: error = %v, want ErrVersion", err)
+	t.Logf("Open: %v", err)
+	if !errors.Is(err, store.ErrVersion) {
+		t.Errorf("error = %v, want ErrVersion", err)
 	}
-	if _, err := s.Get(t.Context(), "vol-old"); err != nil {
-		t.Errorf("Get(old) = %v", err)
+	for _, want := range []string{path, "vol-new", "run the newer driver version"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q", want)
+		}
+	}
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if len(rep.Quarantined) != 0 || len(rep.Undecodable) != 2 || rep.RecordCount != 3 {
+		t.Errorf("after the refused Open: %d quarantined, %d undecodable of %d records; want 0, 2 of 3",
+			len(rep.Quarantined), len(rep.Undecodable), rep.RecordCount)
 	}
 }
 
@@ -203,4 +223,278 @@ func BenchmarkPutParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestQuarantine(t *testing.T) {
+	tests := []struct {
+		name string
+		key  string
+		raw  string
+	}{
+		{"garbage", "vol-bad", "{garbage\x00\xff"},
+		{"wrong shape", "vol-bad", `{"version":1,"volumeID":"vol-bad","pod":"not-an-object"}`},
+		{"another volume's record", "vol-bad", `{"version":1,"volumeID":"vol-other"}`},
+		{"empty", "vol-bad", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "state.db")
+			s := open(t, path)
+			var want []*store.Record
+			for _, id := range []string{"vol-a", "vol-c", "vol-d"} {
+				r := storetest.FullRecord(id)
+				if err := s.Put(t.Context(), r); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, r)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			putRaw(t, path, tt.key, tt.raw)
+
+			s = open(t, path)
+			if got := s.Quarantined(); !slices.Equal(got, []string{tt.key}) {
+				t.Errorf("Quarantined() = %q, want [%s]", got, tt.key)
+			}
+			list, err := s.List(t.Context())
+			if err != nil {
+				t.Fatalf("List: %v", err)
+			}
+			wantRecords(t, list, want)
+			if _, err := s.Get(t.Context(), tt.key); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Get(%s) = %v, want ErrNotFound", tt.key, err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			wantQuarantine := func(keys ...string) {
+				t.Helper()
+				rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+				if err != nil {
+					t.Fatalf("Inspect: %v", err)
+				}
+				if len(rep.Quarantined) != len(keys) {
+					t.Fatalf("Inspect: %d quarantined entries, want %d", len(rep.Quarantined), len(keys))
+				}
+				for i, e := range rep.Quarantined {
+					head := tt.raw[:min(len(tt.raw), 64)]
+					if e.Key != keys[i] || e.Len != len(tt.raw) || e.Head != strconv.Quote(head) || e.Reason == "" {
+						t.Errorf("quarantined entry %d = %+v, want key %s, %d bytes, head %q and a reason", i, e, keys[i], len(tt.raw), head)
+					}
+				}
+				if rep.RecordCount != 3 || len(rep.Undecodable) != 0 {
+					t.Errorf("Inspect: %d records, %d undecodable; want 3, 0", rep.RecordCount, len(rep.Undecodable))
+				}
+			}
+			wantQuarantine(tt.key)
+
+			// A reopen quarantines nothing new, and the quarantine stays.
+			s = open(t, path)
+			if got := s.Quarantined(); len(got) != 0 {
+				t.Errorf("Quarantined() after reopen = %q, want none", got)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			wantQuarantine(tt.key)
+
+			// The same volume damaged again: both versions are kept.
+			putRaw(t, path, tt.key, tt.raw)
+			s = open(t, path)
+			if got := s.Quarantined(); !slices.Equal(got, []string{tt.key}) {
+				t.Errorf("Quarantined() = %q, want [%s]", got, tt.key)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			wantQuarantine(tt.key, tt.key+"#2")
+		})
+	}
+}
+
+// putRaw stores raw under key in the "volumes" bucket of the closed store at path.
+func putRaw(t *testing.T, path, key, raw string) {
+	t.Helper()
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("volumes")).Put([]byte(key), []byte(raw))
+	})
+}
+
+func TestID(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.db")
+	s := open(t, path)
+	id := s.ID()
+	if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+		t.Errorf("ID() = %q, want 32 lower-case hex digits", id)
+	}
+	s.Close()
+
+	s = open(t, path)
+	if s.ID() != id {
+		t.Errorf("ID() after reopen = %q, want %q", s.ID(), id)
+	}
+	s.Close()
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+	if err != nil || rep.StoreID != id {
+		t.Errorf("Inspect: StoreID %q, %v; want %q", rep.StoreID, err, id)
+	}
+
+	other := open(t, filepath.Join(dir, "other.db"))
+	if other.ID() == id {
+		t.Errorf("a new file has the same ID %q", id)
+	}
+	other.Close()
+
+	// A file moved aside and recreated is a new identity.
+	if err := os.Rename(path, path+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path)
+	if s.ID() == id {
+		t.Errorf("a recreated file has the old ID %q", id)
+	}
+	s.Close()
+}
+
+// TestIDOlderFile: a file written before store IDs existed gets one at its next
+// Open, which then stays.
+func TestIDOlderFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s := open(t, path)
+	if err := s.Put(t.Context(), storetest.FullRecord("vol-a")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("meta")).Delete([]byte("storeID"))
+	})
+	s = open(t, path)
+	id := s.ID()
+	if len(id) != 32 {
+		t.Errorf("ID() of an older file = %q, want one made now", id)
+	}
+	if _, err := s.Get(t.Context(), "vol-a"); err != nil {
+		t.Errorf("Get: %v", err)
+	}
+	s.Close()
+	s = open(t, path)
+	defer s.Close()
+	if s.ID() != id {
+		t.Errorf("ID() after reopen = %q, want %q", s.ID(), id)
+	}
+}
+
+// TestOpenChecksMetaBucket: the contents of the "meta" bucket are part of the
+// file's integrity.
+func TestOpenChecksMetaBucket(t *testing.T) {
+	tests := []struct {
+		name    string
+		edit    func(tx *bolt.Tx) error
+		wantMsg string
+	}{{
+		name:    "no volumes bucket",
+		edit:    func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("volumes")) },
+		wantMsg: `the "volumes" bucket is missing`,
+	}, {
+		name:    "no meta bucket",
+		edit:    func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("meta")) },
+		wantMsg: `the "meta" bucket is missing`,
+	}, {
+		name:    "no schema version",
+		edit:    func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Delete([]byte("schemaVersion")) },
+		wantMsg: "the schema version is missing",
+	}, {
+		name:    "bad schema version",
+		edit:    func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("schemaVersion"), []byte("1x")) },
+		wantMsg: `the schema version "1x" is not a positive number`,
+	}, {
+		name:    "bad store ID",
+		edit:    func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("storeID"), []byte("zz")) },
+		wantMsg: `the store ID "zz" is not 32 lower-case hex digits`,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "state.db")
+			open(t, path).Close()
+			rawUpdate(t, path, tt.edit)
+			s, err := boltstore.Open(path, boltstore.Options{})
+			if err == nil {
+				s.Close()
+				t.Fatal("Open succeeded")
+			}
+			if !errors.Is(err, boltstore.ErrCorrupt) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("Open: %v, want ErrCorrupt with %q", err, tt.wantMsg)
+			}
+			if _, err := boltstore.Inspect(path, boltstore.InspectOptions{}); !errors.Is(err, boltstore.ErrCorrupt) {
+				t.Errorf("Inspect: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// TestOpenBareBboltFile: a bbolt file without buckets (an older driver that
+// stopped between bbolt's creation of the file and its first commit) is a new,
+// empty store.
+func TestOpenBareBboltFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	rawUpdate(t, path, func(*bolt.Tx) error { return nil })
+	s := open(t, path)
+	defer s.Close()
+	if list, err := s.List(t.Context()); err != nil || len(list) != 0 {
+		t.Errorf("List = %d records, %v; want none", len(list), err)
+	}
+	if len(s.ID()) != 32 {
+		t.Errorf("ID() = %q", s.ID())
+	}
+}
+
+// TestOpenConcurrentCreate: processes that start together on a node without a
+// state file create one file; one gets it, the others find it locked, and none
+// sees a half-made file as damaged.
+func TestOpenConcurrentCreate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.db")
+	const n = 8
+	type result struct {
+		s   *boltstore.Store
+		err error
+	}
+	start := make(chan struct{})
+	results := make(chan result, n)
+	for range n {
+		go func() {
+			<-start
+			s, err := boltstore.Open(path, boltstore.Options{Timeout: 300 * time.Millisecond})
+			results <- result{s, err}
+		}()
+	}
+	close(start)
+	opened := 0
+	for range n {
+		r := <-results
+		switch {
+		case r.err == nil:
+			opened++
+			defer r.s.Close()
+		case !errors.Is(r.err, boltstore.ErrLocked):
+			t.Errorf("Open: %v, want success or ErrLocked", r.err)
+		}
+	}
+	if opened != 1 {
+		t.Errorf("%d Opens succeeded, want 1", opened)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != "state.db" {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("state directory holds %q, want only state.db", names)
+	}
 }

@@ -2,6 +2,8 @@ package memstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,6 +18,7 @@ var errClosed = errors.New("memstore: store is closed")
 
 // Store is an in-memory [store.Store]. The zero value is not usable; call [New].
 type Store struct {
+	id      string
 	mu      sync.RWMutex
 	records map[string]*store.Record
 	closed  bool
@@ -23,10 +26,22 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// New returns an empty store.
+// New returns an empty store with a new random ID (32 hex digits, as boltstore's).
 func New() *Store {
-	return &Store{records: make(map[string]*store.Record)}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return NewWithID(hex.EncodeToString(b))
 }
+
+// NewWithID returns an empty store whose [Store.ID] is id, for tests that need a
+// known identity (for example a store "reopened" after a restart).
+func NewWithID(id string) *Store {
+	return &Store{id: id, records: make(map[string]*store.Record)}
+}
+
+// ID returns the store's identity, like boltstore's Store.ID: fixed for the
+// store's life, different for every New.
+func (s *Store) ID() string { return s.id }
 
 // Get implements [store.Store]. The result is a copy.
 func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {

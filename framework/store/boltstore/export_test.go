@@ -1,0 +1,8 @@
+package boltstore
+
+// OpenUnchecked is Open without the structural check before bbolt maps the file,
+// for tests of what the protected open and walk do alone.
+func OpenUnchecked(path string, opts Options) (*Store, error) {
+	opts.skipCheck = true
+	return Open(path, opts)
+}
