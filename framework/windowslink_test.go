@@ -17,6 +17,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // The Windows seam (mount.NewLink: publish by directory symlink) driven through
@@ -171,7 +172,7 @@ func TestLinkSeamNonEmptyTargetRefused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(target, "someone-elses")); err != nil {
 		t.Errorf("content of the non-empty target touched: %v", err)
 	}
-	if ids, _ := os.ReadDir(root); len(ids) != 0 {
+	if ids := volumeDirs(t, root); len(ids) != 0 {
 		t.Errorf("backing storage left after the refused publish: %v", ids)
 	}
 }
@@ -247,7 +248,21 @@ func TestLinkSeamReconcileAndRepair(t *testing.T) {
 			t.Errorf("%s: target left: %v", name, err)
 		}
 	}
-	if ids, _ := os.ReadDir(root); len(ids) != 0 {
+	if ids := volumeDirs(t, root); len(ids) != 0 {
 		t.Errorf("backing storage left: %v", ids)
 	}
+}
+
+// volumeDirs lists the entries of a dir backend's root other than its storage
+// stamp.
+func volumeDirs(t *testing.T, root string) []string {
+	t.Helper()
+	entries, _ := os.ReadDir(root)
+	var out []string
+	for _, e := range entries {
+		if e.Name() != stamp.FileName {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
