@@ -64,6 +64,7 @@ func main() {
 		loopSize     = flag.String("loop-default-size", "", "Size of loop volumes without a \"size\" attribute. Empty: \"size\" is required.")
 		loopPrealloc = flag.Bool("loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
 		defaultSize  = flag.String("default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
+		maxInodes    = flag.Int64("tmpfs-max-inodes", tmpfs.DefaultMaxInodes, "Largest \"nr_inodes\" a pod may request for a tmpfs volume, and the most a volume without it gets (one inode per 4KiB of size, at least 1024). Each inode (an empty file, a directory) costs about 1KiB of kernel memory that \"size\" does not limit. At least 1: there is no unlimited.")
 		maxSize      = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
 		softSize     = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
 		capacity     = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
@@ -107,8 +108,8 @@ func main() {
 			})
 		}
 	}
-	lo := loopFlags{fsType: *loopFS, defaultSize: *loopSize, preallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
-	err = run(opts, *backends, *defaultSize, *maxSize, *softSize, lo, starters)
+	bf := backendFlags{tmpfsMaxInodes: *maxInodes, loopFSType: *loopFS, loopSize: *loopSize, loopPreallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
+	err = run(opts, *backends, *defaultSize, *maxSize, *softSize, bf, starters)
 	stopEvents()
 	if err != nil {
 		klog.ErrorS(err, "Driver failed")
@@ -118,15 +119,18 @@ func main() {
 	klog.Flush()
 }
 
-type loopFlags struct {
-	fsType, defaultSize string
-	preallocate         bool
+// backendFlags are the flags of single backends.
+type backendFlags struct {
+	tmpfsMaxInodes int64
+	// loop backend
+	loopFSType, loopSize string
+	loopPreallocate      bool
 	// vhdx backend
 	vhdxSize    string
 	vhdxDynamic bool
 }
 
-func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, lo loopFlags, starters []func(context.Context)) error {
+func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, bf backendFlags, starters []func(context.Context)) error {
 	opts.Version = version
 	if opts.StateDir == "" {
 		opts.StateDir = framework.DefaultStateDir(opts.DriverName)
@@ -142,7 +146,10 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 	for _, name := range strings.Split(backends, ",") {
 		switch name = strings.TrimSpace(name); name {
 		case "tmpfs":
-			opts.Backends[name] = tmpfs.New(tmpfs.Options{DefaultSize: defSize})
+			if bf.tmpfsMaxInodes < 1 {
+				return fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", bf.tmpfsMaxInodes)
+			}
+			opts.Backends[name] = tmpfs.New(tmpfs.Options{DefaultSize: defSize, MaxInodes: bf.tmpfsMaxInodes})
 		case "dir":
 			b, err := dir.New(dir.Options{Root: filepath.Join(opts.StateDir, "volumes"), AllowSoftSize: softSize})
 			if err != nil {
@@ -150,23 +157,23 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 			}
 			opts.Backends[name] = b
 		case "loop":
-			size, err := quantity("--loop-default-size", lo.defaultSize)
+			size, err := quantity("--loop-default-size", bf.loopSize)
 			if err != nil {
 				return err
 			}
 			b, err := loop.New(loop.Options{
 				Dir:           filepath.Join(opts.StateDir, "loop"),
-				DefaultFSType: lo.fsType,
+				DefaultFSType: bf.loopFSType,
 				DefaultSize:   size,
 				MaxSize:       opts.MaxVolumeSize,
-				Preallocate:   lo.preallocate,
+				Preallocate:   bf.loopPreallocate,
 			})
 			if err != nil {
 				return err
 			}
 			opts.Backends[name] = b
 		case "vhdx":
-			size, err := quantity("--vhdx-default-size", lo.vhdxSize)
+			size, err := quantity("--vhdx-default-size", bf.vhdxSize)
 			if err != nil {
 				return err
 			}
@@ -174,7 +181,7 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 				Dir:         filepath.Join(opts.StateDir, "vhdx"),
 				DefaultSize: size,
 				MaxSize:     opts.MaxVolumeSize,
-				Dynamic:     lo.vhdxDynamic,
+				Dynamic:     bf.vhdxDynamic,
 			})
 			if err != nil {
 				return err

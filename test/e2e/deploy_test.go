@@ -245,7 +245,8 @@ func TestDeployManifestsDryRun(t *testing.T) {
 // real (deploy/admission, then the Helm chart's rendering of it) and proves what
 // they allow: a pod using the driver inline in an unlabelled namespace is refused
 // with the policy's message, a labelled namespace is refused a size over the cap,
-// a backend not allowed and csi.storage.k8s.io/ keys, and a valid pod is admitted.
+// an nr_inodes over the cap, 0 or not a number, a backend not allowed and
+// csi.storage.k8s.io/ keys, and a valid pod is admitted.
 // The policy is removed at the end (and its removal awaited), so later tests in
 // the default namespace are not affected.
 func TestAdmissionPolicy(t *testing.T) {
@@ -326,6 +327,11 @@ func (c *cluster) checkAdmissionPolicy(t *testing.T, a *applier, policy []*unstr
 		"volumeAttributes.size", "at most 4Gi")
 	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "lots"}), "size not a quantity",
 		"volumeAttributes.size", "must be a quantity")
+	for name, inodes := range map[string]string{"nr_inodes over the cap": "1048577", "nr_inodes 2^40": "1099511627776",
+		"nr_inodes 0 (unlimited)": "0", "nr_inodes not a number": "1k"} {
+		wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "nr_inodes": inodes}), name,
+			"volumeAttributes.nr_inodes", "from 1 to 1048576")
+	}
 	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "backend": "dir"}), "backend not allowed",
 		"volumeAttributes.backend", "tmpfs, loop")
 	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "csi.storage.k8s.io/pod.name": "other"}), "reserved key",
@@ -335,6 +341,7 @@ func (c *cluster) checkAdmissionPolicy(t *testing.T, a *applier, policy []*unstr
 	// not use the driver at all, wherever they are.
 	for name, attrs := range map[string]map[string]string{
 		"valid": {"size": "256Mi", "backend": "tmpfs"}, "at the cap": {"size": "4Gi", "backend": "loop"}, "defaults": nil,
+		"nr_inodes": {"size": "64Mi", "nr_inodes": "4096"}, "nr_inodes at the cap": {"size": "64Mi", "nr_inodes": "1048576"},
 	} {
 		if err := c.dryRunPod(ctx, allowed, attrs); err != nil {
 			t.Errorf("%s pod in labelled namespace refused: %v", name, err)

@@ -81,9 +81,12 @@ func TestHelmRejectsBadValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, vals := range map[string]map[string]any{
-		"registrar mode":   {"registrar": map[string]any{"mode": "both"}},
-		"unknown backend":  {"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}},
-		"negative volumes": {"maxVolumesPerNode": -1},
+		"registrar mode":        {"registrar": map[string]any{"mode": "both"}},
+		"unknown backend":       {"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}},
+		"negative volumes":      {"maxVolumesPerNode": -1},
+		"zero tmpfs inodes":     {"tmpfsMaxInodes": 0},
+		"zero admission inodes": {"admission": map[string]any{"maxInodes": 0}},
+		"inodes as a quantity":  {"admission": map[string]any{"maxInodes": "1Mi"}},
 	} {
 		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
 			t.Errorf("%s: rendered, want an error", name)
@@ -204,7 +207,8 @@ func checkDaemonSet(t *testing.T, r rendered, ds Object) {
 	args := strings.Fields(fmt.Sprint(driver.Get("args")))
 	argSet := strings.Join(args, " ")
 	for _, want := range []string{"--driver-name=" + driverName, "--nodeid=$(NODE_NAME)", "--metrics-address=:9809", "--events",
-		"--state-dir=/var/lib/ephemera/" + driverName, "--endpoint=unix:///var/lib/kubelet/plugins/" + driverName + "/csi.sock"} {
+		"--state-dir=/var/lib/ephemera/" + driverName, "--endpoint=unix:///var/lib/kubelet/plugins/" + driverName + "/csi.sock",
+		"--tmpfs-max-inodes=" + maxInodes} {
 		if !strings.Contains(argSet, want) {
 			t.Errorf("driver args lack %s: %v", want, args)
 		}
@@ -300,10 +304,19 @@ func TestAdmissionPolicy(t *testing.T) {
 			t.Errorf("%s: failurePolicy %v, want Fail", r.Name, p.Get("spec", "failurePolicy"))
 		}
 		text := fmt.Sprint(p.Get("spec"))
-		for _, want := range []string{driverName, "ephemera.dev/scratch-allowed", "4Gi", "tmpfs", "loop", "csi.storage.k8s.io/", "kubectl label namespace"} {
+		for _, want := range []string{driverName, "ephemera.dev/scratch-allowed", "4Gi", "tmpfs", "loop", "csi.storage.k8s.io/", "kubectl label namespace",
+			"volumeAttributes.nr_inodes"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s: policy does not mention %q", r.Name, want)
 			}
+		}
+		// The nr_inodes cap: a variable equal to the driver's --tmpfs-max-inodes,
+		// and a rule that applies it to every volume with nr_inodes.
+		if got := variable(p, "maxInodes"); got != maxInodes {
+			t.Errorf("%s: variable maxInodes = %q, want %s (the driver's --tmpfs-max-inodes)", r.Name, got, maxInodes)
+		}
+		if !hasValidation(p, "'nr_inodes' in a", "int(a['nr_inodes']) <= variables.maxInodes", "string(variables.maxInodes)") {
+			t.Errorf("%s: no validation caps nr_inodes at variables.maxInodes (and names the cap)", r.Name)
 		}
 		vals, _ := p.Get("spec", "validations").([]any)
 		for i, v := range vals {
@@ -327,6 +340,38 @@ func TestHelmNotes(t *testing.T) {
 	if !strings.Contains(n, "kubectl label namespace NAMESPACE ephemera.dev/scratch-allowed=true") {
 		t.Errorf("NOTES.txt does not tell how to allow a namespace:\n%s", n)
 	}
+	if !strings.Contains(n, "nr_inodes <= "+maxInodes+" ") {
+		t.Errorf("NOTES.txt does not state the nr_inodes cap:\n%s", n)
+	}
+}
+
+// maxInodes is the default cap on nr_inodes, of the driver and of the policy.
+const maxInodes = "1048576"
+
+// variable returns the expression of the policy variable name, "" if absent.
+func variable(policy Object, name string) string {
+	vars, _ := policy.Get("spec", "variables").([]any)
+	for _, v := range vars {
+		if vo := Object(v.(map[string]any)); vo.Name2() == name {
+			s, _ := vo.Get("expression").(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// hasValidation reports whether one validation's expression and
+// messageExpression together contain all of subs.
+func hasValidation(policy Object, subs ...string) bool {
+	vals, _ := policy.Get("spec", "validations").([]any)
+	for _, v := range vals {
+		vo := Object(v.(map[string]any))
+		text := fmt.Sprint(vo.Get("expression"), "\n", vo.Get("messageExpression"))
+		if !slices.ContainsFunc(subs, func(s string) bool { return !strings.Contains(text, s) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // Name2 returns the "name" field of a list element (container, volume).
@@ -347,7 +392,9 @@ func TestHelmOptions(t *testing.T) {
 		"csiDriver": map[string]any{"requiresRepublish": true,
 			"tokenRequests": []any{map[string]any{"audience": "vault", "expirationSeconds": 3600}}},
 		"metrics":   map[string]any{"port": 9999},
-		"admission": map[string]any{"maxSize": "1Gi", "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
+		"admission": map[string]any{"maxSize": "1Gi", "maxInodes": 5000, "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
+		// Above 2^32 and as a float64, as values.yaml's numbers are: rendered whole.
+		"tmpfsMaxInodes": 4294967296.0,
 	}
 	b, err := Helm(filepath.Join(root, Chart), vals, Namespace)
 	if err != nil {
@@ -360,6 +407,7 @@ func TestHelmOptions(t *testing.T) {
 		"containerPort: 9999", `image: "registry.example.com/scratch:v9"`,
 		"/var/lib/kubelet/plugins/scratch.example.com/csi.sock", "/var/lib/ephemera/scratch.example.com",
 		`v.csi.driver == "scratch.example.com"`, `expression: "\"1Gi\""`, `expression: "[\"tmpfs\"]"`,
+		`expression: "5000"`, "from 1 to 5000: every file", "--tmpfs-max-inodes=4294967296\n",
 		`namespaceObject.metadata.labels["example.com/scratch"] == "yes"`,
 	} {
 		if !strings.Contains(s, want) {
