@@ -21,7 +21,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/registration"
 	"github.com/ephemera-csi/ephemera/framework/store"
-	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 )
 
 // StateFile is the name of the bbolt file in Options.StateDir.
@@ -127,12 +126,9 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	defer cancel()
 
 	if d.store == nil {
-		if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
-			return fmt.Errorf("creating state dir: %w", err)
-		}
-		st, err := boltstore.Open(filepath.Join(d.opts.StateDir, StateFile), boltstore.Options{Timeout: d.opts.StoreTimeout})
+		st, err := d.openState(log)
 		if err != nil {
-			return fmt.Errorf("opening driver state: %w", err)
+			return err
 		}
 		d.store = st
 		defer func() {

@@ -9,7 +9,7 @@ import (
 // the operator-facing knobs of Options, writing into o. Values already in o are
 // the defaults shown. A driver adds its own flags beside them.
 //
-//	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --register
+//	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --gc-interval --orphan-grace-period
 //	--gc-dry-run --gc-max-orphan-share
 func BindFlags(fs *flag.FlagSet, o *Options) {
@@ -32,6 +32,10 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
 	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory for the driver's state (state.db) and backend data. Default "+defaultStateRoot+"/<driver-name>; never under /tmp on a node.")
+	if o.StateRecovery == "" {
+		o.StateRecovery = StateRecoveryRebuild
+	}
+	fs.StringVar(&o.StateRecovery, "state-recovery", o.StateRecovery, "What startup does with a damaged state file: rebuild (move it aside, never delete it, and rebuild the state from the node) or refuse (fail, to inspect it first).")
 	fs.BoolVar(&o.RegisterWithKubelet, "register", o.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", o.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz and /readyz over HTTP on this address, e.g. :9809. Empty: off.")

@@ -99,6 +99,13 @@ type Options struct {
 	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
 	// 2 minute deadline so rollback still has time. Defaults to 90s.
 	OperationTimeout time.Duration
+	// StateRecovery says what startup does with a damaged state file:
+	// StateRecoveryRebuild (the default) keeps what can still be read, moves
+	// the file aside (it is never deleted) and rebuilds the state from the node,
+	// adopting every volume found there; StateRecoveryRefuse fails the startup
+	// so an operator can inspect the file first. Rebuilding never deletes a
+	// volume, so it is safe to leave on.
+	StateRecovery string
 	// StoreTimeout is how long opening the state file waits for its lock before
 	// failing with a clear error (another driver process holds it). Defaults to 5s.
 	StoreTimeout time.Duration
@@ -183,6 +190,9 @@ func (o *Options) setDefaults() {
 	if o.RefreshConcurrency == 0 {
 		o.RefreshConcurrency = 4
 	}
+	if o.StateRecovery == "" {
+		o.StateRecovery = StateRecoveryRebuild
+	}
 	if o.StoreTimeout == 0 {
 		o.StoreTimeout = 5 * time.Second
 	}
@@ -234,6 +244,9 @@ func (o *Options) validate() error {
 	}
 	if o.ContentTimeout < 0 || o.ContentTimeout >= o.OperationTimeout {
 		errs = append(errs, fmt.Errorf("ContentTimeout %s must be positive and below OperationTimeout %s", o.ContentTimeout, o.OperationTimeout))
+	}
+	if o.StateRecovery != StateRecoveryRebuild && o.StateRecovery != StateRecoveryRefuse {
+		errs = append(errs, fmt.Errorf("StateRecovery %q must be %q or %q", o.StateRecovery, StateRecoveryRebuild, StateRecoveryRefuse))
 	}
 	if o.GCMaxOrphanShare < 0 || o.GCMaxOrphanShare > 1 {
 		errs = append(errs, fmt.Errorf("GCMaxOrphanShare %v must be between 0 and 1", o.GCMaxOrphanShare))

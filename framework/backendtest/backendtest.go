@@ -527,23 +527,48 @@ func (s *suite) testCrashBeforePublish(t *testing.T) {
 	e := s.setup(t)
 	l, ok := e.b.(framework.Lister)
 	if !ok {
-		t.Skip("not a framework.Lister: the startup reconcile can only delete storage without a record from an inventory, " +
+		t.Skip("not a framework.Lister: the startup reconcile can only find storage without a record through an inventory, " +
 			"so such a backend must keep nothing outside the published mount (like tmpfs, whose memory is the mount)")
 	}
+	has := func(id string) bool {
+		t.Helper()
+		ids, err := l.List(t.Context())
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		return slices.Contains(ids, id)
+	}
+	// A driver whose state file was lost (a new state dir) finds storage without
+	// a record: it cannot tell a leftover from a live volume whose record is
+	// gone, so the storage must be kept.
 	v := e.volume(t)
 	e.create(t, v)
-	// Crash: no record, no mount; the driver restarts over the same backend.
 	logs := driverLogs(t)
-	drivertest.Start(t, framework.Options{
+	opts := framework.Options{
 		Backends: map[string]framework.Backend{s.backendName: e.b},
+		StateDir: filepath.Join(t.TempDir(), "state"),
 		Logger:   logs,
-	})
-	ids, err := l.List(t.Context())
-	if err != nil {
-		t.Fatalf("List: %v", err)
 	}
-	if slices.Contains(ids, v.ID) {
-		t.Errorf("after the startup reconcile, List = %v still holds %s, created without a record", ids, v.ID)
+	h := drivertest.Start(t, opts)
+	h.Stop()
+	if !has(v.ID) {
+		t.Fatalf("a driver with a new state file deleted storage it could not prove a leftover (%s)", v.ID)
+	}
+	if _, ok := e.b.(framework.Stamper); !ok {
+		return // without a stamp, storage without a record is always kept
+	}
+	// That driver stamped the storage area with its state's identity. Storage
+	// created afterwards without a record (a crash between Create and the
+	// record: the framework writes the record first, so only a damaged store
+	// gets here) is provably a leftover of that same state: deleted.
+	w := e.volume(t)
+	e.create(t, w)
+	drivertest.Start(t, opts)
+	if has(w.ID) {
+		t.Errorf("after the startup reconcile, the inventory still holds %s, created without a record under the stamped state", w.ID)
+	}
+	if !has(v.ID) {
+		t.Errorf("the adopted storage %s (kept as unclaimed) was deleted", v.ID)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/backendtest"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // dirBackend is a minimal directory backend with every optional interface: a
@@ -63,10 +64,16 @@ func (b *dirBackend) List(context.Context) ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		ids = append(ids, e.Name())
+		if e.Name() != stamp.FileName {
+			ids = append(ids, e.Name())
+		}
 	}
 	return ids, nil
 }
+
+func (b *dirBackend) Stamp(context.Context) (string, error) { return stamp.Read(b.root) }
+
+func (b *dirBackend) SetStamp(_ context.Context, id string) error { return stamp.Write(b.root, id) }
 
 func (b *dirBackend) Check(_ context.Context, v *api.Volume) error {
 	if b.alwaysHealthy {

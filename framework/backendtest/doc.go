@@ -16,8 +16,10 @@
 //   - the size is enforced: Options.Size/2 bytes fit, Options.Size + 1MiB fail
 //     with ENOSPC or EDQUOT;
 //   - List (a [framework.Lister]) holds exactly the volumes created and not
-//     deleted, and a driver started over storage without a record deletes it
-//     in its startup reconcile;
+//     deleted; a driver started with a new state file over storage without a
+//     record keeps it (it cannot prove it a leftover), and for a
+//     [framework.Stamper] a driver restarted on the state that stamped the
+//     storage area deletes storage created without a record meanwhile;
 //   - Check (a [framework.HealthChecker]) is nil for a created volume and an
 //     error once it is deleted;
 //   - 16 goroutines create and delete distinct volumes at once (run with -race);

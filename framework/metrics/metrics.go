@@ -22,6 +22,7 @@ const (
 	Volumes         = "ephemera_volumes"
 	VolumeBytes     = "ephemera_volume_bytes"
 	Reconcile       = "ephemera_reconcile_total"
+	StateRecoveries = "ephemera_state_recoveries_total"
 	GC              = "ephemera_gc_total"
 	Refresh         = "ephemera_refresh_total"
 	InflightOps     = "ephemera_inflight_operations"
@@ -121,6 +122,7 @@ type Metrics struct {
 	errors          *prometheus.CounterVec
 	backendDuration *prometheus.HistogramVec
 	reconcile       *prometheus.CounterVec
+	stateRecoveries prometheus.Counter
 	gc              *prometheus.CounterVec
 	refresh         *prometheus.CounterVec
 
@@ -160,8 +162,12 @@ func New(c Config) *Metrics {
 		}, []string{labelBackend, labelOp, labelResult}),
 		reconcile: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Reconcile,
-			Help: "Volumes the startup reconcile acted on: rolled_back (interrupted operation undone), orphan_deleted (storage without a record), failed (left for later).",
+			Help: "Volumes the startup reconcile acted on: rolled_back (interrupted operation undone), adopted (found on the node without a record, rebuilt), unclaimed (storage without a record or a pod, kept), quarantined (record unreadable, rebuilt from the node), orphan_deleted (storage proven a leftover), failed (left for later).",
 		}, []string{labelResult}),
+		stateRecoveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: StateRecoveries,
+			Help: "Damaged state files moved aside and rebuilt from the node at startup.",
+		}),
 		gc: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: GC,
 			Help: "Orphan GC outcomes per volume and pass, by result (removed, failed, ...).",
@@ -192,7 +198,7 @@ func New(c Config) *Metrics {
 	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
 
 	m.reg.MustRegister(
-		m.rpcDuration, m.errors, m.backendDuration, m.reconcile, m.gc, m.refresh, buildInfo,
+		m.rpcDuration, m.errors, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -271,6 +277,9 @@ func (m *Metrics) ObserveBackend(backend, op string, err error, d time.Duration)
 // Reconciled counts one outcome of the startup reconcile (ReconcileRolledBack,
 // ReconcileOrphanDeleted, ReconcileFailed).
 func (m *Metrics) Reconciled(result string) { m.reconcile.WithLabelValues(result).Inc() }
+
+// StateRecovered counts a damaged state file moved aside and rebuilt.
+func (m *Metrics) StateRecovered() { m.stateRecoveries.Inc() }
 
 // GC counts one outcome of the orphan GC for one volume (GCRemoved, GCFailed,
 // or another of the GC's results). Results are a small fixed set chosen by the
