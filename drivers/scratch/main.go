@@ -55,6 +55,15 @@ var defaults = func() (d struct{ backends, backend string }) {
 
 func main() {
 	klog.InitFlags(nil)
+	if len(os.Args) > 1 && os.Args[1] == "state" {
+		// ephemera-scratch state check|dump [--state-dir D]: see state.go.
+		// state rebuild takes the driver's own flags and runs below.
+		if len(os.Args) < 3 || os.Args[2] != "rebuild" {
+			os.Exit(stateCommand(os.Args[2:], os.Stdout, os.Stderr))
+		}
+		rebuild = true
+		os.Args = append(os.Args[:1], os.Args[3:]...)
+	}
 	var (
 		opts         framework.Options
 		backends     = flag.String("backends", defaults.backends, "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop on Linux; dir, vhdx on Windows).")
@@ -200,6 +209,9 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 	defer stop()
 	for _, start := range starters {
 		go start(ctx)
+	}
+	if rebuild {
+		return rebuildState(ctx, d, os.Stdout)
 	}
 	return d.Run(ctx)
 }
