@@ -287,4 +287,3 @@ func isMountPoint(path string) bool {
 	}
 	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
 }
-
