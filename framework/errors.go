@@ -45,7 +45,11 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, api.ErrResourceExhausted), errors.Is(err, syscall.ENOSPC):
 		code = codes.ResourceExhausted
-	case errors.Is(err, api.ErrBusy), errors.Is(err, syscall.EBUSY):
+	case errors.Is(err, api.ErrBusy), errors.Is(err, syscall.EBUSY),
+		errors.Is(err, mount.ErrTargetMoved), errors.Is(err, mount.ErrMounted):
+		// ErrTargetMoved: a rename raced the mount and it was undone;
+		// ErrMounted: something was mounted at the target meanwhile. Both are
+		// worth a retry, which sees the target as it is then.
 		code = codes.Aborted
 	case errors.Is(err, api.ErrUnavailable):
 		code = codes.Unavailable

@@ -17,6 +17,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -306,6 +307,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	case !sameTarget(rec.TargetPath, req.GetTargetPath()):
 		return nil, invalidArgf("volume %s is published at %s, not at %s; nothing was touched", id, rec.TargetPath, req.GetTargetPath())
 	}
+	prev := rec.Phase
 	if rec.Phase != store.PhaseUnpublishing {
 		rec.Phase, rec.Updated = store.PhaseUnpublishing, time.Now().UTC()
 		if err := d.store.Put(ctx, rec); err != nil {
@@ -314,6 +316,15 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	}
 	failpoint.Hit(failpoint.UnpublishAfterIntent)
 	if err := d.teardown(ctx, rec); err != nil {
+		if errors.Is(err, mount.ErrSymlink) && prev != store.PhaseUnpublishing {
+			// Refused at a link raced into the path: nothing was torn down
+			// through it, so the volume keeps the phase it had (a later
+			// publish must not take it for an interrupted unpublish).
+			rec.Phase, rec.Updated = prev, time.Now().UTC()
+			if perr := d.store.Put(context.WithoutCancel(ctx), rec); perr != nil {
+				klog.FromContext(ctx).Error(perr, "Restoring the phase of a volume whose unpublish was refused")
+			}
+		}
 		return nil, err
 	}
 	klog.FromContext(ctx).V(2).Info("Unpublished volume")

@@ -74,10 +74,11 @@ type Interface interface {
 	// volume whose record is missing), not for every request.
 	Inspect(root, target string) (*Mounted, error)
 	// RemoveTarget removes the empty target directory below root without
-	// following links: a link at target is removed itself, never what it points
-	// to. It is nil when target (or a parent) does not exist; a mounted target
-	// fails with an error wrapping syscall.EBUSY, a non-empty one with
-	// syscall.ENOTEMPTY (Linux).
+	// following links. A link at target is [ErrSymlink] on Linux (the framework
+	// never makes one there) and is removed itself on Windows (where it is what
+	// Mount makes), never what it points to. It is nil when target (or a parent)
+	// does not exist; a mounted target fails with an error wrapping
+	// syscall.EBUSY, a non-empty one with syscall.ENOTEMPTY (Linux).
 	RemoveTarget(root, target string) error
 	// OpenTarget opens the directory published at target for the framework's own
 	// file work in it (content, ownership, usage), resolved beneath root like

@@ -198,12 +198,14 @@ func (m *linuxMounter) RemoveTarget(root, target string) error {
 	defer unix.Close(dirfd)
 	err = unix.Unlinkat(dirfd, base, unix.AT_REMOVEDIR)
 	if errors.Is(err, unix.ENOTDIR) {
-		// Not a directory. Remove it only if it is a symbolic link (the link
-		// itself, never what it points to); a file is left alone.
+		// Not a directory: the framework never makes anything else at a
+		// target on Linux. A link there was planted; it is left alone, as is
+		// whatever was swapped in and out again meanwhile.
 		var st unix.Stat_t
 		if serr := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); serr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			err = unix.Unlinkat(dirfd, base, 0)
+			return fmt.Errorf("target %q: %w", target, ErrSymlink)
 		}
+		return fmt.Errorf("removing target %q: %w (it was not a directory at that moment)", target, ErrTargetMoved)
 	}
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
