@@ -23,15 +23,21 @@ func filesystemUsage(path string) (fsUsage, error) {
 	if err := unix.Statfs(path, &st); err != nil {
 		return fsUsage{}, err
 	}
-	bs := int64(st.Bsize)
+	return statfsUsage(uint64(st.Blocks), uint64(st.Bfree), uint64(st.Bavail), uint64(st.Files), uint64(st.Ffree), int64(st.Bsize)), nil
+}
+
+// statfsUsage converts statfs counts to bytes and inodes, saturating at
+// math.MaxInt64: a tmpfs of the largest size a pod can ask for (2^63-2 bytes,
+// rounded up to pages) has 2^51 blocks of 4KiB, 2^63 bytes.
+func statfsUsage(blocks, bfree, bavail, files, ffree uint64, bsize int64) fsUsage {
 	return fsUsage{
-		bytesTotal:  int64(st.Blocks) * bs,
-		bytesAvail:  int64(st.Bavail) * bs,
-		bytesUsed:   (int64(st.Blocks) - int64(st.Bfree)) * bs,
-		inodesTotal: int64(st.Files),
-		inodesFree:  int64(st.Ffree),
-		inodesUsed:  int64(st.Files) - int64(st.Ffree),
-	}, nil
+		bytesTotal:  mulSat(blocks, bsize),
+		bytesAvail:  mulSat(bavail, bsize),
+		bytesUsed:   mulSat(subFloor(blocks, bfree), bsize),
+		inodesTotal: clampInt64(files),
+		inodesFree:  clampInt64(ffree),
+		inodesUsed:  clampInt64(subFloor(files, ffree)),
+	}
 }
 
 // directoryUsage measures a bind-mounted directory: the filesystem's capacity
@@ -63,7 +69,7 @@ func directoryUsage(path string) (fsUsage, error) {
 			}
 			seen[st.Ino] = true
 		}
-		used += st.Blocks * 512
+		used = addSat(used, mulSat(uint64(max(st.Blocks, 0)), 512))
 		inodes++
 		return nil
 	})
