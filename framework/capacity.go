@@ -26,8 +26,9 @@ import (
 // Sizes are int64 bytes and come from the pod's "size" attribute, so they can be
 // as large as math.MaxInt64-1 (api.Params.Quantity). Nothing here adds two of
 // them in int64:
-//   - reserve compares size > budget-used, which cannot overflow because
-//     0 <= used and 0 < budget;
+//   - reserve refuses when used > budget (possible after a reset from records
+//     admitted under a larger budget) and else compares size > budget-used,
+//     which cannot overflow because 0 <= used <= budget;
 //   - the bytes of each backend are an exact 128-bit sum (byteSum), read
 //     saturated at math.MaxInt64, so an unbudgeted backend's total, or records
 //     admitted under an older, larger budget, never wrap;
@@ -94,9 +95,11 @@ func (c *capacity) reserve(driver, backend string, size int64) error {
 			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has a capacity budget of %s; a volume of %s is larger than the whole budget and never fits on this node: ask for less, or raise the driver's capacity budget",
 				backend, bytes(budget), bytes(size))
 		}
-		// budget > 0 and used >= 0 (it may exceed budget after a reset from
-		// records admitted under a larger budget): budget-used cannot overflow.
-		if used := c.bytesOf(backend).int64(); size > budget-used {
+		// used may exceed the budget after a reset from records admitted under
+		// a larger one; then nothing fits, not even a volume of 0 bytes. Else
+		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
+		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
+			used := s.int64()
 			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
 				backend, bytes(used), bytes(budget), bytes(size))
 		}
@@ -179,6 +182,9 @@ func (s *byteSum) sub(n int64) {
 	s.lo, borrow = bits.Sub64(s.lo, uint64(n), 0)
 	s.hi -= borrow
 }
+
+// over reports whether the sum is larger than n (n >= 0).
+func (s *byteSum) over(n int64) bool { return s.hi != 0 || s.lo > uint64(n) }
 
 // int64 returns the sum, or math.MaxInt64 when it is larger.
 func (s *byteSum) int64() int64 {

@@ -27,6 +27,8 @@ import (
 // A backend byte picks from fuzzBackends. A size is a selector byte: below
 // len(fuzzSizes) it picks an interesting value, otherwise the next 8 bytes are
 // a big-endian int64.
+const maxFuzzSteps = 256
+
 const (
 	opReserve = iota
 	opRelease
@@ -74,37 +76,50 @@ type fuzzVol struct {
 	size    int64 // >= 0
 }
 
-// capacityModel is the obvious implementation: a list of volumes, sums in
-// math/big.
+// capacityModel is the obvious implementation: a list of volumes, and per
+// backend their number and the sum of their sizes in math/big.
 type capacityModel struct {
 	maxVolumes int64
 	budgets    map[string]int64
 	vols       []fuzzVol
+	sums       map[string]*big.Int
+	counts     map[string]int64
 	// overBudget: the last reset loaded more than the backend's budget (records
 	// admitted under an older, larger budget), so used may exceed it.
 	overBudget map[string]bool
 	overMax    bool // likewise for MaxVolumesPerNode
 }
 
-func (m *capacityModel) sum(backend string) *big.Int {
-	s := new(big.Int)
-	for _, v := range m.vols {
-		if v.backend == backend {
-			s.Add(s, big.NewInt(v.size))
-		}
-	}
-	return s
+func newCapacityModel(maxVolumes int64, budgets map[string]int64) *capacityModel {
+	m := &capacityModel{maxVolumes: maxVolumes, budgets: budgets}
+	m.clear()
+	return m
 }
 
-func (m *capacityModel) count(backend string) int64 {
-	var n int64
-	for _, v := range m.vols {
-		if v.backend == backend {
-			n++
-		}
+func (m *capacityModel) clear() {
+	m.vols, m.sums, m.counts, m.overBudget = nil, map[string]*big.Int{}, map[string]int64{}, map[string]bool{}
+	for _, b := range fuzzBackends {
+		m.sums[b] = new(big.Int)
 	}
-	return n
 }
+
+func (m *capacityModel) add(v fuzzVol) {
+	m.vols = append(m.vols, v)
+	m.sums[v.backend].Add(m.sums[v.backend], big.NewInt(v.size))
+	m.counts[v.backend]++
+}
+
+func (m *capacityModel) remove(i int) fuzzVol {
+	v := m.vols[i]
+	m.vols = append(m.vols[:i], m.vols[i+1:]...)
+	m.sums[v.backend].Sub(m.sums[v.backend], big.NewInt(v.size))
+	m.counts[v.backend]--
+	return v
+}
+
+func (m *capacityModel) sum(backend string) *big.Int { return m.sums[backend] }
+
+func (m *capacityModel) count(backend string) int64 { return m.counts[backend] }
 
 // admits says whether a reserve must succeed, and if not its code.
 func (m *capacityModel) admits(backend string, size int64) (bool, codes.Code) {
@@ -174,9 +189,11 @@ func FuzzCapacity(f *testing.F) {
 			"b": fuzzBudgets[config>>6&3],
 		}
 		c := newCapacity(maxVolumes, budgets)
-		m := &capacityModel{maxVolumes: maxVolumes, budgets: budgets, overBudget: map[string]bool{}}
+		m := newCapacityModel(maxVolumes, budgets)
 
-		for step := 0; r.more(); step++ {
+		// Long sequences add little and the model is quadratic: stop after
+		// maxFuzzSteps operations.
+		for step := 0; r.more() && step < maxFuzzSteps; step++ {
 			var desc string
 			op := int(r.byte()) % opCount
 			switch op {
@@ -192,7 +209,7 @@ func FuzzCapacity(f *testing.F) {
 					t.Fatalf("step %d %s: code %v, want %v: %v", step, desc, status.Code(err), code, err)
 				}
 				if err == nil {
-					m.vols = append(m.vols, fuzzVol{backend, size})
+					m.add(fuzzVol{backend, size})
 					if budget, ok := budgets[backend]; ok && size > 0 {
 						if _, used := c.snapshot(); used[backend] > budget {
 							t.Fatalf("step %d %s: admitted, and %s now has %d bytes of its budget %d", step, desc, backend, used[backend], budget)
@@ -207,19 +224,17 @@ func FuzzCapacity(f *testing.F) {
 					r.byte()
 					continue
 				}
-				i := int(r.byte()) % len(m.vols)
-				v := m.vols[i]
+				v := m.remove(int(r.byte()) % len(m.vols))
 				desc = fmt.Sprintf("release(%s, %d)", v.backend, v.size)
 				c.release(v.backend, v.size)
-				m.vols = append(m.vols[:i], m.vols[i+1:]...)
 			case opReset:
 				n := int(r.byte()) % 8
 				var recs []*store.Record
-				m.vols = nil
+				m.clear()
 				for range n {
 					backend, size := r.backend(), r.size()
 					recs = append(recs, &store.Record{Backend: backend, Size: size})
-					m.vols = append(m.vols, fuzzVol{backend, max(size, 0)})
+					m.add(fuzzVol{backend, max(size, 0)})
 				}
 				desc = fmt.Sprintf("reset(%d records)", n)
 				c.reset(recs)
