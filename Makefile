@@ -98,7 +98,7 @@ build-windows:
 	cp test/windows/run.ps1 $(BIN)/windows/run.ps1
 
 # Packages with Windows-only files, whose tests must compile for Windows.
-WINDOWS_TEST_PKGS := ./framework/ ./framework/mount/ ./drivers/vhdx/ ./drivers/scratch/ ./test/windows/client/
+WINDOWS_TEST_PKGS := ./framework/ ./framework/mount/ ./framework/internal/unixsock/ ./drivers/vhdx/ ./drivers/scratch/ ./test/windows/client/
 
 .PHONY: cross-test-windows
 ## cross-test-windows: GOOS=windows go test -c of every package with Windows files (nothing runs: no Windows here)

@@ -47,7 +47,9 @@ func (p Params) OneOf(key, def string, allowed ...string) (string, error) {
 
 // Quantity parses key as a Kubernetes quantity ("64Mi", "1G", "1048576") and returns
 // its value in bytes, or def when unset. Zero, negative and fractional-byte values
-// are errors.
+// are errors, and so are values of 2^63-1 bytes and more: every whole number from
+// 1 to 2^63-2 is accepted however it is written ("7Ei", "1000m"), nothing is
+// rounded, capped or wrapped.
 func (p Params) Quantity(key string, def int64) (int64, error) {
 	v, ok := p[key]
 	if !ok {
@@ -60,11 +62,16 @@ func (p Params) Quantity(key string, def int64) (int64, error) {
 	if q.Sign() <= 0 {
 		return 0, InvalidParamf("attribute %q: %q must be greater than zero", key, v)
 	}
-	n, exact := q.AsInt64()
-	if !exact || n <= 0 {
-		if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) > 0 {
-			return 0, InvalidParamf("attribute %q: %q is too large", key, v)
-		}
+	// The parser caps binary-suffixed values above 2^63-1 at 2^63-1 ("8Ei"
+	// parses as 9223372036854775807), so that value cannot be told apart from
+	// an overflow: it is refused with everything above it.
+	if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) >= 0 {
+		return 0, InvalidParamf("attribute %q: %q is too large; the largest size is %d bytes", key, v, int64(math.MaxInt64-1))
+	}
+	// Below 2^63-1, Value is q rounded up to a whole number, exactly (AsInt64
+	// is not: it fails for "7Ei" and "1000m"); q is whole when it equals it.
+	n := q.Value()
+	if q.Cmp(*resource.NewQuantity(n, resource.BinarySI)) != 0 {
 		return 0, InvalidParamf("attribute %q: %q is not a whole number of bytes", key, v)
 	}
 	return n, nil

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"path"
 	"path/filepath"
 	"sort"
@@ -486,20 +485,22 @@ func (d *Driver) keep(ctx context.Context, rec *store.Record) error {
 }
 
 // adopt accounts a volume that exists whatever the budget says (adopted, not
-// admitted): it never fails, and sums saturate.
+// admitted): it never fails.
 func (c *capacity) adopt(backend string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes++
 	c.count[backend]++
-	c.used[backend] = addSat(c.used[backend], max(size, 0))
+	c.bytesOf(backend).add(size)
 }
 
 // resize changes the size accounted for one volume of backend.
 func (c *capacity) resize(backend string, from, to int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.used[backend] = max(addSat(c.used[backend], max(to, 0))-max(from, 0), 0)
+	s := c.bytesOf(backend)
+	s.sub(from)
+	s.add(to)
 }
 
 // releaseUnknown drops a volume accounted under no backend (a rebuilt record
@@ -513,12 +514,4 @@ func (c *capacity) releaseUnknown() {
 		delete(c.count, "")
 		delete(c.used, "")
 	}
-}
-
-// addSat is a+b for non-negative sizes, saturating at math.MaxInt64.
-func addSat(a, b int64) int64 {
-	if b > math.MaxInt64-a {
-		return math.MaxInt64
-	}
-	return a + b
 }

@@ -2,6 +2,8 @@ package framework
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -20,67 +22,118 @@ import (
 //
 // One short critical section per new volume and per deletion; republish and
 // every read-only RPC never touch it.
+//
+// Sizes are int64 bytes and come from the pod's "size" attribute, so they can be
+// as large as math.MaxInt64-1 (api.Params.Quantity). Nothing here adds two of
+// them in int64:
+//   - reserve refuses when used > budget (possible after a reset from records
+//     admitted under a larger budget) and else compares size > budget-used,
+//     which cannot overflow because 0 <= used <= budget;
+//   - the bytes of each backend are an exact 128-bit sum (byteSum), read
+//     saturated at math.MaxInt64, so an unbudgeted backend's total, or records
+//     admitted under an older, larger budget, never wrap;
+//   - release clamps at zero, and never takes a count below zero.
+//
+// A size of 0 is a volume without a size (a backend such as dir): it takes a
+// volume slot and no bytes. A negative size is refused by reserve
+// (parsePublish already refuses one; this guards backends whose Validate
+// computes the size) and counted as 0 by reset and release.
 type capacity struct {
 	maxVolumes int64
 	budgets    map[string]int64 // backend → bytes; absent: unlimited
 
 	mu      sync.Mutex
 	volumes int64
-	count   map[string]int64 // backend → volumes
-	used    map[string]int64 // backend → bytes
+	count   map[string]int64    // backend → volumes
+	used    map[string]*byteSum // backend → bytes
 }
 
 func newCapacity(maxVolumes int64, budgets map[string]int64) *capacity {
-	return &capacity{maxVolumes: maxVolumes, budgets: budgets, count: map[string]int64{}, used: map[string]int64{}}
+	return &capacity{maxVolumes: maxVolumes, budgets: budgets, count: map[string]int64{}, used: map[string]*byteSum{}}
 }
 
-// reset recomputes usage from the records.
+// reset recomputes usage from the records. A record with a negative size
+// (never written by this driver) counts as a volume of 0 bytes.
 func (c *capacity) reset(recs []*store.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes = int64(len(recs))
 	c.count = map[string]int64{}
-	c.used = map[string]int64{}
+	c.used = map[string]*byteSum{}
 	for _, r := range recs {
 		c.count[r.Backend]++
-		c.used[r.Backend] += r.Size
+		c.bytesOf(r.Backend).add(r.Size)
 	}
 }
 
+// bytesOf returns the byte sum of backend, creating it. c.mu must be held.
+func (c *capacity) bytesOf(backend string) *byteSum {
+	s, ok := c.used[backend]
+	if !ok {
+		s = &byteSum{}
+		c.used[backend] = s
+	}
+	return s
+}
+
 // reserve admits one more volume of size bytes on backend, or returns
-// ResourceExhausted saying which limit is reached, with the numbers.
+// ResourceExhausted saying which limit is reached, with the numbers. A volume
+// larger than the backend's whole budget is ResourceExhausted too (as
+// Options.Capacity documents), with a message saying that it never fits. A
+// negative size is InvalidArgument.
 func (c *capacity) reserve(driver, backend string, size int64) error {
+	if size < 0 {
+		return status.Errorf(codes.InvalidArgument, "volume size %d bytes is negative", size)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
 		return status.Errorf(codes.ResourceExhausted, "node already has %d volumes of %s, its maximum (MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)
 	}
-	if budget, ok := c.budgets[backend]; ok && c.used[backend]+size > budget {
-		return status.Errorf(codes.ResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
-			backend, bytes(c.used[backend]), bytes(budget), bytes(size))
+	if budget, ok := c.budgets[backend]; ok {
+		if size > budget {
+			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has a capacity budget of %s; a volume of %s is larger than the whole budget and never fits on this node: ask for less, or raise the driver's capacity budget",
+				backend, bytes(budget), bytes(size))
+		}
+		// used may exceed the budget after a reset from records admitted under
+		// a larger one; then nothing fits, not even a volume of 0 bytes. Else
+		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
+		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
+			used := s.int64()
+			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
+				backend, bytes(used), bytes(budget), bytes(size))
+		}
 	}
 	c.volumes++
 	c.count[backend]++
-	c.used[backend] += size
+	c.bytesOf(backend).add(size)
 	return nil
 }
 
-// release returns what reserve took.
+// release returns what reserve took. Nothing goes below zero, so a release
+// without its reserve (a bug) cannot turn into credit for later volumes.
 func (c *capacity) release(backend string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.volumes--
-	c.count[backend]--
-	c.used[backend] -= size
+	if c.volumes > 0 {
+		c.volumes--
+	}
+	if n, ok := c.count[backend]; ok && n > 0 {
+		c.count[backend] = n - 1
+	}
+	if s, ok := c.used[backend]; ok {
+		s.sub(size)
+	}
 }
 
-// snapshot returns the volume count and the bytes in use per backend.
+// snapshot returns the volume count and the bytes in use per backend
+// (saturated at math.MaxInt64).
 func (c *capacity) snapshot() (int64, map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	used := make(map[string]int64, len(c.used))
 	for k, v := range c.used {
-		used[k] = v
+		used[k] = v.int64()
 	}
 	return c.volumes, used
 }
@@ -92,9 +145,53 @@ func (c *capacity) usage() map[string]metrics.Usage {
 	defer c.mu.Unlock()
 	u := make(map[string]metrics.Usage, len(c.count))
 	for b, n := range c.count {
-		u[b] = metrics.Usage{Volumes: n, Bytes: c.used[b]}
+		var bytes int64
+		if s, ok := c.used[b]; ok {
+			bytes = s.int64()
+		}
+		u[b] = metrics.Usage{Volumes: n, Bytes: bytes}
 	}
 	return u
+}
+
+// byteSum is an exact sum of volume sizes. 128 bits hold 2^64 sizes of up to
+// 2^63 bytes, more volumes than any node has, so the sum never wraps and a
+// release after a reset subtracts from the true total.
+type byteSum struct{ hi, lo uint64 }
+
+// add adds n bytes; a negative n counts as 0.
+func (s *byteSum) add(n int64) {
+	if n <= 0 {
+		return
+	}
+	var carry uint64
+	s.lo, carry = bits.Add64(s.lo, uint64(n), 0)
+	s.hi += carry
+}
+
+// sub subtracts n bytes, stopping at 0; a negative n counts as 0.
+func (s *byteSum) sub(n int64) {
+	if n <= 0 {
+		return
+	}
+	if s.hi == 0 && s.lo < uint64(n) {
+		*s = byteSum{}
+		return
+	}
+	var borrow uint64
+	s.lo, borrow = bits.Sub64(s.lo, uint64(n), 0)
+	s.hi -= borrow
+}
+
+// over reports whether the sum is larger than n (n >= 0).
+func (s *byteSum) over(n int64) bool { return s.hi != 0 || s.lo > uint64(n) }
+
+// int64 returns the sum, or math.MaxInt64 when it is larger.
+func (s *byteSum) int64() int64 {
+	if s.hi != 0 || s.lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(s.lo)
 }
 
 func bytes(n int64) string {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/registration"
@@ -114,9 +113,11 @@ func (d *Driver) Ready() bool { return d.ready.Load() }
 
 // Run opens the state, reconciles it with the mount table and the backends, then
 // serves the CSI endpoint (and the kubelet registration socket when enabled) until
-// ctx ends. It then stops gracefully, removes its sockets and closes the state.
-// Run returns an error when startup fails or the kubelet refuses the
-// registration; the process should then exit non-zero and be restarted.
+// ctx ends. It then stops gracefully, removes its sockets (each only if it is
+// still the one it created) and closes the state. Run returns an error when
+// startup fails, among others at once when another process serves the
+// endpoint, or when the kubelet refuses the registration; the process should
+// then exit non-zero and be restarted.
 func (d *Driver) Run(ctx context.Context) (err error) {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
@@ -124,6 +125,14 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	log := d.opts.Logger.WithValues("driver", d.opts.DriverName)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+
+	// Fail fast, before opening the state or reconciling (which deletes backend
+	// storage that this process has no record of), when another process serves
+	// the endpoint. Listen below checks again.
+	sock, _ := socketPath(d.opts.Endpoint)
+	if err := unixsock.CheckNotServed(sock); err != nil {
+		return d.endpointInUse(err)
+	}
 
 	if d.store == nil {
 		st, err := d.openState(log)
@@ -154,12 +163,19 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
 	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
 
-	sock, _ := socketPath(d.opts.Endpoint)
-	lis, err := listenUnix(sock)
-	if err != nil {
-		return err
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return fmt.Errorf("creating socket dir: %w", err)
 	}
-	defer os.Remove(sock)
+	lis, err := unixsock.Listen(sock, 0o600)
+	if errors.Is(err, unixsock.ErrInUse) {
+		return d.endpointInUse(err)
+	}
+	if err != nil {
+		return fmt.Errorf("CSI endpoint %s: %w", d.opts.Endpoint, err)
+	}
+	// The gRPC server closes lis when it stops; this covers the returns before.
+	// Close removes the socket only if it is still this process's.
+	defer lis.Close()
 
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csi.RegisterIdentityServer(srv, d)
@@ -218,10 +234,20 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	<-regDone
 	cancel()
 	stopGracefully(srv, 10*time.Second)
+	if removed, uerr := lis.Unlink(); uerr != nil {
+		log.Error(uerr, "Cannot remove CSI socket")
+	} else if !removed {
+		log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Endpoint)
+	}
 	<-gcDone
 	d.refresher.stop()
 	log.Info("Stopped serving")
 	return err
+}
+
+// endpointInUse is Run's error when another process serves the endpoint.
+func (d *Driver) endpointInUse(err error) error {
+	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Endpoint, err)
 }
 
 // stopGracefully lets in-flight calls finish for up to grace, then cuts them off.
@@ -237,31 +263,4 @@ func stopGracefully(srv *grpc.Server, grace time.Duration) {
 		srv.Stop()
 		<-done
 	}
-}
-
-// listenUnix creates the socket's directory (0700), removes a stale socket left by
-// a killed process and listens with mode 0600.
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("creating socket dir: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket && !isWindows {
-			return nil, fmt.Errorf("endpoint %s exists and is not a socket; refusing to remove it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("removing stale socket: %w", err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", path, err)
-	}
-	if !isWindows {
-		if err := os.Chmod(path, 0o600); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("securing socket: %w", err)
-		}
-	}
-	return lis, nil
 }

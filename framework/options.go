@@ -86,9 +86,11 @@ type Options struct {
 	MaxVolumesPerNode int64
 	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
 	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it
-	// gets ResourceExhausted with the numbers, and the kubelet retries. Usage is
-	// derived from the durable records, so it survives restarts. Backends not
-	// listed are unlimited. Defaults to no budgets.
+	// gets ResourceExhausted with the numbers, and the kubelet retries (a volume
+	// larger than the whole budget too, with a message saying it never fits).
+	// Usage is derived from the durable records, so it survives restarts. Sizes
+	// are summed without overflow. Backends not listed are unlimited. Defaults to
+	// no budgets.
 	Capacity map[string]int64
 	// MaxVolumeSize caps the "size" attribute in bytes. Defaults to 0: no cap
 	// beyond the backend's own.

@@ -4,7 +4,6 @@ package framework
 
 import (
 	"io/fs"
-	"math"
 	"os"
 	"syscall"
 
@@ -29,32 +28,21 @@ func filesystemUsage(r *os.Root, path string) (fsUsage, error) {
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
 		return fsUsage{}, &fs.PathError{Op: "fstatfs", Path: path, Err: err}
 	}
-	bs := uint64(st.Bsize)
+	return statfsUsage(uint64(st.Blocks), uint64(st.Bfree), uint64(st.Bavail), uint64(st.Files), uint64(st.Ffree), int64(st.Bsize)), nil
+}
+
+// statfsUsage converts statfs counts to bytes and inodes, saturating at
+// math.MaxInt64: a tmpfs of the largest size a pod can ask for (2^63-2 bytes,
+// rounded up to pages) has 2^51 blocks of 4KiB, 2^63 bytes.
+func statfsUsage(blocks, bfree, bavail, files, ffree uint64, bsize int64) fsUsage {
 	return fsUsage{
-		bytesTotal:  mulSat(st.Blocks, bs),
-		bytesAvail:  mulSat(st.Bavail, bs),
-		bytesUsed:   mulSat(st.Blocks-min(st.Bfree, st.Blocks), bs),
-		inodesTotal: sat(st.Files),
-		inodesFree:  sat(st.Ffree),
-		inodesUsed:  sat(st.Files - min(st.Ffree, st.Files)),
-	}, nil
-}
-
-// sat converts n to int64, saturating at math.MaxInt64.
-func sat(n uint64) int64 {
-	if n > math.MaxInt64 {
-		return math.MaxInt64
+		bytesTotal:  mulSat(blocks, bsize),
+		bytesAvail:  mulSat(bavail, bsize),
+		bytesUsed:   mulSat(subFloor(blocks, bfree), bsize),
+		inodesTotal: clampInt64(files),
+		inodesFree:  clampInt64(ffree),
+		inodesUsed:  clampInt64(subFloor(files, ffree)),
 	}
-	return int64(n)
-}
-
-// mulSat is a*b as an int64, saturating at math.MaxInt64 (an 8 EiB tmpfs
-// reports more blocks than fit).
-func mulSat(a, b uint64) int64 {
-	if a != 0 && b > math.MaxInt64/a {
-		return math.MaxInt64
-	}
-	return sat(a * b)
 }
 
 // directoryUsage measures a bind-mounted directory: the filesystem's capacity
@@ -86,7 +74,7 @@ func directoryUsage(r *os.Root, path string) (fsUsage, error) {
 			}
 			seen[st.Ino] = true
 		}
-		used = min(used+st.Blocks*512, math.MaxInt64/2)
+		used = addSat(used, mulSat(uint64(max(st.Blocks, 0)), 512))
 		inodes++
 		return nil
 	})

@@ -5,6 +5,7 @@ package framework_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -293,5 +294,34 @@ func TestLoopFilesystemsStats(t *testing.T) {
 	}
 	if ids, _ := h.Options.Backends["loop"].(framework.Lister).List(ctx); len(ids) != 0 {
 		t.Errorf("loop storage left: %v", ids)
+	}
+}
+
+// An 8EiB tmpfs (size 2^63-2, rounded up to pages by the kernel) has 2^51
+// blocks of 4KiB, 2^63 bytes: one more than int64 holds. The stats saturate
+// instead of wrapping negative.
+func TestVolumeStatsHugeTmpfs(t *testing.T) {
+	h := realHarness(t, nil)
+	k, ctx := h.Kubelet, t.Context()
+	pod := k.NewPod("ns", "p")
+	if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "t", Attributes: map[string]string{"size": "9223372036854775806"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(k.TargetPath(pod, "t"), "f"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.Node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: api.VolumeHandle(pod.UID, "t"), VolumePath: k.TargetPath(pod, "t")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := usage(t, resp, csi.VolumeUsage_BYTES)
+	if b.Total != math.MaxInt64 || b.Used < 1<<20 || b.Used > 2<<20 || b.Available <= 0 || b.Available > b.Total {
+		t.Errorf("bytes of an 8EiB tmpfs = %+v, want total saturated at %d, used about 1MiB, available in (0, total]", b, int64(math.MaxInt64))
+	}
+	if i := usage(t, resp, csi.VolumeUsage_INODES); i.Total <= 0 || i.Used < 2 || i.Available < 0 {
+		t.Errorf("inodes = %+v", i)
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -36,7 +36,7 @@ func filesystemUsage(_ *os.Root, path string) (fsUsage, error) {
 	if err := windows.GetDiskFreeSpaceEx(p, &avail, &total, &free); err != nil {
 		return fsUsage{}, &fs.PathError{Op: "GetDiskFreeSpaceEx", Path: path, Err: err}
 	}
-	return fsUsage{bytesTotal: int64(total), bytesAvail: int64(avail), bytesUsed: int64(total - free)}, nil
+	return fsUsage{bytesTotal: clampInt64(total), bytesAvail: clampInt64(avail), bytesUsed: clampInt64(subFloor(total, free))}, nil
 }
 
 // directoryUsage measures a linked directory. When the directory is the root of
@@ -65,7 +65,7 @@ func directoryUsage(_ *os.Root, path string) (fsUsage, error) {
 		entries++
 		if d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
-				used += fi.Size()
+				used = addSat(used, fi.Size()) // sparse files can claim up to 2^63-1 bytes each
 			}
 		}
 		return nil

@@ -169,7 +169,13 @@ func (b *Backend) size(v *api.Volume, fsType string) (int64, error) {
 		}
 		size = b.opts.DefaultSize
 	}
-	if size > math.MaxInt64-sizeAlign {
+	// The framework never passes a negative size; refuse one rather than let
+	// roundUp turn it into 0. Above maxRoundable, roundUp would overflow;
+	// maxRoundable itself is aligned, so a rounded size validates again.
+	if size < 0 {
+		return 0, api.InvalidParamf("attribute %q: %d bytes is negative", api.ParamSize, size)
+	}
+	if size > maxRoundable {
 		return 0, api.InvalidParamf("attribute %q: %d bytes is too large", api.ParamSize, size)
 	}
 	size = roundUp(size)
@@ -187,6 +193,11 @@ func (b *Backend) size(v *api.Volume, fsType string) (int64, error) {
 	return size, nil
 }
 
+// maxRoundable is the largest size roundUp takes: the largest multiple of
+// sizeAlign (n+sizeAlign-1 does not overflow for n <= MaxInt64-sizeAlign+1).
+const maxRoundable = math.MaxInt64 - sizeAlign + 1
+
+// roundUp rounds n up to sizeAlign; n must be in [0, maxRoundable].
 func roundUp(n int64) int64 { return (n + sizeAlign - 1) / sizeAlign * sizeAlign }
 
 // human renders a byte count as an exact binary quantity when possible.

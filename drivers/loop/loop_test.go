@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io/fs"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -68,6 +69,13 @@ func TestValidate(t *testing.T) {
 		{name: "ext4 too small", size: 512 << 10, wantErr: "minimum of 1Mi for ext4"},
 		{name: "missing size", wantErr: `"size" is required`},
 		{name: "over max", opts: Options{MaxSize: 1 << 30}, size: 1<<30 + 1, wantErr: "maximum of 1Gi"},
+		// The largest aligned size validates again (Validate is idempotent).
+		{name: "largest", size: 1<<63 - 4096, wantFS: FSExt4, wantSize: 1<<63 - 4096},
+		{name: "largest rounded up", size: 1<<63 - 8191, wantFS: FSExt4, wantSize: 1<<63 - 4096},
+		{name: "too large to round", size: 1<<63 - 4095, wantErr: "too large"},
+		{name: "max int64", size: math.MaxInt64, wantErr: "too large"},
+		{name: "negative", size: -1, wantErr: "negative"},
+		{name: "min int64", size: math.MinInt64, wantErr: "negative"},
 		{name: "unknown attribute", size: 1 << 20, params: api.Params{"nr_inodes": "5"}, wantErr: `unknown attribute(s) "nr_inodes"`},
 		{name: "bad mode", size: 1 << 20, params: api.Params{"mode": "999"}, wantErr: `"mode"`},
 		{name: "bad uid", size: 1 << 20, params: api.Params{"uid": "-1"}, wantErr: `"uid"`},

@@ -53,17 +53,23 @@
 // returns nil.
 //
 // On start, Run deletes a stale socket left at the socket path by an earlier
-// instance. It refuses to delete anything there that is not a socket. On exit it
-// deletes the socket only if it is still the one it created, so that a
-// terminating old instance does not remove the socket of a newer one.
+// instance: one on which a connect is refused. A socket that accepts a
+// connection belongs to a live process (this driver running twice on the
+// node, or node-driver-registrar for the same driver): Run refuses to take it
+// over and returns an error saying so. It refuses to delete anything there that
+// is not a socket (on Windows, where socket files are not reliably reported as
+// such, only the connect decides). On exit it deletes the socket only if it is
+// still the one it created (same device and inode), so that a terminating old
+// instance does not remove the socket of a newer one.
 //
 // # Side by side with node-driver-registrar
 //
 // The Registrar uses the same socket name as node-driver-registrar, and the
 // kubelet cannot tell them apart. Both can be deployed in one cluster for
 // different drivers, but never enable both for one driver name on one node:
-// each deletes the other's socket on start, and the kubelet sees the driver
-// flap between registered and deregistered.
+// the Registrar refuses to start while node-driver-registrar serves the
+// socket, but node-driver-registrar deletes the Registrar's socket on its
+// start, and the kubelet then sees the driver deregistered.
 //
 // # Windows
 //

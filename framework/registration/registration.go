@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
 
 // ErrRegistrationFailed is wrapped by the error that Run returns when the
@@ -197,33 +196,16 @@ func (r *Registrar) Run(ctx context.Context) error {
 	if err := os.MkdirAll(r.opts.RegistrationDir, dirMode); err != nil {
 		return fmt.Errorf("registration: create registration directory: %w", err)
 	}
-	if err := removeStaleSocket(r.socketPath); err != nil {
-		return err
+	lis, err := unixsock.Listen(r.socketPath, socketMode)
+	if errors.Is(err, unixsock.ErrInUse) {
+		return fmt.Errorf("registration: %w; is this driver running twice on the node, or node-driver-registrar deployed for it as well?", err)
 	}
-
-	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: r.socketPath, Net: "unix"})
 	if err != nil {
-		return fmt.Errorf("registration: listen: %w", err)
+		return fmt.Errorf("registration: %w", err)
 	}
-	// We remove the socket ourselves, and only if it is still ours.
-	lis.SetUnlinkOnClose(false)
-	own, err := os.Lstat(r.socketPath)
-	if err != nil {
-		_ = lis.Close()
-		_ = os.Remove(r.socketPath)
-		return fmt.Errorf("registration: stat socket: %w", err)
-	}
-
-	// The kubelet runs as root, so the short window before the chmod does not
-	// stop it; the chmod keeps other local users from forging a status. Changing
-	// the umask instead would affect every goroutine of the process.
-	if runtime.GOOS != "windows" {
-		if err := os.Chmod(r.socketPath, socketMode); err != nil {
-			r.removeOwnSocket(logger, own)
-			_ = lis.Close()
-			return fmt.Errorf("registration: chmod socket: %w", err)
-		}
-	}
+	// gRPC also closes lis when it stops; Close is idempotent and removes the
+	// socket only if it is still ours.
+	defer lis.Close()
 
 	r.setUnregistered()
 	defer r.setUnregistered()
@@ -247,11 +229,14 @@ func (r *Registrar) Run(ctx context.Context) error {
 		serveDone = true
 		runErr = fmt.Errorf("registration: serve: %w", err)
 	}
-	// Remove the socket first, while the listener still pins its inode, so
-	// that the identity check in removeOwnSocket is reliable. The kubelet
-	// deregisters the driver when the socket disappears; RPCs in flight on
-	// established connections still complete.
-	r.removeOwnSocket(logger, own)
+	// Remove the socket first, so the kubelet deregisters the driver; RPCs in
+	// flight on established connections still complete. Only a socket that is
+	// still ours is removed: a newer instance's survives.
+	if removed, err := lis.Unlink(); err != nil {
+		logger.Error(err, "Cannot remove registration socket")
+	} else if !removed {
+		logger.Info("Registration socket was removed or replaced by another process; leaving the path alone")
+	}
 	stopServer(srv)
 	if !serveDone {
 		<-served
@@ -274,45 +259,6 @@ func stopServer(srv *grpc.Server) {
 	case <-t.C:
 		srv.Stop()
 		<-done
-	}
-}
-
-// removeStaleSocket removes a socket left at path by an earlier instance. A
-// missing file is fine; anything other than a socket is an error.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("registration: stat %s: %w", path, err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("registration: %s exists and is not a socket (mode %s); refusing to remove it", path, fi.Mode())
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("registration: remove stale socket: %w", err)
-	}
-	return nil
-}
-
-// removeOwnSocket removes the socket file if it is still the one Run created.
-// A newer instance may already have replaced it; its socket must survive.
-func (r *Registrar) removeOwnSocket(logger klog.Logger, own fs.FileInfo) {
-	cur, err := os.Lstat(r.socketPath)
-	if errors.Is(err, fs.ErrNotExist) {
-		return
-	}
-	if err != nil {
-		logger.Error(err, "Cannot check registration socket before removing it")
-		return
-	}
-	if !os.SameFile(own, cur) {
-		logger.Info("Registration socket was replaced by another process; leaving it in place")
-		return
-	}
-	if err := os.Remove(r.socketPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		logger.Error(err, "Cannot remove registration socket")
 	}
 }
 

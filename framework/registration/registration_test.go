@@ -270,6 +270,36 @@ func TestStaleSocketReplaced(t *testing.T) {
 	}
 }
 
+// A second Registrar for the same driver (the driver running twice on the
+// node, or node-driver-registrar deployed for it as well) must not take over
+// the live socket: its Run fails, and the first keeps serving the kubelet.
+func TestLiveSocketNotTakenOver(t *testing.T) {
+	opts := testOptions(t)
+	first := start(t, opts)
+	first.waitReady(t)
+	path := first.r.SocketPath()
+	before, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	second := start(t, opts)
+	err = second.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "another process serves") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("second Run = %v, want an error naming %s and saying another process serves it", err, path)
+	}
+	if errors.Is(err, ErrRegistrationFailed) {
+		t.Errorf("second Run = %v, must not wrap ErrRegistrationFailed", err)
+	}
+	after, err := os.Lstat(path)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the first Registrar's socket was removed or replaced: %v", err)
+	}
+	if _, err := fakeKubelet(t, path).GetInfo(t.Context(), &registerapi.InfoRequest{}); err != nil {
+		t.Errorf("GetInfo on the first Registrar's socket: %v", err)
+	}
+}
+
 func TestNonSocketRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -1,0 +1,84 @@
+package framework_test
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
+)
+
+// A size just below 2^63 must not wrap the budget's arithmetic: it is refused,
+// and the budget keeps refusing what does not fit and admitting what does,
+// before and after a restart. The bytes gauge is never negative nor above the
+// budget.
+func TestCapacityBudgetOverflow(t *testing.T) {
+	const budget = 10 << 20
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
+		o.Capacity = map[string]int64{"tmpfs": budget}
+		o.MaxVolumeSize = 0 // no per-volume cap: the budget is the only limit
+	})
+	pod := h.Kubelet.NewPod("ns", "p")
+	vol := func(name, size string) drivertest.InlineVolume {
+		return drivertest.InlineVolume{Name: name, Attributes: map[string]string{"size": size}}
+	}
+	gauge := func(step string) float64 {
+		t.Helper()
+		v, ok := scrape(t, handlerGet(h.Driver().Handler(), "/metrics"))[`ephemera_volume_bytes{backend="tmpfs"}`]
+		if !ok {
+			t.Fatalf("%s: no ephemera_volume_bytes for tmpfs", step)
+		}
+		if v < 0 || v > budget {
+			t.Errorf("%s: ephemera_volume_bytes{backend=\"tmpfs\"} = %v, want within [0, %d]", step, v, budget)
+		}
+		return v
+	}
+
+	// With 1Mi in use, used+size of a valid int64 quantity just below 2^63
+	// (9223372036854700000 bytes) wraps negative: the check must not add.
+	if err := publishFake(t, h, fake, pod, vol("first", "1Mi")); err != nil {
+		t.Fatalf("publish of 1Mi within the budget: %v", err)
+	}
+	err := publishFake(t, h, fake, pod, vol("huge", "9.2233720368547E18"))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("publish of 9.2233720368547E18 bytes: %v, want ResourceExhausted", err)
+	}
+	// Like any volume that does not fit (Options.Capacity documents
+	// ResourceExhausted), but saying that it never can.
+	if !strings.Contains(err.Error(), "larger than the whole budget") {
+		t.Errorf("publish of 9.2233720368547E18 bytes: %v, want a message saying it is larger than the whole budget", err)
+	}
+	gauge("after the huge publish")
+
+	err = publishFake(t, h, fake, pod, vol("gig", "1Gi"))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("publish of 1Gi over a 10Mi budget: %v, want ResourceExhausted", err)
+	}
+	gauge("after the 1Gi publish")
+
+	if err := publishFake(t, h, fake, pod, vol("second", "1Mi")); err != nil {
+		t.Fatalf("publish of 1Mi within the budget: %v", err)
+	}
+	if v := gauge("after the second 1Mi publish"); v != 2<<20 {
+		t.Errorf("ephemera_volume_bytes = %v after two 1Mi volumes, want %d", v, 2<<20)
+	}
+
+	// The reconcile rebuilds the same accounting from the records.
+	h.Restart()
+	if v := gauge("after restart"); v != 2<<20 {
+		t.Errorf("ephemera_volume_bytes = %v after restart, want %d", v, 2<<20)
+	}
+	err = publishFake(t, h, fake, pod, vol("nine", "9Mi"))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2Mi of its 10Mi") {
+		t.Fatalf("publish of 9Mi with 2Mi in use: %v, want ResourceExhausted with the numbers", err)
+	}
+	if err := publishFake(t, h, fake, pod, vol("eight", "8Mi")); err != nil {
+		t.Fatalf("publish of 8Mi, exactly filling the budget: %v", err)
+	}
+	if v := gauge("full"); v != budget {
+		t.Errorf("ephemera_volume_bytes = %v with the budget full, want %d", v, budget)
+	}
+}
