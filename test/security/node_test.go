@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/drivers/loop"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
@@ -88,6 +89,11 @@ func newNode(t *testing.T, mutate func(*framework.Options)) *node {
 	}
 	n.h = drivertest.Start(t, n.opts)
 	return n
+}
+
+// storage returns the directory of a dir volume.
+func (n *node) storage(pod *drivertest.Pod, name string) string {
+	return filepath.Join(n.state, "volumes", api.VolumeHandle(pod.UID, name))
 }
 
 func (n *node) backends() map[string]framework.Backend {
@@ -286,4 +292,8 @@ func isMountPoint(path string) bool {
 		return false
 	}
 	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+func mountFS(source, dir, fstype, data string) error {
+	return unix.Mount(source, dir, fstype, 0, data)
 }

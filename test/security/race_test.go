@@ -42,6 +42,7 @@ type attacker struct {
 	mu     sync.Mutex
 	swaps  atomic.Int64
 	busy   atomic.Int64 // undo attempts that met a mount made on the swapped directory
+	err    atomic.Pointer[error]
 	stop   chan struct{}
 	done   chan struct{}
 	path   string // the component in the root
@@ -71,7 +72,9 @@ func (a *attacker) run() {
 					break
 				}
 				if !errors.Is(err, unix.EBUSY) || try == 5000 {
-					panic("undoing a swap: " + err.Error())
+					a.fail(fmt.Errorf("undoing a swap of %s: %w (the driver removed or replaced what was swapped in)", a.path, err))
+					a.mu.Unlock()
+					return
 				}
 				a.busy.Add(1)
 				time.Sleep(100 * time.Microsecond)
@@ -82,13 +85,17 @@ func (a *attacker) run() {
 				a.swaps.Add(1)
 				runtime.Gosched()
 				if err := unix.Renameat2(unix.AT_FDCWD, a.path, unix.AT_FDCWD, a.decoy, unix.RENAME_NOREPLACE); err != nil {
-					panic("taking back a planted decoy: " + err.Error())
+					a.fail(fmt.Errorf("taking back the link planted at %s: %w (the driver removed it)", a.path, err))
+					a.mu.Unlock()
+					return
 				}
 			}
 		}
 		a.mu.Unlock()
 	}
 }
+
+func (a *attacker) fail(err error) { a.err.CompareAndSwap(nil, &err) }
 
 func (a *attacker) start() { a.stop, a.done = make(chan struct{}), make(chan struct{}); go a.run() }
 func (a *attacker) halt()  { close(a.stop); <-a.done }
@@ -233,6 +240,10 @@ func raceVolume(t *testing.T, n *node, pod *drivertest.Pod, target string, a *at
 				t.Fatalf("iteration %d: mounts at %s: %+v, want exactly the volume's tmpfs", i, target, m)
 			}
 		}
+		if err := a.err.Load(); err != nil {
+			a.mu.Unlock()
+			t.Fatalf("iteration %d: %v", i, *err)
+		}
 		if check != nil {
 			if err := check(); err != nil {
 				a.mu.Unlock()
@@ -266,6 +277,10 @@ func raceVolume(t *testing.T, n *node, pod *drivertest.Pod, target string, a *at
 		if uerr != nil && !allowedRaceCode(status.Code(uerr)) {
 			a.mu.Unlock()
 			t.Fatalf("iteration %d: NodeUnpublishVolume: %v", i, uerr)
+		}
+		if err := a.err.Load(); err != nil {
+			a.mu.Unlock()
+			t.Fatalf("iteration %d: %v", i, *err)
 		}
 		if check != nil {
 			if err := check(); err != nil {
