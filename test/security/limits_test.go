@@ -121,4 +121,3 @@ func TestUnpublishThroughASymlinkedComponent(t *testing.T) {
 func mountTmpfs(dir string) error {
 	return mountFS("sentinel", dir, "tmpfs", "size=64k")
 }
-
