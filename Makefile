@@ -11,7 +11,7 @@ GOTESTFLAGS ?=
 PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
-.PHONY: all build run test test-unit test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench clean manifests build-static build-windows image image-check
 
 all: build
@@ -28,11 +28,20 @@ run: build
 
 ## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
 ## manifests, Dockerfile sources, e2e)
-test: verify vet cross test-unit test-examples manifests image-check e2e
+test: verify vet cross test-unit test-model test-examples manifests image-check e2e
 
 ## test-unit: all Go tests of the module with -race (root tests run when root)
 test-unit:
 	$(GO) test -race -count=1 $(GOTESTFLAGS) $(PKGS)
+
+## test-model: the seeded random walk over publish, unpublish, crashes, restarts, lost state and
+## the GC, invariants checked after every step (root; EPHEMERA_MODEL_STEPS, EPHEMERA_MODEL_SEED)
+test-model:
+	$(GO) test -tags failpoints -count=1 -timeout 30m -run TestModel -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
+
+## test-security: the safety guarantees of docs/security.md, with the model test (root)
+test-security: test-model
+	$(GO) test -race -count=1 -v ./test/security/
 
 ## test-crash: kill -9 at every side-effect boundary (root)
 test-crash:

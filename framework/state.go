@@ -154,3 +154,13 @@ func (d *Driver) RebuildState(ctx context.Context) (aside string, err error) {
 }
 
 var _ store.Identifier = (*boltstore.Store)(nil)
+
+// Records returns the driver's volume records (copies), ordered by volume ID:
+// what it holds on this node, for tools and tests. It needs a driver that
+// serves (Ready).
+func (d *Driver) Records(ctx context.Context) ([]*store.Record, error) {
+	if !d.ready.Load() {
+		return nil, errors.New("the driver is not running")
+	}
+	return d.store.List(ctx)
+}

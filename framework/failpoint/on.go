@@ -5,6 +5,7 @@ package failpoint
 import (
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -21,8 +22,28 @@ var armed = func() map[string]bool {
 	return m
 }()
 
+var hook atomic.Pointer[func(name string)]
+
+// SetHook makes Hit call fn with the failpoint's name instead of consulting
+// EPHEMERA_FAILPOINT, for tests that run a driver in-process: fn may return
+// (carry on) or stop the calling goroutine with runtime.Goexit, which models a
+// kill -9 of that operation at that point (its deferred cleanups run, but the
+// framework's rollbacks only act on a returned error, so none happens). A nil
+// fn restores the environment's failpoints.
+func SetHook(fn func(name string)) {
+	if fn == nil {
+		hook.Store(nil)
+		return
+	}
+	hook.Store(&fn)
+}
+
 // Hit kills the process with SIGKILL when name is armed.
 func Hit(name string) {
+	if fn := hook.Load(); fn != nil {
+		(*fn)(name)
+		return
+	}
 	if armed[name] {
 		p, _ := os.FindProcess(os.Getpid())
 		_ = p.Signal(syscall.SIGKILL)
