@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -55,6 +56,10 @@ func stateCommand(args []string, stdout, stderr io.Writer) int {
 	case "check", "dump":
 	default:
 		fmt.Fprintf(stderr, "unknown state command %q\n\n%s", cmd, stateUsage)
+		return 2
+	}
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stderr, "no state file at %s (is --state-dir or --driver-name right?)\n", path)
 		return 2
 	}
 	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{Timeout: *timeout})
