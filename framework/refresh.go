@@ -202,7 +202,7 @@ func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
 		return err
 	}
 	for _, rec := range recs {
-		if rec.Phase != store.PhasePublished {
+		if rec.Phase != store.PhasePublished || rec.Rebuilt {
 			continue
 		}
 		var delay time.Duration
@@ -233,6 +233,11 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 		return
 	}
 	if rec.Phase != store.PhasePublished {
+		return
+	}
+	if rec.Rebuilt {
+		// Rebuilt from the node: the pod's identity and attributes are unknown
+		// until its next publish, which refreshes the content itself.
 		return
 	}
 	if mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err != nil || !mounted {

@@ -85,13 +85,23 @@ func TestLostStateKeepsLiveData(t *testing.T) {
 				}
 			}
 			// The kubelet restarts and republishes everything: still one mount
-			// each, same data.
+			// each, same data, and the rebuilt records completed from the
+			// requests.
 			if err := n.h.Kubelet.Restart(n.ctx()); err != nil {
 				t.Fatalf("kubelet restart: %v", err)
 			}
 			for b, target := range targets {
 				n.wantOneMount(target)
 				n.wantData(target, "precious", "data of "+b)
+			}
+			recs, err := n.h.Driver().Records(n.ctx())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if r.Rebuilt || r.Hash == "" || r.Pod.Name == "" || r.Backend == "" {
+					t.Errorf("record %s not completed by the republish: rebuilt %v, hash %q, pod %q, backend %q", r.VolumeID, r.Rebuilt, r.Hash, r.Pod.Name, r.Backend)
+				}
 			}
 			if damage != "deleted" && damage != "truncated to zero" {
 				if m, _ := filepath.Glob(n.statePath() + ".damaged-*"); len(m) != 1 {
