@@ -440,19 +440,33 @@ func (m *linuxMounter) SetReadOnly(root, target string, readOnly bool) error {
 }
 
 func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
-	fd, err := openBeneath(root, target, unix.O_PATH)
+	fd, _, _, err := openMountRoot(func() (int, error) { return openBeneath(root, target, unix.O_PATH) }, target)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	return fd >= 0, err
+}
+
+// openMountRoot opens what open resolves (O_PATH, no link followed) and
+// returns its descriptor, mount ID and statx when it is the root of a mount;
+// fd is -1 (and err nil) when it does not exist or is not a mount root.
+func openMountRoot(open func() (int, error), shown string) (fd int, id uint64, st unix.Statx_t, err error) {
+	fd, err = open()
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
-		return false, nil
+		return -1, 0, st, nil
 	}
 	if err != nil {
-		return false, err
+		return -1, 0, st, err
 	}
-	defer unix.Close(fd)
-	_, isRoot, _, err := mountID(fd)
-	if err != nil {
-		return false, &fs.PathError{Op: "statx", Path: target, Err: err}
+	id, isRoot, st, err := mountID(fd)
+	if err != nil || !isRoot {
+		unix.Close(fd)
+		if err != nil {
+			err = &fs.PathError{Op: "statx", Path: shown, Err: err}
+		}
+		return -1, 0, st, err
 	}
-	return isRoot, nil
+	return fd, id, st, nil
 }
 
 // Unmount unmounts what is mounted at target, through the target's parent
@@ -491,37 +505,19 @@ func (m *linuxMounter) Unmount(root, target string) error {
 // mountedBelow reports whether name in the directory pfd is a mount point; a
 // symbolic link there is ErrSymlink.
 func (m *linuxMounter) mountedBelow(pfd int, name, shown string) (bool, error) {
-	fd, err := openat2(pfd, name, unix.O_PATH, shown)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	fd, _, _, err := openMountRoot(func() (int, error) { return openat2(pfd, name, unix.O_PATH, shown) }, shown)
+	if fd >= 0 {
+		unix.Close(fd)
 	}
-	if err != nil {
-		return false, err
-	}
-	defer unix.Close(fd)
-	_, isRoot, _, err := mountID(fd)
-	if err != nil {
-		return false, &fs.PathError{Op: "statx", Path: shown, Err: err}
-	}
-	return isRoot, nil
+	return fd >= 0, err
 }
 
 func (m *linuxMounter) Inspect(root, target string) (*Mounted, error) {
-	fd, err := openBeneath(root, target, unix.O_PATH)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
-		return nil, nil
-	}
-	if err != nil {
+	fd, id, st, err := openMountRoot(func() (int, error) { return openBeneath(root, target, unix.O_PATH) }, target)
+	if fd < 0 {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	id, isRoot, st, err := mountID(fd)
-	if err != nil {
-		return nil, &fs.PathError{Op: "statx", Path: target, Err: err}
-	}
-	if !isRoot {
-		return nil, nil
-	}
 	mt := &Mounted{ID: id, Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &sfs); err == nil {

@@ -40,6 +40,18 @@ func replacePodsDir(t *testing.T, n *node) func() {
 	}
 }
 
+// publishDirPods publishes a dir volume "data" for a pod of each name and
+// writes the pod's name into it.
+func publishDirPods(n *node, names ...string) []*drivertest.Pod {
+	var pods []*drivertest.Pod
+	for _, name := range names {
+		p := n.h.Kubelet.NewPod("default", name)
+		pods = append(pods, p)
+		n.write(n.publish(p, "data", "dir"), "precious", name)
+	}
+	return pods
+}
+
 // TestGCDistrustsAReplacedPodsDir: when the pods directory the driver saw at
 // startup is replaced (a mount over it lazily unmounted), the orphan GC
 // removes nothing, however long every volume looks orphaned.
@@ -49,13 +61,7 @@ func TestGCDistrustsAReplacedPodsDir(t *testing.T) {
 	n.stop()
 	detach := replacePodsDir(t, n)
 	n.start() // the driver sees the real pods directory (the mount)
-	var pods []*drivertest.Pod
-	for _, name := range []string{"a", "b", "c"} {
-		p := n.h.Kubelet.NewPod("default", name)
-		pods = append(pods, p)
-		target := n.publish(p, "data", "dir")
-		n.write(target, "precious", name)
-	}
+	pods := publishDirPods(n, "a", "b", "c")
 	detach()
 	time.Sleep(500 * time.Millisecond) // 25 GC passes, 10 grace periods
 	for _, p := range pods {
@@ -78,13 +84,7 @@ func TestGCRefusesAWholesaleOrphaning(t *testing.T) {
 	n.stop()
 	detach := replacePodsDir(t, n)
 	n.start()
-	var pods []*drivertest.Pod
-	for _, name := range []string{"a", "b", "c"} {
-		p := n.h.Kubelet.NewPod("default", name)
-		pods = append(pods, p)
-		target := n.publish(p, "data", "dir")
-		n.write(target, "precious", name)
-	}
+	pods := publishDirPods(n, "a", "b", "c")
 	n.stop()
 	detach()
 	n.h.Options.GCInterval, n.h.Options.OrphanGracePeriod = 20*time.Millisecond, 50*time.Millisecond

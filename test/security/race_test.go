@@ -97,6 +97,17 @@ func (a *attacker) run() {
 
 func (a *attacker) fail(err error) { a.err.CompareAndSwap(nil, &err) }
 
+// checkWith returns the attacker's own failure, else check's (when set).
+func (a *attacker) checkWith(check func() error) error {
+	if err := a.err.Load(); err != nil {
+		return *err
+	}
+	if check != nil {
+		return check()
+	}
+	return nil
+}
+
 func (a *attacker) start() { a.stop, a.done = make(chan struct{}), make(chan struct{}); go a.run() }
 func (a *attacker) halt()  { close(a.stop); <-a.done }
 
@@ -240,15 +251,9 @@ func raceVolume(t *testing.T, n *node, pod *drivertest.Pod, target string, a *at
 				t.Fatalf("iteration %d: mounts at %s: %+v, want exactly the volume's tmpfs", i, target, m)
 			}
 		}
-		if err := a.err.Load(); err != nil {
+		if err := a.checkWith(check); err != nil {
 			a.mu.Unlock()
-			t.Fatalf("iteration %d: %v", i, *err)
-		}
-		if check != nil {
-			if err := check(); err != nil {
-				a.mu.Unlock()
-				t.Fatalf("iteration %d: %v", i, err)
-			}
+			t.Fatalf("iteration %d: %v", i, err)
 		}
 		before = ourMounts(t, n.base)
 		a.mu.Unlock()
@@ -278,15 +283,9 @@ func raceVolume(t *testing.T, n *node, pod *drivertest.Pod, target string, a *at
 			a.mu.Unlock()
 			t.Fatalf("iteration %d: NodeUnpublishVolume: %v", i, uerr)
 		}
-		if err := a.err.Load(); err != nil {
+		if err := a.checkWith(check); err != nil {
 			a.mu.Unlock()
-			t.Fatalf("iteration %d: %v", i, *err)
-		}
-		if check != nil {
-			if err := check(); err != nil {
-				a.mu.Unlock()
-				t.Fatalf("iteration %d: %v", i, err)
-			}
+			t.Fatalf("iteration %d: %v", i, err)
 		}
 		a.mu.Unlock()
 	}
