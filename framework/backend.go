@@ -136,3 +136,15 @@ type AuthorizerFunc func(ctx context.Context, v *api.Volume) error
 
 // Authorize calls f.
 func (f AuthorizerFunc) Authorize(ctx context.Context, v *api.Volume) error { return f(ctx, v) }
+
+// A Runnable is a component that runs beside the driver (Options.Runnables):
+// Run blocks until ctx ends and then returns, after releasing what it holds.
+type Runnable interface {
+	Run(ctx context.Context) error
+}
+
+// RunnableFunc adapts a function to the Runnable interface.
+type RunnableFunc func(ctx context.Context) error
+
+// Run calls f.
+func (f RunnableFunc) Run(ctx context.Context) error { return f(ctx) }

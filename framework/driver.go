@@ -163,6 +163,22 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
 	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
 
+	// Runnables (an event recorder, a pod informer) run until the GC and the
+	// refresher, which use them, have stopped.
+	rctx, stopRunnables := context.WithCancel(context.WithoutCancel(ctx))
+	var runnables sync.WaitGroup
+	defer func() {
+		stopRunnables()
+		runnables.Wait()
+	}()
+	for _, r := range d.opts.Runnables {
+		runnables.Go(func() {
+			if err := r.Run(rctx); err != nil && rctx.Err() == nil {
+				log.Error(err, "A runnable of the driver stopped", "runnable", fmt.Sprintf("%T", r))
+			}
+		})
+	}
+
 	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
 		return fmt.Errorf("creating socket dir: %w", err)
 	}

@@ -124,6 +124,12 @@ type Options struct {
 	// to provision or refresh, or was removed by the orphan GC (see EventSink
 	// and package framework/events). Defaults to nil: no events.
 	Events EventSink
+	// Runnables run beside the CSI server for as long as the driver: started
+	// after the startup reconcile, stopped (their context canceled, then waited
+	// for) after the server, the GC and the refresher have stopped. An error
+	// one returns before that is logged; the driver keeps serving. Typical: the
+	// events.Recorder behind Events, the kube.Pods informer behind Pods.
+	Runnables []Runnable
 	// Logger is the root logger. Defaults to klog.Background().
 	Logger klog.Logger
 
