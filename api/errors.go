@@ -15,6 +15,7 @@ import (
 //	ErrResourceExhausted  ResourceExhausted  (kubelet retries)
 //	ErrUnavailable        Unavailable        (kubelet retries)
 //	ErrBusy               Aborted            (kubelet retries)
+//	ErrNotSupported       InvalidArgument    (final: not on this platform)
 //
 // Any other error is Internal. A backend may also return a gRPC status error; it
 // passes through unchanged.
@@ -26,6 +27,9 @@ var (
 	ErrResourceExhausted = errors.New("resource exhausted")
 	ErrUnavailable       = errors.New("unavailable")
 	ErrBusy              = errors.New("busy")
+	// ErrNotSupported is returned for what the platform cannot do (for example
+	// a tmpfs on Windows).
+	ErrNotSupported = errors.New("not supported on this platform")
 )
 
 // InvalidParamf returns an error wrapping ErrInvalidParams with a message for the

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -172,7 +170,7 @@ func (d *Driver) publishOverMount(ctx context.Context, pr *publishRequest) (resp
 		}
 	}
 	if !ours {
-		return nil, true, status.Errorf(codes.FailedPrecondition,
+		return nil, true, kindf(errFailedPrecondition,
 			"target %s is already a mount point (%s %s) that is not this volume's %s storage; Ephemera never mounts over another mount: unmount it, or delete and recreate the pod",
 			v.TargetPath, mt.FSType, mt.Source, v.Backend)
 	}
@@ -216,7 +214,7 @@ func newRecord(pr *publishRequest, phase store.Phase) *store.Record {
 func (d *Driver) complete(ctx context.Context, pr *publishRequest, rec *store.Record) error {
 	v := pr.vol
 	if rec.Backend != "" && rec.Backend != v.Backend {
-		return status.Errorf(codes.AlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
+		return kindf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
 			v.ID, rec.Backend, v.Backend)
 	}
 	full := newRecord(pr, rec.Phase)

@@ -6,10 +6,9 @@ import (
 	"math/bits"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -83,16 +82,16 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 // negative size is InvalidArgument.
 func (c *capacity) reserve(driver, backend string, size int64) error {
 	if size < 0 {
-		return status.Errorf(codes.InvalidArgument, "volume size %d bytes is negative", size)
+		return invalidArgf("volume size %d bytes is negative", size)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
-		return status.Errorf(codes.ResourceExhausted, "node already has %d volumes of %s, its maximum (MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)
+		return kindf(api.ErrResourceExhausted, "node already has %d volumes of %s, its maximum (MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)
 	}
 	if budget, ok := c.budgets[backend]; ok {
 		if size > budget {
-			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has a capacity budget of %s; a volume of %s is larger than the whole budget and never fits on this node: ask for less, or raise the driver's capacity budget",
+			return kindf(api.ErrResourceExhausted, "backend %s on this node has a capacity budget of %s; a volume of %s is larger than the whole budget and never fits on this node: ask for less, or raise the driver's capacity budget",
 				backend, bytes(budget), bytes(size))
 		}
 		// used may exceed the budget after a reset from records admitted under
@@ -100,7 +99,7 @@ func (c *capacity) reserve(driver, backend string, size int64) error {
 		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
 		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
 			used := s.int64()
-			return status.Errorf(codes.ResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
+			return kindf(api.ErrResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
 				backend, bytes(used), bytes(budget), bytes(size))
 		}
 	}

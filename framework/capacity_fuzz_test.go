@@ -205,8 +205,8 @@ func FuzzCapacity(f *testing.F) {
 				if got := err == nil; got != want {
 					t.Fatalf("step %d %s: err %v, model admits %v (model %+v)", step, desc, err, want, m.vols)
 				}
-				if err != nil && status.Code(err) != code {
-					t.Fatalf("step %d %s: code %v, want %v: %v", step, desc, status.Code(err), code, err)
+				if err != nil && status.Code(toStatus(err)) != code {
+					t.Fatalf("step %d %s: code %v, want %v: %v", step, desc, status.Code(toStatus(err)), code, err)
 				}
 				if err == nil {
 					m.add(fuzzVol{backend, size})

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
@@ -74,7 +73,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 			return nil, err
 		}
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
-		return nil, status.Errorf(codes.AlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
+		return nil, kindf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
 	}
 	switch rec.Phase {
 	case store.PhasePublished:
@@ -150,7 +149,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	if d.opts.Authorizer != nil {
 		if err := d.opts.Authorizer.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {
-				return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s may not use this volume: %v", v.Pod.Namespace, v.Pod.Name, err)
+				return nil, kindf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
 			}
 			if _, ok := status.FromError(err); ok {
 				return nil, err
@@ -180,7 +179,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		defer cancel()
 		if uerr := d.teardown(rctx, rec); uerr != nil {
 			log.Error(uerr, "Rollback of failed publish incomplete; the volume is kept for cleanup")
-			err = transient(fmt.Errorf("publish failed: %v; rollback incomplete: %v", toStatus(err), uerr))
+			err = transient(fmt.Errorf("publish failed: %w; rollback incomplete: %w", err, uerr))
 			return
 		}
 		log.V(2).Info("Rolled back failed publish")

@@ -10,7 +10,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
@@ -45,7 +44,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	defer func() {
 		if p := recover(); p != nil {
 			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, p)
+			err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
 		}
 		err = toStatus(err)
 		d.metrics.ObserveRPC(info.FullMethod, status.Code(err), time.Since(start))
@@ -90,11 +89,11 @@ func (d *Driver) begin(id string) (func(), error) {
 	select {
 	case d.inflight <- struct{}{}:
 	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "%d volume operations are already in flight on this node (MaxInFlight); retry later", cap(d.inflight))
+		return nil, kindf(api.ErrResourceExhausted, "%d volume operations are already in flight on this node (MaxInFlight); retry later", cap(d.inflight))
 	}
 	if !d.locks.TryAcquire(id) {
 		<-d.inflight
-		return nil, status.Errorf(codes.Aborted, "an operation for volume %s is already in progress", id)
+		return nil, kindf(api.ErrBusy, "an operation for volume %s is already in progress", id)
 	}
 	return func() {
 		d.locks.Release(id)
@@ -117,7 +116,7 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 // finished, and fails when the state store is unusable.
 func (d *Driver) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if err := d.healthy(ctx); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "driver not healthy: %v", err)
+		return nil, kindf(errFailedPrecondition, "driver not healthy: %w", err)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspbBool(d.ready.Load())}, nil
 }
@@ -135,15 +134,15 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 
 // NodeStageVolume implements csi.NodeServer: inline volumes are never staged.
 func (d *Driver) NodeStageVolume(context.Context, *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
+	return nil, kindf(errUnimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
 }
 
 // NodeUnstageVolume implements csi.NodeServer: inline volumes are never staged.
 func (d *Driver) NodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
+	return nil, kindf(errUnimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
 }
 
 // NodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
 func (d *Driver) NodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
+	return nil, kindf(errUnimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
 }

@@ -8,10 +8,9 @@ import (
 	"math/bits"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -44,13 +43,13 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	}
 	rec, err := d.store.Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not published on this node", id)
+		return nil, kindf(api.ErrNotFound, "volume %s is not published on this node", id)
 	}
 	if err != nil {
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
 	if path != "" && normalizePath(path, isWindows) != normalizePath(rec.TargetPath, isWindows) {
-		return nil, status.Errorf(codes.NotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
+		return nil, kindf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
 }
@@ -103,7 +102,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		}
 		switch {
 		case errors.Is(err, mount.ErrNotSupported):
-			return nil, status.Errorf(codes.Unimplemented, "volume stats: %v", err)
+			return nil, kindf(errUnimplemented, "volume stats: %w", err)
 		case err != nil:
 			h = health{csi.VolumeHealthErrorType_INACCESSIBLE, "StatFailed", fmt.Sprintf("reading usage: %v", err)}
 		default:

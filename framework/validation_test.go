@@ -134,6 +134,12 @@ func TestPublishValidation(t *testing.T) {
 			if got := status.Code(err); got != tc.wantCode {
 				t.Fatalf("code = %v, want %v (err %v)", got, tc.wantCode, err)
 			}
+			if strings.Contains(status.Convert(err).Message(), "rpc error") {
+				t.Errorf("message %q nests a gRPC status", status.Convert(err).Message())
+			}
+			if strings.Contains(status.Convert(err).Message(), "rpc error") {
+				t.Errorf("message %q nests a gRPC status", status.Convert(err).Message())
+			}
 			if !strings.Contains(status.Convert(err).Message(), tc.wantMsg) {
 				t.Errorf("message %q does not contain %q", status.Convert(err).Message(), tc.wantMsg)
 			}
@@ -175,6 +181,9 @@ func TestUnpublishValidation(t *testing.T) {
 			_, err := h.Node.NodeUnpublishVolume(t.Context(), tc.req)
 			if got := status.Code(err); got != tc.wantCode {
 				t.Fatalf("code = %v, want %v (err %v)", got, tc.wantCode, err)
+			}
+			if strings.Contains(status.Convert(err).Message(), "rpc error") {
+				t.Errorf("message %q nests a gRPC status", status.Convert(err).Message())
 			}
 		})
 	}

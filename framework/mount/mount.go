@@ -8,8 +8,8 @@ import (
 )
 
 // ErrNotSupported is returned for an operation the platform cannot perform (for
-// example a tmpfs on Windows).
-var ErrNotSupported = errors.New("not supported on this platform")
+// example a tmpfs on Windows). It is api.ErrNotSupported, which backends use.
+var ErrNotSupported = api.ErrNotSupported
 
 // ErrNotEmpty is returned by Mount when the target exists and is not empty
 // (Windows, where the target is replaced by a link).
