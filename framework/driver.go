@@ -15,8 +15,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
-	"github.com/ephemera-csi/ephemera/framework/metrics"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/registration"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -29,9 +29,6 @@ const StateFile = "state.db"
 // services, durable per-volume state, and the startup reconcile. Create it with
 // New and serve with Run.
 type Driver struct {
-	csi.UnimplementedIdentityServer
-	csi.UnimplementedNodeServer
-
 	opts    Options
 	mounter mount.Interface
 	store   store.Store
@@ -194,8 +191,8 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	defer lis.Close()
 
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
-	csi.RegisterIdentityServer(srv, d)
-	csi.RegisterNodeServer(srv, d)
+	csi.RegisterIdentityServer(srv, identityServer{d: d})
+	csi.RegisterNodeServer(srv, nodeServer{d: d})
 	d.mu.Lock()
 	d.server = srv
 	d.mu.Unlock()

@@ -33,8 +33,8 @@ func (d *Driver) healthy(ctx context.Context) error {
 	return nil
 }
 
-// NodePublishVolume implements csi.NodeServer; see DESIGN.md section 4b.
-func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+// nodePublishVolume implements csi.NodeServer; see DESIGN.md section 4b.
+func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	pr, err := d.parsePublish(req)
 	if err != nil {
 		return nil, err
@@ -261,9 +261,9 @@ func (d *Driver) applyFSGroup(target string, gid int) error {
 	return r.Chmod(".", fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
 }
 
-// NodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
+// nodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
 // target path alone and is OK when anything is already gone.
-func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, invalidArgf("volume_id is required")

@@ -17,7 +17,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
-	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"

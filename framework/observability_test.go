@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -264,8 +266,8 @@ func TestReadyzDuringReconcile(t *testing.T) {
 	if got := statusOf(t, base+"/readyz"); got != http.StatusServiceUnavailable {
 		t.Errorf("/readyz during reconcile: %d, want 503", got)
 	}
-	if p, err := d.Probe(t.Context(), &csi.ProbeRequest{}); err != nil || p.GetReady().GetValue() {
-		t.Errorf("Probe during reconcile: %v, %v; want not ready like /readyz", p, err)
+	if _, err := os.Stat(filepath.Join(sock, "csi.sock")); err == nil {
+		t.Error("the CSI socket is served during the reconcile")
 	}
 	if m := scrape(t, httpGet(base+"/metrics")); m[`ephemera_volumes{backend="slow"}`] != 0 {
 		t.Errorf("volumes during reconcile: %v", m[`ephemera_volumes{backend="slow"}`])
@@ -279,7 +281,12 @@ func TestReadyzDuringReconcile(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if p, err := d.Probe(t.Context(), &csi.ProbeRequest{}); err != nil || !p.GetReady().GetValue() {
+	conn, err := grpc.NewClient("unix://"+filepath.Join(sock, "csi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if p, err := csi.NewIdentityClient(conn).Probe(t.Context(), &csi.ProbeRequest{}); err != nil || !p.GetReady().GetValue() {
 		t.Errorf("Probe after reconcile: %v, %v; want ready like /readyz", p, err)
 	}
 	m := scrape(t, httpGet(base+"/metrics"))

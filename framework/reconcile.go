@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
-	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 

@@ -101,48 +101,48 @@ func (d *Driver) begin(id string) (func(), error) {
 	}, nil
 }
 
-// GetPluginInfo implements csi.IdentityServer.
-func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+// getPluginInfo implements csi.IdentityServer.
+func (d *Driver) getPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
 	return d.pluginInfo, nil
 }
 
-// GetPluginCapabilities implements csi.IdentityServer: a node-only plugin has no
+// getPluginCapabilities implements csi.IdentityServer: a node-only plugin has no
 // controller service and no topology.
-func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+func (d *Driver) getPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	return &csi.GetPluginCapabilitiesResponse{}, nil
 }
 
-// Probe implements csi.IdentityServer. It is not ready until the startup reconcile
+// probe implements csi.IdentityServer. It is not ready until the startup reconcile
 // finished, and fails when the state store is unusable.
-func (d *Driver) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+func (d *Driver) probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if err := d.healthy(ctx); err != nil {
 		return nil, kindf(errFailedPrecondition, "driver not healthy: %w", err)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspbBool(d.ready.Load())}, nil
 }
 
-// NodeGetInfo implements csi.NodeServer.
-func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+// nodeGetInfo implements csi.NodeServer.
+func (d *Driver) nodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
 	return d.nodeInfo, nil
 }
 
-// NodeGetCapabilities implements csi.NodeServer. The kubelet calls it twice per
+// nodeGetCapabilities implements csi.NodeServer. The kubelet calls it twice per
 // publish; the response is built once.
-func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+func (d *Driver) nodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
 	return d.capabilities, nil
 }
 
-// NodeStageVolume implements csi.NodeServer: inline volumes are never staged.
-func (d *Driver) NodeStageVolume(context.Context, *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+// nodeStageVolume implements csi.NodeServer: inline volumes are never staged.
+func (d *Driver) nodeStageVolume(context.Context, *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	return nil, kindf(errUnimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
 }
 
-// NodeUnstageVolume implements csi.NodeServer: inline volumes are never staged.
-func (d *Driver) NodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+// nodeUnstageVolume implements csi.NodeServer: inline volumes are never staged.
+func (d *Driver) nodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	return nil, kindf(errUnimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
 }
 
-// NodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
-func (d *Driver) NodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+// nodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
+func (d *Driver) nodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	return nil, kindf(errUnimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
 }

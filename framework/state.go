@@ -11,7 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
-	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 )

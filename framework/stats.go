@@ -75,11 +75,11 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	return health{}, nil
 }
 
-// NodeGetVolumeStats implements csi.NodeServer. The kubelet calls it with the
+// nodeGetVolumeStats implements csi.NodeServer. The kubelet calls it with the
 // volume handle and the target path of a mounted volume. It takes no volume lock:
 // stats never delay or abort a publish. The volume is looked up first, so an
 // unknown ID is NotFound whatever the path.
-func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePath(), true)
 	if err != nil {
 		return nil, err
@@ -134,8 +134,8 @@ func setLegacyCondition(resp *csi.NodeGetVolumeStatsResponse, abnormal bool, msg
 	resp.ProtoReflect().SetUnknown(raw)
 }
 
-// NodeGetVolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
-func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+// nodeGetVolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
+func (d *Driver) nodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePublishPath(), false)
 	if err != nil {
 		return nil, err

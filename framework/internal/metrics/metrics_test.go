@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
-	"github.com/ephemera-csi/ephemera/framework/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 )
 
 func TestMetrics(t *testing.T) {

@@ -3,8 +3,9 @@
 // The framework creates one [Metrics] per driver, in the driver's own registry
 // (never prometheus.DefaultRegisterer), and records into it; a driver serves it
 // with Options.MetricsAddress or mounts Driver.Handler in its own server. The
-// names and label values are constants here, so dashboards, alerts and tests
-// refer to one definition.
+// names and label values are constants here, so the framework's code and tests
+// refer to one definition; it is internal, and the names are documented for
+// operators in docs/design.md and docs/operations.md.
 //
 // # Metrics
 //
@@ -15,7 +16,7 @@
 //   - ephemera_volumes{backend}, ephemera_volume_bytes{backend} gauges: read from
 //     the driver's capacity accounting at scrape time.
 //   - ephemera_reconcile_total{result}, ephemera_gc_total{result},
-//     ephemera_refresh_total{result} counters.
+//     ephemera_refresh_total{result} counters, ephemera_state_recoveries_total.
 //   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.
 //   - The Go runtime (go_*) and process (process_*) collectors.
 //
