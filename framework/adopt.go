@@ -19,6 +19,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -36,21 +37,11 @@ import (
 //     and nothing mounts it; otherwise it is kept as unclaimed;
 //   - no storage is deleted while the mount table shows it mounted anywhere.
 
-// volDataFile is the kubelet's record of an inline volume, beside its target
-// (pkg/volume/csi saveVolumeData).
-const volDataFile = "vol_data.json"
-
 // volDataMax bounds what is read of a vol_data.json (the kubelet's is ~300 bytes).
 const volDataMax = 64 << 10
 
-// sameTarget reports whether two target paths name the same target: equal after
-// cleaning (and on Windows after normalizing separators, drive and case).
-func sameTarget(a, b string) bool {
-	if isWindows {
-		return strings.EqualFold(path.Clean(normalizePath(a, true)), path.Clean(normalizePath(b, true)))
-	}
-	return path.Clean(a) == path.Clean(b)
-}
+// sameTarget reports whether two target paths name the same target.
+func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
 
 // storeID returns the state store's identity, "" for a store without one.
 func (d *Driver) storeID() string {
@@ -117,8 +108,8 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 // shows it) is the target of an inline volume other than id.
 func (d *Driver) otherVolumesTarget(p, id string) bool {
 	for _, root := range []string{d.opts.KubeletRootDir, d.realRoot()} {
-		if t, err := parseTargetPath(root, p, isWindows); err == nil {
-			return api.VolumeHandle(t.podUID, t.volumeName) != id
+		if t, err := volume.ParseTarget(root, p, isWindows); err == nil {
+			return t.Handle() != id
 		}
 	}
 	return false
@@ -241,7 +232,7 @@ func (d *Driver) readVolData(target string) (driver, handle string, err error) {
 		return "", "", err
 	}
 	defer r.Close()
-	f, err := r.Open(volDataFile)
+	f, err := r.Open(volume.VolDataFile)
 	if err != nil {
 		return "", "", err
 	}
@@ -252,7 +243,7 @@ func (d *Driver) readVolData(target string) (driver, handle string, err error) {
 	}
 	var m map[string]string
 	if err := json.Unmarshal(b, &m); err != nil {
-		return "", "", fmt.Errorf("%s beside %s: %w", volDataFile, target, err)
+		return "", "", fmt.Errorf("%s beside %s: %w", volume.VolDataFile, target, err)
 	}
 	return m["driverName"], m["volumeHandle"], nil
 }
@@ -260,15 +251,15 @@ func (d *Driver) readVolData(target string) (driver, handle string, err error) {
 // ownedTarget reports whether target is one of this driver's inline volumes
 // according to the kubelet: its vol_data.json names this driver and the handle
 // derived from the target. It returns the parsed target and the handle.
-func (d *Driver) ownedTarget(t string) (target, string, bool) {
-	pt, err := parseTargetPath(d.opts.KubeletRootDir, t, isWindows)
+func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
+	pt, err := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
 	if err != nil {
-		return target{}, "", false
+		return volume.Target{}, "", false
 	}
-	id := api.VolumeHandle(pt.podUID, pt.volumeName)
+	id := pt.Handle()
 	driver, handle, err := d.readVolData(t)
 	if err != nil || driver != d.opts.DriverName || handle != id {
-		return target{}, "", false
+		return volume.Target{}, "", false
 	}
 	return pt, id, true
 }
@@ -278,7 +269,7 @@ func (d *Driver) ownedTarget(t string) (target, string, bool) {
 // to their targets.
 func (d *Driver) volDataIndex() (map[string]string, error) {
 	root := d.opts.KubeletRootDir
-	podsDir := filepath.Join(root, "pods")
+	podsDir := filepath.Join(root, volume.PodsDir)
 	r, err := d.mounter.OpenTarget(root, podsDir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return map[string]string{}, nil
@@ -294,10 +285,10 @@ func (d *Driver) volDataIndex() (map[string]string, error) {
 	}
 	index := map[string]string{}
 	for _, u := range uids {
-		if !u.IsDir() || !validUID(u.Name()) {
+		if !u.IsDir() || !volume.ValidUID(u.Name()) {
 			continue
 		}
-		csiDir := path.Join(u.Name(), "volumes", "kubernetes.io~csi")
+		csiDir := path.Join(u.Name(), volume.VolumesDir, volume.PluginDir)
 		vols, err := fs.ReadDir(fsys, csiDir)
 		if err != nil {
 			continue
@@ -306,7 +297,7 @@ func (d *Driver) volDataIndex() (map[string]string, error) {
 			if !vol.IsDir() {
 				continue
 			}
-			t := filepath.Join(podsDir, u.Name(), "volumes", "kubernetes.io~csi", vol.Name(), "mount")
+			t := volume.TargetPath(root, u.Name(), vol.Name())
 			if _, id, ok := d.ownedTarget(t); ok {
 				index[id] = t
 			}
@@ -336,13 +327,13 @@ func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) erro
 			continue
 		}
 		rec := &store.Record{
-			VolumeID: id, VolumeName: pt.volumeName, TargetPath: t,
-			Pod:   api.Pod{UID: pt.podUID},
+			VolumeID: id, VolumeName: pt.VolumeName, TargetPath: t,
+			Pod:   api.Pod{UID: pt.PodUID},
 			Phase: store.PhasePublished, Rebuilt: true, ReadOnly: mt.ReadOnly,
 			Created: time.Now().UTC(), Updated: time.Now().UTC(),
 		}
 		for _, name := range backendNames(d.opts.Backends) {
-			v := &api.Volume{ID: id, Name: pt.volumeName, TargetPath: t, Backend: name, Pod: rec.Pod}
+			v := &api.Volume{ID: id, Name: pt.VolumeName, TargetPath: t, Backend: name, Pod: rec.Pod}
 			src, found, err := d.findStorage(ctx, d.opts.Backends[name], v)
 			if err != nil || !found {
 				continue
@@ -420,9 +411,9 @@ func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, kno
 			continue
 		}
 		if t, ok := idx[id]; ok {
-			pt, _ := parseTargetPath(d.opts.KubeletRootDir, t, isWindows)
+			pt, _ := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
 			rec := d.rebuiltRecord(id, name, store.PhasePublished)
-			rec.VolumeName, rec.TargetPath, rec.Pod = pt.volumeName, t, api.Pod{UID: pt.podUID}
+			rec.VolumeName, rec.TargetPath, rec.Pod = pt.VolumeName, t, api.Pod{UID: pt.PodUID}
 			if err := d.keep(ctx, rec); err != nil {
 				failed = append(failed, err)
 				continue
@@ -433,7 +424,7 @@ func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, kno
 			continue
 		}
 		if proven {
-			v := orphanVolume(id, name)
+			v := volume.Orphan(id, name)
 			err := d.refuseIfMounted(ctx, b, v, nil)
 			if err == nil {
 				err = d.deleteStorage(ctx, b, v)

@@ -16,6 +16,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -271,11 +272,11 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if req.GetTargetPath() == "" {
 		return nil, invalidArgf("target_path is required")
 	}
-	t, err := parseTargetPath(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	t, err := volume.ParseTarget(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
 		return nil, invalidArgf("%v", err)
 	}
-	if err := checkVolumeID(id, t); err != nil {
+	if err := t.CheckHandle(id); err != nil {
 		return nil, invalidArgf("%v; nothing was touched", err)
 	}
 	release, err := d.begin(id)
@@ -351,7 +352,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return err
 	}
 	if b, ok := d.opts.Backends[rec.Backend]; ok {
-		v := recordVolume(rec)
+		v := volume.FromRecord(rec)
 		if err := d.refuseIfMounted(ctx, b, v, rec.Source); err != nil {
 			return err
 		}
@@ -369,31 +370,4 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
-}
-
-// recordVolume rebuilds the backend's view of a persisted volume.
-func recordVolume(rec *store.Record) *api.Volume {
-	params := api.Params(rec.Params).Clone()
-	for _, k := range frameworkParams {
-		delete(params, k)
-	}
-	return &api.Volume{
-		ID:         rec.VolumeID,
-		Name:       rec.VolumeName,
-		TargetPath: rec.TargetPath,
-		Pod:        rec.Pod,
-		Backend:    rec.Backend,
-		ReadOnly:   rec.ReadOnly,
-		FSType:     rec.FSType,
-		FSGroup:    rec.FSGroup,
-		Size:       rec.Size,
-		Params:     params,
-		State:      rec.State,
-	}
-}
-
-// orphanVolume is the view of storage found in a backend's inventory without a
-// record: only the ID and backend are known.
-func orphanVolume(id, backend string) *api.Volume {
-	return &api.Volume{ID: id, Backend: backend}
 }

@@ -11,7 +11,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -155,9 +154,6 @@ const (
 func DefaultStateDir(driverName string) string {
 	return filepath.Join(defaultStateRoot, driverName)
 }
-
-// frameworkParams are the attributes the framework consumes itself.
-var frameworkParams = []string{api.ParamSize, api.ParamBackend}
 
 func (o *Options) setDefaults() {
 	if o.Version == "" {

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -243,7 +244,7 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 	if mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
 		return // the next republish repairs it, with fresh content
 	}
-	v := recordVolume(rec)
+	v := volume.FromRecord(rec)
 	d.refresher.mu.Lock()
 	c := d.refresher.creds[id]
 	d.refresher.mu.Unlock()

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"maps"
 	"runtime"
 	"sort"
@@ -14,6 +13,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 var isWindows = runtime.GOOS == "windows"
@@ -76,14 +76,14 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		return nil, invalidArgf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
 	}
 
-	t, err := parseTargetPath(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	t, err := volume.ParseTarget(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
 		return nil, invalidArgf("%v", err)
 	}
-	if t.podUID != uid {
-		return nil, invalidArgf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.podUID, api.KeyPodUID, uid)
+	if t.PodUID != uid {
+		return nil, invalidArgf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.PodUID, api.KeyPodUID, uid)
 	}
-	if err := checkVolumeID(req.GetVolumeId(), t); err != nil {
+	if err := t.CheckHandle(req.GetVolumeId()); err != nil {
 		return nil, invalidArgf("%v", err)
 	}
 
@@ -132,13 +132,10 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		delete(secrets, api.KeyServiceAccountTokens)
 	}
 
-	backendParams := params.Clone()
-	for _, k := range frameworkParams {
-		delete(backendParams, k)
-	}
+	backendParams := volume.BackendParams(params)
 	v := &api.Volume{
 		ID:         req.GetVolumeId(),
-		Name:       t.volumeName,
+		Name:       t.VolumeName,
 		TargetPath: req.GetTargetPath(),
 		Pod: api.Pod{
 			Namespace:      namespace,
@@ -159,20 +156,12 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	// below, so an operator changing a default does not turn the republish of a
 	// running pod into AlreadyExists.
 	hash := requestHash(v, params)
+	check := volume.CheckWithoutValidator
 	if val, ok := backend.(Validator); ok {
-		if err := val.Validate(v); err != nil {
-			if !errors.Is(err, api.ErrInvalidParams) {
-				return nil, err
-			}
-			return nil, invalidArgf("%v", err)
-		}
-	} else {
-		if err := v.Params.Only(); err != nil {
-			return nil, invalidArgf("backend %q: %v", backendName, err)
-		}
-		if v.FSType != "" {
-			return nil, invalidArgf("fsType %q is not supported by backend %q; leave fsType unset", v.FSType, backendName)
-		}
+		check = val.Validate
+	}
+	if err := check(v); err != nil {
+		return nil, err // api.ErrInvalidParams: InvalidArgument
 	}
 	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
 		return nil, invalidArgf("backend %q: volume size %d bytes (after defaults and rounding) exceeds this driver's maximum volume size of %d bytes", backendName, v.Size, d.opts.MaxVolumeSize)

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
@@ -60,8 +61,8 @@ func FuzzParsePublish(f *testing.F) {
 			}
 			return
 		}
-		tg, perr := parseTargetPath(root, target, false)
-		if perr != nil || pr.vol.ID != api.VolumeHandle(tg.podUID, tg.volumeName) || pr.vol.Pod.UID != tg.podUID {
+		tg, perr := volume.ParseTarget(root, target, false)
+		if perr != nil || pr.vol.ID != tg.Handle() || pr.vol.Pod.UID != tg.PodUID {
 			t.Fatalf("accepted a request not bound to its target: id %q target %q uid %q", id, target, podUID)
 		}
 		if pr.vol.Size <= 0 || pr.vol.Size > 1<<30 {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -48,7 +49,7 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	if err != nil {
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	if path != "" && normalizePath(path, isWindows) != normalizePath(rec.TargetPath, isWindows) {
+	if path != "" && !sameTarget(path, rec.TargetPath) {
 		return nil, kindf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
@@ -68,7 +69,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
 	if hc, ok := d.opts.Backends[rec.Backend].(HealthChecker); ok {
-		if err := hc.Check(ctx, recordVolume(rec)); err != nil {
+		if err := hc.Check(ctx, volume.FromRecord(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
@@ -161,25 +162,20 @@ func (e *env) nextName() string {
 	return fmt.Sprintf("vol-%d", e.n)
 }
 
-// buildVolume mirrors framework/request.go: the framework's attributes are
-// removed from Params, "size" becomes Size, "backend" names the backend.
+// buildVolume builds the volume as the framework does (framework/internal/volume):
+// the framework's attributes are removed from Params, "size" becomes Size,
+// "backend" names the backend.
 func (s *suite) buildVolume(name, kubeletRoot string) (*api.Volume, error) {
 	uid := newUID()
-	params := api.Params(s.opts.Params).Clone()
-	if params == nil {
-		params = api.Params{}
-	}
+	params := api.Params(s.opts.Params)
 	size, err := params.Quantity(api.ParamSize, 0)
 	if err != nil {
 		return nil, fmt.Errorf("Options.Params: %w", err)
 	}
-	delete(params, api.ParamSize)
-	delete(params, api.ParamBackend)
 	return &api.Volume{
-		ID:   api.VolumeHandle(uid, name),
-		Name: name,
-		TargetPath: filepath.Join(kubeletRoot, "pods", uid, "volumes", "kubernetes.io~csi",
-			name, "mount"),
+		ID:         api.VolumeHandle(uid, name),
+		Name:       name,
+		TargetPath: volume.TargetPath(kubeletRoot, uid, name),
 		Pod: api.Pod{
 			Namespace:      "backendtest",
 			Name:           "pod-" + name,
@@ -189,7 +185,7 @@ func (s *suite) buildVolume(name, kubeletRoot string) (*api.Volume, error) {
 		Backend: s.backendName,
 		FSType:  s.opts.FSType,
 		Size:    size,
-		Params:  params,
+		Params:  volume.BackendParams(params),
 	}, nil
 }
 
@@ -198,11 +194,8 @@ func (s *suite) validate(b framework.Backend, v *api.Volume) error {
 	if val, ok := b.(framework.Validator); ok {
 		return val.Validate(v)
 	}
-	if err := v.Params.Only(); err != nil {
-		return fmt.Errorf("the backend is not a framework.Validator, so the framework refuses every attribute: %w", err)
-	}
-	if v.FSType != "" {
-		return fmt.Errorf("the backend is not a framework.Validator, so the framework refuses fsType %q", v.FSType)
+	if err := volume.CheckWithoutValidator(v); err != nil {
+		return fmt.Errorf("the backend is not a framework.Validator, so the framework refuses every attribute and fsType: %w", err)
 	}
 	return nil
 }
@@ -273,9 +266,7 @@ func persisted(v *api.Volume) *api.Volume {
 
 // orphan is what the startup reconcile passes to Delete for storage without a
 // record.
-func orphan(v *api.Volume) *api.Volume {
-	return &api.Volume{ID: v.ID, Backend: v.Backend}
-}
+func orphan(v *api.Volume) *api.Volume { return volume.Orphan(v.ID, v.Backend) }
 
 func (s *suite) testValidate(t *testing.T) {
 	e := s.setup(t)

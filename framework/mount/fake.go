@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // Method names of [Interface], as used by [Fake.Fail] and in [Fake.Calls].
@@ -374,7 +375,7 @@ func (f *Fake) MountedAt(src api.Source) ([]string, error) {
 func (f *Fake) Published(root string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	prefix := filepath.Join(filepath.Clean(root), "pods") + string(filepath.Separator)
+	prefix := filepath.Join(filepath.Clean(root), volume.PodsDir) + string(filepath.Separator)
 	var out []string
 	for t, stack := range f.mounts {
 		rest, ok := strings.CutPrefix(t, prefix)
@@ -382,7 +383,7 @@ func (f *Fake) Published(root string) ([]string, error) {
 			continue
 		}
 		parts := strings.Split(rest, string(filepath.Separator))
-		if len(parts) == 5 && parts[1] == "volumes" && parts[2] == "kubernetes.io~csi" && parts[4] == "mount" {
+		if len(parts) == 5 && parts[1] == volume.VolumesDir && parts[2] == volume.PluginDir && parts[4] == volume.MountDir {
 			out = append(out, t)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
+	"github.com/ephemera-csi/ephemera/framework/internal/winpath"
 )
 
 // This file holds the Windows implementation's logic, without a build tag, so
@@ -29,46 +31,12 @@ func NormalizeWindowsPath(p string) string {
 	return p
 }
 
-// windowsPathKey turns a Windows path into a key for comparing two paths that
-// name the same directory: "/" and "\" are the same separator, a drive-less path
-// is on C:, the \\?\ and \??\ prefixes (\\?\UNC\ for shares) and repeated
-// or trailing separators are dropped, and case is folded. It is a pure string
-// function, so it can be tested on any platform.
-func windowsPathKey(p string) string {
-	p = strings.ReplaceAll(p, "/", `\`)
-	for _, pre := range []string{`\\?\`, `\??\`} {
-		if rest, ok := strings.CutPrefix(p, pre); ok {
-			if share, ok := cutPrefixFold(rest, `UNC\`); ok {
-				rest = `\\` + share
-			}
-			p = rest
-			break
-		}
-	}
-	unc := strings.HasPrefix(p, `\\`)
-	p = NormalizeWindowsPath(p)
-	for strings.Contains(p[min(len(p), 2):], `\\`) {
-		p = p[:2] + strings.ReplaceAll(p[2:], `\\`, `\`)
-	}
-	if !unc && len(p) > 3 || unc && len(p) > 2 {
-		p = strings.TrimRight(p, `\`)
-	}
-	return strings.ToLower(p)
-}
-
-func cutPrefixFold(s, prefix string) (string, bool) {
-	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
-		return s[len(prefix):], true
-	}
-	return s, false
-}
-
 // sameLinkTarget reports whether dest, the destination of a link as Readlink
 // returns it, names the directory dir. On Windows the comparison goes through
 // windowsPathKey; elsewhere only trailing slashes are ignored.
 func sameLinkTarget(dest, dir string, windows bool) bool {
 	if windows {
-		return windowsPathKey(dest) == windowsPathKey(dir)
+		return winpath.Key(dest) == winpath.Key(dir)
 	}
 	trim := func(p string) string {
 		if t := strings.TrimRight(p, "/"); t != "" {
@@ -360,7 +328,7 @@ func (m *linkMounter) OpenTarget(root, target string) (*os.Root, error) {
 func (m *linkMounter) Published(root string) ([]string, error) {
 	root = m.clean(root)
 	var out []string
-	pods := filepath.Join(root, "pods")
+	pods := filepath.Join(root, volume.PodsDir)
 	uids, err := m.fs.ReadDir(pods)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -381,7 +349,7 @@ func (m *linkMounter) Published(root string) ([]string, error) {
 			if !v.IsDir() {
 				continue
 			}
-			t := filepath.Join(csiDir, v.Name(), "mount")
+			t := filepath.Join(csiDir, v.Name(), volume.MountDir)
 			if ok, err := m.IsMountPoint(root, t); err == nil && ok {
 				out = append(out, t)
 			}

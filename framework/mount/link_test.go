@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/winpath"
 )
 
 // memFS is an in-memory linkFS that can hold what Windows reports: a symbolic
@@ -511,8 +512,8 @@ func TestWindowsPathKey(t *testing.T) {
 		`\??\C:\var\lib\ephemera\dir\v1`,
 		`//?/C:/var/lib/ephemera/dir/v1`,
 	} {
-		if got := windowsPathKey(in); got != want {
-			t.Errorf("windowsPathKey(%q) = %q, want %q", in, got, want)
+		if got := winpath.Key(in); got != want {
+			t.Errorf("winpath.Key(%q) = %q, want %q", in, got, want)
 		}
 	}
 	for in, want := range map[string]string{
@@ -524,8 +525,8 @@ func TestWindowsPathKey(t *testing.T) {
 		`D:\var\lib\ephemera\dir\v1`: `d:\var\lib\ephemera\dir\v1`,
 		``:                           ``,
 	} {
-		if got := windowsPathKey(in); got != want {
-			t.Errorf("windowsPathKey(%q) = %q, want %q", in, got, want)
+		if got := winpath.Key(in); got != want {
+			t.Errorf("winpath.Key(%q) = %q, want %q", in, got, want)
 		}
 	}
 	for _, tc := range []struct {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // maxUnmounts bounds the Unmount loop; older drivers (or crashes between a mount
@@ -663,7 +664,7 @@ func (m *linuxMounter) Published(root string) ([]string, error) {
 // inline volume's target below real/pods, as paths under root (real is root
 // with links resolved, as the mount table shows it). Each appears once.
 func publishedUnder(infos []MountInfo, root, real string) []string {
-	prefix := filepath.Join(real, "pods") + "/"
+	prefix := filepath.Join(real, volume.PodsDir) + "/"
 	seen := map[string]bool{}
 	var out []string
 	for _, mi := range infos {
@@ -672,10 +673,10 @@ func publishedUnder(infos []MountInfo, root, real string) []string {
 			continue
 		}
 		parts := strings.Split(rest, "/")
-		if len(parts) != 5 || parts[1] != "volumes" || parts[2] != "kubernetes.io~csi" || parts[4] != "mount" {
+		if len(parts) != 5 || parts[1] != volume.VolumesDir || parts[2] != volume.PluginDir || parts[4] != volume.MountDir {
 			continue
 		}
-		t := filepath.Join(root, "pods", rest)
+		t := filepath.Join(root, volume.PodsDir, rest)
 		if !seen[t] {
 			seen[t] = true
 			out = append(out, t)
