@@ -1,7 +1,6 @@
 package vhdx
 
 import (
-	"context"
 	"errors"
 	"path/filepath"
 	"slices"
@@ -320,7 +319,7 @@ func TestDeleteAfterReboot(t *testing.T) {
 
 func TestListAndCheck(t *testing.T) {
 	b, f, dir := newTest(t, nil)
-	ctx := context.Background()
+	ctx := t.Context()
 	other := "csi-" + strings.Repeat("1", 64)
 	creating := "csi-" + strings.Repeat("2", 64)
 	for _, v := range []string{id, other} {
@@ -332,7 +331,7 @@ func TestListAndCheck(t *testing.T) {
 	if _, err := b.Create(ctx, &api.Volume{ID: creating, Size: 1 << 30}); err == nil {
 		t.Fatal("no error")
 	}
-	if err := f.MkdirAll(filepath.Join(dir, "unrelated.txt.d")); err != nil {
+	if err := f.MkdirAll(ctx, filepath.Join(dir, "unrelated.txt.d")); err != nil {
 		t.Fatal(err)
 	}
 	ids, err := b.List(ctx)
