@@ -69,7 +69,8 @@ type Backend struct {
 	host host
 }
 
-// New returns a VHDX backend. It does no I/O.
+// New returns a VHDX backend. It does no I/O. On Windows it fails when the
+// csi-proxy disk or volume API it calls in process cannot be initialised.
 func New(opts Options) (*Backend, error) {
 	if opts.Dir == "" || !isAbs(opts.Dir) {
 		return nil, fmt.Errorf("vhdx backend: Dir %q must be an absolute path", opts.Dir)
@@ -85,7 +86,10 @@ func New(opts Options) (*Backend, error) {
 	}
 	h := opts.host
 	if h == nil {
-		h = newHost()
+		var err error
+		if h, err = newHost(); err != nil {
+			return nil, fmt.Errorf("vhdx backend: %w", err)
+		}
 	}
 	return &Backend{opts: opts, host: h}, nil
 }

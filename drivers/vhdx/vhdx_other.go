@@ -13,7 +13,7 @@ import (
 // mount.ErrNotSupported, while Delete and List find nothing, so a driver with
 // the backend configured still starts and cleans up on Linux. It makes no
 // system calls, so it has no use for the contexts.
-func newHost() host { return unsupported{} }
+func newHost() (host, error) { return unsupported{}, nil }
 
 type unsupported struct{}
 

@@ -38,10 +38,17 @@ import (
 // backend's steps are idempotent, so where a method stops the next Create or
 // Delete carries on.
 
-func newHost() host {
-	d, _ := disk.New(diskapi.New())
-	v, _ := volume.New(volumeapi.New())
-	return &winHost{disk: d, volume: v}
+// newHost sets up csi-proxy's disk and volume APIs (in process; no I/O).
+func newHost() (host, error) {
+	d, err := disk.New(diskapi.New())
+	if err != nil {
+		return nil, fmt.Errorf("the csi-proxy disk API cannot be initialised: %w", err)
+	}
+	v, err := volume.New(volumeapi.New())
+	if err != nil {
+		return nil, fmt.Errorf("the csi-proxy volume API cannot be initialised: %w", err)
+	}
+	return &winHost{disk: d, volume: v}, nil
 }
 
 type winHost struct {
