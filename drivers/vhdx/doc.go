@@ -29,6 +29,14 @@
 // DeleteVolumeMountPoint), detach (DetachVirtualDisk), delete the file and the
 // folder; every step is skipped when already done.
 //
+// Create and Delete stop before their next step once their context ends (the
+// framework bounds each publish with Options.OperationTimeout) and return an
+// error wrapping ctx.Err(). A step that has started runs to completion: none of
+// the calls can be cancelled (allocating a fixed-size file, formatting), and
+// csi-proxy is passed the context but does not use it. The next Create or
+// Delete carries on where the stopped one left off; a complete file is renamed
+// even past the deadline, so its allocation is never thrown away.
+//
 // A VHDX attached with PermanentLifetime does not survive a node reboot: after
 // one, the target's link dangles, the framework sees the volume as not
 // published and the next NodePublishVolume (the kubelet republishes after it
