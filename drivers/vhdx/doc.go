@@ -37,6 +37,12 @@
 // Delete carries on where the stopped one left off; a complete file is renamed
 // even past the deadline, so its allocation is never thrown away.
 //
+// List finds the volumes by their files in Dir and folders in Dir\mnt. Dir
+// carries the state store's identity (framework/stamp, .ephemera-store-id),
+// written once every volume there has a record, so that a driver restarted on
+// that state deletes a volume it finds without a record or a pod instead of
+// keeping it as unclaimed.
+//
 // A VHDX attached with PermanentLifetime does not survive a node reboot: after
 // one, the target's link dangles, the framework sees the volume as not
 // published and the next NodePublishVolume (the kubelet republishes after it

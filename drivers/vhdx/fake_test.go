@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // fakeHost models a Windows node for the backend: files and folders are real
@@ -408,7 +410,29 @@ func (f *fakeHost) ListFiles(ctx context.Context, dir string) ([]string, error) 
 	return names, err
 }
 
-// empty reports what is left on the node, "" when nothing.
+func (f *fakeHost) ReadStamp(ctx context.Context, dir string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter(ctx, "ReadStamp"); err != nil {
+		return "", err
+	}
+	return stamp.Read(dir)
+}
+
+func (f *fakeHost) WriteStamp(ctx context.Context, dir, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter(ctx, "WriteStamp"); err != nil {
+		return err
+	}
+	if err := f.call("WriteStamp", id); err != nil {
+		return err
+	}
+	return stamp.Write(dir, id)
+}
+
+// leftovers reports what is left on the node, "" when nothing. The storage
+// stamp is not a leftover: it belongs to the area, not to a volume.
 func (f *fakeHost) leftovers(dir string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -420,7 +444,7 @@ func (f *fakeHost) leftovers(dir string) string {
 		left = append(left, "mounted "+p)
 	}
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && p != dir && !(d.IsDir() && (p == filepath.Join(dir, mntDir))) {
+		if err == nil && p != dir && !(d.IsDir() && (p == filepath.Join(dir, mntDir))) && p != filepath.Join(dir, stamp.FileName) {
 			left = append(left, "file "+p)
 		}
 		return nil

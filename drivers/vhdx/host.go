@@ -63,6 +63,12 @@ type host interface {
 	// ListFiles returns the names of the entries of dir (none if it does not
 	// exist).
 	ListFiles(ctx context.Context, dir string) ([]string, error)
+	// ReadStamp returns the state store identity stamped in dir
+	// (framework/stamp.Read), "" when none.
+	ReadStamp(ctx context.Context, dir string) (string, error)
+	// WriteStamp durably stamps dir, created if missing, with id
+	// (framework/stamp.Write).
+	WriteStamp(ctx context.Context, dir, id string) error
 }
 
 // parseDiskNumber extracts N from the physical path of a disk,

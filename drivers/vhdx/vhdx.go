@@ -62,8 +62,8 @@ type Options struct {
 	host host
 }
 
-// Backend implements framework.Backend, framework.Validator, framework.Lister
-// and framework.HealthChecker.
+// Backend implements framework.Backend, framework.Validator, framework.Lister,
+// framework.Stamper and framework.HealthChecker.
 type Backend struct {
 	opts Options
 	host host
@@ -361,6 +361,17 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// Stamp returns the state store identity stamped in Dir (its
+// .ephemera-store-id file, which List skips).
+func (b *Backend) Stamp(ctx context.Context) (string, error) {
+	return b.host.ReadStamp(ctx, b.opts.Dir)
+}
+
+// SetStamp stamps Dir with the state store's identity.
+func (b *Backend) SetStamp(ctx context.Context, id string) error {
+	return b.host.WriteStamp(ctx, b.opts.Dir, id)
 }
 
 // Check reports whether the volume is intact: its file exists, is attached, and

@@ -38,3 +38,9 @@ func (unsupported) Mount(context.Context, string, string) error           { retu
 func (unsupported) Unmount(context.Context, string, string) error         { return errUnsupported }
 func (unsupported) RemoveDir(context.Context, string) error               { return nil }
 func (unsupported) ListFiles(context.Context, string) ([]string, error)   { return nil, nil }
+
+// The storage area is never stamped: no storage can exist here (List finds
+// none), so there is nothing a stamp would protect or prove a leftover, and
+// Dir may be a Windows path that means nothing on this system.
+func (unsupported) ReadStamp(context.Context, string) (string, error) { return "", nil }
+func (unsupported) WriteStamp(context.Context, string, string) error  { return nil }

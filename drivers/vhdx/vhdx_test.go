@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/backendtest"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 const id = "csi-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -505,6 +507,57 @@ func TestListAndCheckCancelled(t *testing.T) {
 	}
 	if err := b.Check(ctx, vol(0)); !errors.Is(err, context.Canceled) {
 		t.Errorf("Check = %v, want an error wrapping context.Canceled", err)
+	}
+}
+
+// The storage stamp is kept in Dir through the host, survives a new backend
+// on the same Dir, is not a volume for List and is not written once the
+// context has ended.
+func TestStamp(t *testing.T) {
+	b, f, dir := newTest(t, nil)
+	if st, err := b.Stamp(t.Context()); st != "" || err != nil {
+		t.Fatalf("Stamp of a new Dir = %q, %v; want none", st, err)
+	}
+	if err := b.SetStamp(t.Context(), "store-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, stamp.FileName)); err != nil {
+		t.Errorf("no stamp file in Dir: %v", err)
+	}
+	again, err := New(Options{Dir: dir, host: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := again.Stamp(t.Context()); st != "store-1" || err != nil {
+		t.Errorf("Stamp = %q, %v; want store-1", st, err)
+	}
+	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := b.List(t.Context()); err != nil || !slices.Equal(ids, []string{id}) {
+		t.Errorf("List = %v, %v; want only %s", ids, err, id)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := b.SetStamp(ctx, "store-2"); !errors.Is(err, context.Canceled) {
+		t.Errorf("SetStamp with a cancelled context = %v, want context.Canceled", err)
+	}
+	if _, err := b.Stamp(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Stamp with a cancelled context = %v, want context.Canceled", err)
+	}
+	if st, err := b.Stamp(t.Context()); st != "store-1" || err != nil {
+		t.Errorf("Stamp after a cancelled SetStamp = %q, %v; want store-1", st, err)
+	}
+	f.fail["WriteStamp"] = errInjected
+	if err := b.SetStamp(t.Context(), "store-2"); !errors.Is(err, errInjected) {
+		t.Errorf("SetStamp = %v, want the injected error", err)
+	}
+	if err := b.SetStamp(t.Context(), "store-2"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.Stamp(t.Context()); st != "store-2" || err != nil {
+		t.Errorf("Stamp = %q, %v; want store-2", st, err)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/windows"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // Which API does what (all in-process; no csi-proxy server, no PowerShell):
@@ -30,6 +31,7 @@ import (
 //	                                        DeleteVolumeMountPoint)
 //	which volume is mounted at a folder     x/sys/windows GetVolumeNameForVolumeMountPoint
 //	files and folders                       os
+//	the storage stamp                       framework/stamp
 //
 // Contexts: none of these calls can be cancelled once started. csi-proxy's
 // methods take a context and are passed the caller's, but v2.0.0-alpha.2 does
@@ -284,4 +286,18 @@ func (*winHost) ListFiles(ctx context.Context, dir string) ([]string, error) {
 		names[i] = e.Name()
 	}
 	return names, nil
+}
+
+func (*winHost) ReadStamp(ctx context.Context, dir string) (string, error) {
+	if err := step(ctx); err != nil {
+		return "", err
+	}
+	return stamp.Read(dir)
+}
+
+func (*winHost) WriteStamp(ctx context.Context, dir, id string) error {
+	if err := step(ctx); err != nil {
+		return err
+	}
+	return stamp.Write(dir, id)
 }
