@@ -35,10 +35,12 @@ import (
 //
 // Contexts: none of these calls can be cancelled once started. csi-proxy's
 // methods take a context and are passed the caller's, but v2.0.0-alpha.2 does
-// not use it (its WMI calls take none). So every method checks ctx before
-// each call it makes (step) and lets a started call run to completion; the
-// backend's steps are idempotent, so where a method stops the next Create or
-// Delete carries on.
+// not use it (its WMI calls take none). So every method checks ctx before it
+// starts (step), and again before a second call that changes something
+// (PrepareDisk's partitioning, Attach's attach after the open); a started call
+// runs to completion. Calls that only look, or that must follow the one before
+// (closing a handle), are not preceded by a check. The backend's steps are
+// idempotent, so where a method stops the next Create or Delete carries on.
 
 // newHost sets up csi-proxy's disk and volume APIs (in process; no I/O).
 func newHost() (host, error) {
