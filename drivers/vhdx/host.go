@@ -18,8 +18,9 @@ import (
 // context but does not use it, file operations) can be cancelled, and
 // abandoning one in a goroutine would leave it changing the volume while the
 // next Create or Delete works on it. A method that makes several system calls
-// checks ctx before each, so wherever it stops it leaves a state that the
-// backend's next idempotent Create or Delete completes.
+// that change something may check ctx between them, so wherever it stops it
+// must leave a state that the backend's next idempotent Create or Delete
+// completes.
 type host interface {
 	// FileExists reports whether path exists.
 	FileExists(ctx context.Context, path string) (bool, error)
