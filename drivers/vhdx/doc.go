@@ -29,6 +29,20 @@
 // DeleteVolumeMountPoint), detach (DetachVirtualDisk), delete the file and the
 // folder; every step is skipped when already done.
 //
+// Create and Delete stop before their next step once their context ends (the
+// framework bounds each publish with Options.OperationTimeout) and return an
+// error wrapping ctx.Err(). A step that has started runs to completion: none of
+// the calls can be cancelled (allocating a fixed-size file, formatting), and
+// csi-proxy is passed the context but does not use it. The next Create or
+// Delete carries on where the stopped one left off; a complete file is renamed
+// even past the deadline, so its allocation is never thrown away.
+//
+// List finds the volumes by their files in Dir and folders in Dir\mnt. Dir
+// carries the state store's identity (framework/stamp, .ephemera-store-id),
+// written once every volume there has a record, so that a driver restarted on
+// that state deletes a volume it finds without a record or a pod instead of
+// keeping it as unclaimed.
+//
 // A VHDX attached with PermanentLifetime does not survive a node reboot: after
 // one, the target's link dangles, the framework sees the volume as not
 // published and the next NodePublishVolume (the kubelet republishes after it

@@ -1,23 +1,33 @@
 package vhdx
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 // fakeHost models a Windows node for the backend: files and folders are real
 // (in a temporary directory), virtual disks, volumes and mount points are in
-// memory. Every call is recorded; fail makes one operation fail once.
+// memory. Every call that changes something is recorded; fail makes one
+// operation fail once. Every method returns ctx.Err() instead of starting when
+// ctx is done, as the Windows host does; cancelAt ends a context at a chosen
+// step.
 type fakeHost struct {
 	mu       sync.Mutex
 	calls    []string
 	fail     map[string]error
+	steps    []string           // every method entered, in order
+	cancelAt int                // when > 0, cancel as the cancelAt-th method from now starts
+	cancel   context.CancelFunc // what cancelAt calls
 	nextDisk uint32
 	attached map[string]uint32 // file -> disk
 	disks    map[uint32]*fakeDisk
@@ -37,6 +47,32 @@ func newFakeHost() *fakeHost {
 }
 
 var errInjected = errors.New("injected failure")
+
+// enter starts a method: it counts the step, ends the context there when the
+// test asked for it, and refuses to start once ctx is done.
+func (f *fakeHost) enter(ctx context.Context, op string) error {
+	f.steps = append(f.steps, op)
+	if len(f.steps) == f.cancelAt {
+		f.cancel()
+	}
+	return ctx.Err()
+}
+
+// cancelAtStep makes cancel run as the n-th host method from now (1-based)
+// starts, before it does anything.
+func (f *fakeHost) cancelAtStep(n int, cancel context.CancelFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.steps, f.cancelAt, f.cancel = nil, n, cancel
+}
+
+// stepsTaken returns the methods entered since the last cancelAtStep or
+// reset.
+func (f *fakeHost) stepsTaken() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.steps)
+}
 
 func (f *fakeHost) call(op string, args ...any) error {
 	parts := []string{op}
@@ -63,7 +99,7 @@ func (f *fakeHost) ops() []string {
 
 func (f *fakeHost) reset() {
 	f.mu.Lock()
-	f.calls = nil
+	f.calls, f.steps, f.cancelAt = nil, nil, 0
 	f.mu.Unlock()
 }
 
@@ -75,9 +111,12 @@ func (f *fakeHost) reboot() {
 	f.attached, f.disks, f.mounts = map[string]uint32{}, map[uint32]*fakeDisk{}, map[string]string{}
 }
 
-func (f *fakeHost) FileExists(path string) (bool, error) {
+func (f *fakeHost) FileExists(ctx context.Context, path string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "FileExists"); err != nil {
+		return false, err
+	}
 	_, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -85,9 +124,12 @@ func (f *fakeHost) FileExists(path string) (bool, error) {
 	return err == nil, err
 }
 
-func (f *fakeHost) CreateVHDX(path string, size int64, dynamic bool) error {
+func (f *fakeHost) CreateVHDX(ctx context.Context, path string, size int64, dynamic bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "CreateVHDX"); err != nil {
+		return err
+	}
 	if err := f.call("CreateVHDX", filepath.Base(path), size, dynamic); err != nil {
 		return err
 	}
@@ -99,9 +141,12 @@ func (f *fakeHost) CreateVHDX(path string, size int64, dynamic bool) error {
 	return fh.Close()
 }
 
-func (f *fakeHost) Rename(from, to string) error {
+func (f *fakeHost) Rename(ctx context.Context, from, to string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Rename"); err != nil {
+		return err
+	}
 	if err := f.call("Rename", filepath.Base(from), filepath.Base(to)); err != nil {
 		return err
 	}
@@ -113,9 +158,12 @@ func (f *fakeHost) Rename(from, to string) error {
 	return nil
 }
 
-func (f *fakeHost) RemoveFile(path string) error {
+func (f *fakeHost) RemoveFile(ctx context.Context, path string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "RemoveFile"); err != nil {
+		return err
+	}
 	if _, ok := f.attached[path]; ok {
 		return fmt.Errorf("remove %s: the file is in use (attached)", path)
 	}
@@ -129,9 +177,12 @@ func (f *fakeHost) RemoveFile(path string) error {
 	return os.Remove(path)
 }
 
-func (f *fakeHost) AttachedDisk(path string) (uint32, bool, error) {
+func (f *fakeHost) AttachedDisk(ctx context.Context, path string) (uint32, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "AttachedDisk"); err != nil {
+		return 0, false, err
+	}
 	if _, err := os.Lstat(path); err != nil {
 		return 0, false, err
 	}
@@ -139,9 +190,12 @@ func (f *fakeHost) AttachedDisk(path string) (uint32, bool, error) {
 	return n, ok, nil
 }
 
-func (f *fakeHost) Attach(path string) error {
+func (f *fakeHost) Attach(ctx context.Context, path string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Attach"); err != nil {
+		return err
+	}
 	if err := f.call("Attach", filepath.Base(path)); err != nil {
 		return err
 	}
@@ -158,9 +212,12 @@ func (f *fakeHost) Attach(path string) error {
 	return nil
 }
 
-func (f *fakeHost) Detach(path string) error {
+func (f *fakeHost) Detach(ctx context.Context, path string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Detach"); err != nil {
+		return err
+	}
 	if err := f.call("Detach", filepath.Base(path)); err != nil {
 		return err
 	}
@@ -186,9 +243,12 @@ func (f *fakeHost) disk(n uint32) (*fakeDisk, error) {
 	return d, nil
 }
 
-func (f *fakeHost) PrepareDisk(n uint32) error {
+func (f *fakeHost) PrepareDisk(ctx context.Context, n uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "PrepareDisk"); err != nil {
+		return err
+	}
 	if err := f.call("PrepareDisk", n); err != nil {
 		return err
 	}
@@ -203,9 +263,12 @@ func (f *fakeHost) PrepareDisk(n uint32) error {
 	return nil
 }
 
-func (f *fakeHost) VolumeOnDisk(n uint32) (string, error) {
+func (f *fakeHost) VolumeOnDisk(ctx context.Context, n uint32) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "VolumeOnDisk"); err != nil {
+		return "", err
+	}
 	d, err := f.disk(n)
 	if err != nil {
 		return "", err
@@ -225,9 +288,12 @@ func (f *fakeHost) volume(id string) (*fakeDisk, error) {
 	return nil, fmt.Errorf("no volume %s", id)
 }
 
-func (f *fakeHost) IsFormatted(id string) (bool, error) {
+func (f *fakeHost) IsFormatted(ctx context.Context, id string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "IsFormatted"); err != nil {
+		return false, err
+	}
 	d, err := f.volume(id)
 	if err != nil {
 		return false, err
@@ -235,9 +301,12 @@ func (f *fakeHost) IsFormatted(id string) (bool, error) {
 	return d.formatted, nil
 }
 
-func (f *fakeHost) Format(id string) error {
+func (f *fakeHost) Format(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Format"); err != nil {
+		return err
+	}
 	if err := f.call("Format", id); err != nil {
 		return err
 	}
@@ -249,21 +318,30 @@ func (f *fakeHost) Format(id string) error {
 	return nil
 }
 
-func (f *fakeHost) MkdirAll(dir string) error {
+func (f *fakeHost) MkdirAll(ctx context.Context, dir string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "MkdirAll"); err != nil {
+		return err
+	}
 	return os.MkdirAll(dir, 0o700)
 }
 
-func (f *fakeHost) MountedVolume(dir string) (string, error) {
+func (f *fakeHost) MountedVolume(ctx context.Context, dir string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "MountedVolume"); err != nil {
+		return "", err
+	}
 	return f.mounts[dir], nil
 }
 
-func (f *fakeHost) Mount(id, dir string) error {
+func (f *fakeHost) Mount(ctx context.Context, id, dir string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Mount"); err != nil {
+		return err
+	}
 	if err := f.call("Mount", filepath.Base(dir)); err != nil {
 		return err
 	}
@@ -280,9 +358,12 @@ func (f *fakeHost) Mount(id, dir string) error {
 	return nil
 }
 
-func (f *fakeHost) Unmount(id, dir string) error {
+func (f *fakeHost) Unmount(ctx context.Context, id, dir string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "Unmount"); err != nil {
+		return err
+	}
 	if err := f.call("Unmount", filepath.Base(dir)); err != nil {
 		return err
 	}
@@ -293,9 +374,12 @@ func (f *fakeHost) Unmount(id, dir string) error {
 	return nil
 }
 
-func (f *fakeHost) RemoveDir(dir string) error {
+func (f *fakeHost) RemoveDir(ctx context.Context, dir string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "RemoveDir"); err != nil {
+		return err
+	}
 	if _, ok := f.mounts[dir]; ok {
 		return fmt.Errorf("remove %s: a volume is mounted there", dir)
 	}
@@ -308,9 +392,12 @@ func (f *fakeHost) RemoveDir(dir string) error {
 	return os.Remove(dir)
 }
 
-func (f *fakeHost) ListFiles(dir string) ([]string, error) {
+func (f *fakeHost) ListFiles(ctx context.Context, dir string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.enter(ctx, "ListFiles"); err != nil {
+		return nil, err
+	}
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -323,7 +410,29 @@ func (f *fakeHost) ListFiles(dir string) ([]string, error) {
 	return names, err
 }
 
-// empty reports what is left on the node, "" when nothing.
+func (f *fakeHost) ReadStamp(ctx context.Context, dir string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter(ctx, "ReadStamp"); err != nil {
+		return "", err
+	}
+	return stamp.Read(dir)
+}
+
+func (f *fakeHost) WriteStamp(ctx context.Context, dir, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter(ctx, "WriteStamp"); err != nil {
+		return err
+	}
+	if err := f.call("WriteStamp", id); err != nil {
+		return err
+	}
+	return stamp.Write(dir, id)
+}
+
+// leftovers reports what is left on the node, "" when nothing. The storage
+// stamp is not a leftover: it belongs to the area, not to a volume.
 func (f *fakeHost) leftovers(dir string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -335,7 +444,7 @@ func (f *fakeHost) leftovers(dir string) string {
 		left = append(left, "mounted "+p)
 	}
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && p != dir && !(d.IsDir() && (p == filepath.Join(dir, mntDir))) {
+		if err == nil && p != dir && !(d.IsDir() && (p == filepath.Join(dir, mntDir))) && p != filepath.Join(dir, stamp.FileName) {
 			left = append(left, "file "+p)
 		}
 		return nil

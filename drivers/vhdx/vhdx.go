@@ -62,14 +62,15 @@ type Options struct {
 	host host
 }
 
-// Backend implements framework.Backend, framework.Validator, framework.Lister
-// and framework.HealthChecker.
+// Backend implements framework.Backend, framework.Validator, framework.Lister,
+// framework.Stamper and framework.HealthChecker.
 type Backend struct {
 	opts Options
 	host host
 }
 
-// New returns a VHDX backend. It does no I/O.
+// New returns a VHDX backend. It does no I/O. On Windows it fails when the
+// csi-proxy disk or volume API it calls in process cannot be initialised.
 func New(opts Options) (*Backend, error) {
 	if opts.Dir == "" || !isAbs(opts.Dir) {
 		return nil, fmt.Errorf("vhdx backend: Dir %q must be an absolute path", opts.Dir)
@@ -85,7 +86,10 @@ func New(opts Options) (*Backend, error) {
 	}
 	h := opts.host
 	if h == nil {
-		h = newHost()
+		var err error
+		if h, err = newHost(); err != nil {
+			return nil, fmt.Errorf("vhdx backend: %w", err)
+		}
 	}
 	return &Backend{opts: opts, host: h}, nil
 }
@@ -190,8 +194,9 @@ func join(elem ...string) string {
 
 // Create provisions the volume (see the package documentation) and returns the
 // folder its NTFS volume is mounted at. Every step first looks at what exists,
-// so a call interrupted anywhere (driver crash, node reboot) is finished by the
-// next one.
+// so a call interrupted anywhere (driver crash, node reboot, ctx done) is
+// finished by the next one. When ctx is done, Create returns an error wrapping
+// ctx.Err() before the next step; a step already started runs to completion.
 func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
 	p, err := b.paths(v.ID)
 	if err != nil {
@@ -202,70 +207,74 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 		return api.Source{}, err
 	}
 	h := b.host
-	if err := h.MkdirAll(b.opts.Dir); err != nil {
+	if err := h.MkdirAll(ctx, b.opts.Dir); err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
 	// 1. The file, created under a temporary name so that a crash while
 	// allocating it never leaves a half-written .vhdx behind.
-	exists, err := h.FileExists(p.file)
+	exists, err := h.FileExists(ctx, p.file)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
 	if !exists {
-		if err := h.RemoveFile(p.tmp); err != nil {
+		if err := h.RemoveFile(ctx, p.tmp); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: removing leftover %s: %w", p.tmp, err)
 		}
-		if err := h.CreateVHDX(p.tmp, size, b.opts.Dynamic); err != nil {
+		if err := h.CreateVHDX(ctx, p.tmp, size, b.opts.Dynamic); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: creating %s (%s): %w", p.file, human(size), err)
 		}
-		if err := h.Rename(p.tmp, p.file); err != nil {
+		// Renamed even when ctx ended while the file was allocated: the
+		// rename is instant, and the next Create would otherwise throw the
+		// complete file away and allocate it again.
+		if err := h.Rename(context.WithoutCancel(ctx), p.tmp, p.file); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: %w", err)
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return api.Source{}, err
-	}
 	// 2. Attached, for good.
-	disk, attached, err := h.AttachedDisk(p.file)
+	disk, attached, err := h.AttachedDisk(ctx, p.file)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
 	if !attached {
-		if err := h.Attach(p.file); err != nil {
+		if err := h.Attach(ctx, p.file); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: attaching %s: %w", p.file, err)
 		}
-		if disk, attached, err = h.AttachedDisk(p.file); err != nil || !attached {
+		disk, attached, err = h.AttachedDisk(ctx, p.file)
+		if err != nil && ctx.Err() != nil {
+			return api.Source{}, fmt.Errorf("vhdx: %s attached, its disk not looked up: %w", p.file, err)
+		}
+		if err != nil || !attached {
 			return api.Source{}, fmt.Errorf("vhdx: %s attached but its disk was not found: %w", p.file, errors.Join(err, api.ErrUnavailable))
 		}
 	}
 	// 3 and 4. Partitioned and formatted.
-	if err := h.PrepareDisk(disk); err != nil {
+	if err := h.PrepareDisk(ctx, disk); err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: partitioning disk %d of %s: %w", disk, p.file, err)
 	}
-	vol, err := h.VolumeOnDisk(disk)
+	vol, err := h.VolumeOnDisk(ctx, disk)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: finding the volume on disk %d of %s: %w", disk, p.file, err)
 	}
-	formatted, err := h.IsFormatted(vol)
+	formatted, err := h.IsFormatted(ctx, vol)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
 	if !formatted {
-		if err := h.Format(vol); err != nil {
+		if err := h.Format(ctx, vol); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: formatting %s NTFS: %w", vol, err)
 		}
 	}
 	// 5. Mounted in its folder.
-	if err := h.MkdirAll(p.mnt); err != nil {
+	if err := h.MkdirAll(ctx, p.mnt); err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
-	mounted, err := h.MountedVolume(p.mnt)
+	mounted, err := h.MountedVolume(ctx, p.mnt)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("vhdx: %w", err)
 	}
 	switch {
 	case mounted == "":
-		if err := h.Mount(vol, p.mnt); err != nil {
+		if err := h.Mount(ctx, vol, p.mnt); err != nil {
 			return api.Source{}, fmt.Errorf("vhdx: mounting %s at %s: %w", vol, p.mnt, err)
 		}
 	case !sameVolume(mounted, vol):
@@ -275,42 +284,43 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 }
 
 // Delete unmounts, detaches and deletes the volume, skipping what is already
-// gone; nil when nothing is left.
-func (b *Backend) Delete(_ context.Context, v *api.Volume) error {
+// gone; nil when nothing is left. When ctx is done, Delete returns an error
+// wrapping ctx.Err() before the next step, and the next Delete finishes.
+func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
 	p, err := b.paths(v.ID)
 	if err != nil {
 		return err
 	}
 	h := b.host
-	mounted, err := h.MountedVolume(p.mnt)
+	mounted, err := h.MountedVolume(ctx, p.mnt)
 	if err != nil {
 		return fmt.Errorf("vhdx: %w", err)
 	}
 	if mounted != "" {
-		if err := h.Unmount(mounted, p.mnt); err != nil {
+		if err := h.Unmount(ctx, mounted, p.mnt); err != nil {
 			return fmt.Errorf("vhdx: unmounting %s: %w", p.mnt, err)
 		}
 	}
-	exists, err := h.FileExists(p.file)
+	exists, err := h.FileExists(ctx, p.file)
 	if err != nil {
 		return fmt.Errorf("vhdx: %w", err)
 	}
 	if exists {
-		if _, attached, err := h.AttachedDisk(p.file); err != nil {
+		if _, attached, err := h.AttachedDisk(ctx, p.file); err != nil {
 			return fmt.Errorf("vhdx: %w", err)
 		} else if attached {
-			if err := h.Detach(p.file); err != nil {
+			if err := h.Detach(ctx, p.file); err != nil {
 				return fmt.Errorf("vhdx: detaching %s: %w", p.file, err)
 			}
 		}
-		if err := h.RemoveFile(p.file); err != nil {
+		if err := h.RemoveFile(ctx, p.file); err != nil {
 			return fmt.Errorf("vhdx: %w", err)
 		}
 	}
-	if err := h.RemoveFile(p.tmp); err != nil {
+	if err := h.RemoveFile(ctx, p.tmp); err != nil {
 		return fmt.Errorf("vhdx: %w", err)
 	}
-	if err := h.RemoveDir(p.mnt); err != nil {
+	if err := h.RemoveDir(ctx, p.mnt); err != nil {
 		return fmt.Errorf("vhdx: %w", err)
 	}
 	return nil
@@ -319,9 +329,9 @@ func (b *Backend) Delete(_ context.Context, v *api.Volume) error {
 // List returns the IDs of the volumes with a file in Dir (complete or being
 // created) or a folder in Dir\mnt, so that the startup reconcile deletes the
 // leftovers of a crash.
-func (b *Backend) List(context.Context) ([]string, error) {
+func (b *Backend) List(ctx context.Context) ([]string, error) {
 	ids := map[string]bool{}
-	names, err := b.host.ListFiles(b.opts.Dir)
+	names, err := b.host.ListFiles(ctx, b.opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("vhdx: %w", err)
 	}
@@ -336,7 +346,7 @@ func (b *Backend) List(context.Context) ([]string, error) {
 			}
 		}
 	}
-	mnts, err := b.host.ListFiles(join(b.opts.Dir, mntDir))
+	mnts, err := b.host.ListFiles(ctx, join(b.opts.Dir, mntDir))
 	if err != nil {
 		return nil, fmt.Errorf("vhdx: %w", err)
 	}
@@ -353,30 +363,41 @@ func (b *Backend) List(context.Context) ([]string, error) {
 	return out, nil
 }
 
+// Stamp returns the state store identity stamped in Dir (its
+// .ephemera-store-id file, which List skips).
+func (b *Backend) Stamp(ctx context.Context) (string, error) {
+	return b.host.ReadStamp(ctx, b.opts.Dir)
+}
+
+// SetStamp stamps Dir with the state store's identity.
+func (b *Backend) SetStamp(ctx context.Context, id string) error {
+	return b.host.WriteStamp(ctx, b.opts.Dir, id)
+}
+
 // Check reports whether the volume is intact: its file exists, is attached, and
 // a volume is mounted at its folder. It makes no WMI query (the kubelet asks
 // for stats, and so for this check, every minute per volume): which volume is
 // mounted is verified by Create.
-func (b *Backend) Check(_ context.Context, v *api.Volume) error {
+func (b *Backend) Check(ctx context.Context, v *api.Volume) error {
 	p, err := b.paths(v.ID)
 	if err != nil {
 		return err
 	}
-	exists, err := b.host.FileExists(p.file)
+	exists, err := b.host.FileExists(ctx, p.file)
 	switch {
 	case err != nil:
 		return err
 	case !exists:
 		return fmt.Errorf("VHDX file %s is missing", p.file)
 	}
-	disk, attached, err := b.host.AttachedDisk(p.file)
+	disk, attached, err := b.host.AttachedDisk(ctx, p.file)
 	switch {
 	case err != nil:
 		return err
 	case !attached:
 		return fmt.Errorf("VHDX file %s is not attached (node rebooted?); the next NodePublishVolume re-attaches it", p.file)
 	}
-	mounted, err := b.host.MountedVolume(p.mnt)
+	mounted, err := b.host.MountedVolume(ctx, p.mnt)
 	switch {
 	case err != nil:
 		return err

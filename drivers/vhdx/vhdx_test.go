@@ -3,14 +3,18 @@ package vhdx
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/backendtest"
+	"github.com/ephemera-csi/ephemera/framework/stamp"
 )
 
 const id = "csi-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -176,7 +180,7 @@ func TestCreateDynamic(t *testing.T) {
 func TestCreateInterrupted(t *testing.T) {
 	for _, op := range []string{"CreateVHDX", "Rename", "Attach", "PrepareDisk", "Format", "Mount"} {
 		t.Run(op, func(t *testing.T) {
-			b, f, dir := newTest(t, nil)
+			b, f, _ := newTest(t, nil)
 			f.fail[op] = errInjected
 			if _, err := b.Create(t.Context(), vol(1<<30)); !errors.Is(err, errInjected) {
 				t.Fatalf("Create: %v, want the injected error", err)
@@ -211,8 +215,106 @@ func TestCreateInterrupted(t *testing.T) {
 			if left := f2.leftovers(dir2); left != "" {
 				t.Errorf("left after Delete: %s", left)
 			}
-			_ = dir
 		})
+	}
+}
+
+// performedBefore returns the prefix of ops (the changing operations of an
+// uninterrupted call) that the steps before the n-th (1-based) performed.
+func performedBefore(steps, ops []string, n int) []string {
+	i := 0
+	for _, s := range steps[:n-1] {
+		if i < len(ops) && ops[i] == s {
+			i++
+		}
+	}
+	return ops[:i]
+}
+
+// A Create whose context ends before any of its steps returns the context's
+// error without starting that step (except the rename of a complete file,
+// which is never thrown away), and leaves a state that the next Create
+// finishes without redoing what was done, or that Delete removes.
+func TestCreateCancelled(t *testing.T) {
+	b, f, _ := newTest(t, nil)
+	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	steps, ops := f.stepsTaken(), f.ops()
+	if want := []string{"CreateVHDX", "Rename", "Attach", "PrepareDisk", "Format", "Mount"}; !slices.Equal(ops, want) {
+		t.Fatalf("calls %v, want %v", ops, want)
+	}
+	for n := 1; n <= len(steps); n++ {
+		t.Run(fmt.Sprintf("%d %s", n, steps[n-1]), func(t *testing.T) {
+			b, f, _ := newTest(t, nil)
+			ctx, cancel := context.WithCancel(t.Context())
+			f.cancelAtStep(n, cancel)
+			_, err := b.Create(ctx, vol(1<<30))
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Create = %v, want an error wrapping context.Canceled", err)
+			}
+			want := performedBefore(steps, ops, n)
+			if steps[n-1] == "Rename" {
+				want = append(slices.Clone(want), "Rename")
+			}
+			first := f.ops()
+			if !slices.Equal(first, want) {
+				t.Errorf("cancelled Create did %v, want %v (nothing from step %d on)", first, want, n)
+			}
+			f.reset()
+			if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+				t.Fatalf("Create after the cancelled one: %v", err)
+			}
+			if err := b.Check(t.Context(), vol(1<<30)); err != nil {
+				t.Errorf("Check: %v", err)
+			}
+			all := slices.Concat(first, f.ops())
+			for _, op := range []string{"CreateVHDX", "Rename", "Attach", "Format", "Mount"} {
+				if c := count(all, op); c != 1 {
+					t.Errorf("%s done %d times over both Creates, want once: %v then %v", op, c, first, f.ops())
+				}
+			}
+
+			// And from the cancelled state straight to Delete.
+			b2, f2, dir2 := newTest(t, nil)
+			ctx2, cancel2 := context.WithCancel(t.Context())
+			f2.cancelAtStep(n, cancel2)
+			if _, err := b2.Create(ctx2, vol(1<<30)); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Create = %v, want context.Canceled", err)
+			}
+			if err := b2.Delete(t.Context(), vol(0)); err != nil {
+				t.Fatalf("Delete after a cancelled Create: %v", err)
+			}
+			if left := f2.leftovers(dir2); left != "" {
+				t.Errorf("left after Delete: %s", left)
+			}
+		})
+	}
+}
+
+func count(s []string, v string) (n int) {
+	for _, e := range s {
+		if e == v {
+			n++
+		}
+	}
+	return n
+}
+
+// A deadline that has passed stops Create before it touches the node, with an
+// error the framework maps to DeadlineExceeded.
+func TestCreateDeadline(t *testing.T) {
+	b, f, dir := newTest(t, nil)
+	ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := b.Create(ctx, vol(1<<30)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Create = %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	if got := f.stepsTaken(); len(got) != 1 {
+		t.Errorf("Create went on after the first refused step: %v", got)
+	}
+	if left := f.leftovers(dir); left != "" {
+		t.Errorf("left: %s", left)
 	}
 }
 
@@ -300,6 +402,43 @@ func TestDeleteInterrupted(t *testing.T) {
 	}
 }
 
+// A Delete whose context ends before any of its steps returns the context's
+// error without starting that step, and the next Delete removes what is left.
+func TestDeleteCancelled(t *testing.T) {
+	b, f, _ := newTest(t, nil)
+	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	f.reset()
+	if err := b.Delete(t.Context(), vol(0)); err != nil {
+		t.Fatal(err)
+	}
+	steps, ops := f.stepsTaken(), f.ops()
+	for n := 1; n <= len(steps); n++ {
+		t.Run(fmt.Sprintf("%d %s", n, steps[n-1]), func(t *testing.T) {
+			b, f, dir := newTest(t, nil)
+			if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+				t.Fatal(err)
+			}
+			f.reset()
+			ctx, cancel := context.WithCancel(t.Context())
+			f.cancelAtStep(n, cancel)
+			if err := b.Delete(ctx, vol(0)); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Delete = %v, want an error wrapping context.Canceled", err)
+			}
+			if got, want := f.ops(), performedBefore(steps, ops, n); !slices.Equal(got, want) {
+				t.Errorf("cancelled Delete did %v, want %v (nothing from step %d on)", got, want, n)
+			}
+			if err := b.Delete(t.Context(), vol(0)); err != nil {
+				t.Fatalf("Delete after the cancelled one: %v", err)
+			}
+			if left := f.leftovers(dir); left != "" {
+				t.Errorf("left: %s", left)
+			}
+		})
+	}
+}
+
 func TestDeleteAfterReboot(t *testing.T) {
 	b, f, dir := newTest(t, nil)
 	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
@@ -320,7 +459,7 @@ func TestDeleteAfterReboot(t *testing.T) {
 
 func TestListAndCheck(t *testing.T) {
 	b, f, dir := newTest(t, nil)
-	ctx := context.Background()
+	ctx := t.Context()
 	other := "csi-" + strings.Repeat("1", 64)
 	creating := "csi-" + strings.Repeat("2", 64)
 	for _, v := range []string{id, other} {
@@ -332,7 +471,7 @@ func TestListAndCheck(t *testing.T) {
 	if _, err := b.Create(ctx, &api.Volume{ID: creating, Size: 1 << 30}); err == nil {
 		t.Fatal("no error")
 	}
-	if err := f.MkdirAll(filepath.Join(dir, "unrelated.txt.d")); err != nil {
+	if err := f.MkdirAll(ctx, filepath.Join(dir, "unrelated.txt.d")); err != nil {
 		t.Fatal(err)
 	}
 	ids, err := b.List(ctx)
@@ -352,6 +491,73 @@ func TestListAndCheck(t *testing.T) {
 	}
 	if err := b.Check(ctx, &api.Volume{ID: creating}); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("Check of a volume without its file: %v", err)
+	}
+}
+
+// List and Check pass their context down: a cancelled one stops them.
+func TestListAndCheckCancelled(t *testing.T) {
+	b, _, _ := newTest(t, nil)
+	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if ids, err := b.List(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("List = %v, %v; want an error wrapping context.Canceled", ids, err)
+	}
+	if err := b.Check(ctx, vol(0)); !errors.Is(err, context.Canceled) {
+		t.Errorf("Check = %v, want an error wrapping context.Canceled", err)
+	}
+}
+
+// The storage stamp is kept in Dir through the host, survives a new backend
+// on the same Dir, is not a volume for List and is not written once the
+// context has ended.
+func TestStamp(t *testing.T) {
+	b, f, dir := newTest(t, nil)
+	if st, err := b.Stamp(t.Context()); st != "" || err != nil {
+		t.Fatalf("Stamp of a new Dir = %q, %v; want none", st, err)
+	}
+	if err := b.SetStamp(t.Context(), "store-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, stamp.FileName)); err != nil {
+		t.Errorf("no stamp file in Dir: %v", err)
+	}
+	again, err := New(Options{Dir: dir, host: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := again.Stamp(t.Context()); st != "store-1" || err != nil {
+		t.Errorf("Stamp = %q, %v; want store-1", st, err)
+	}
+	if _, err := b.Create(t.Context(), vol(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := b.List(t.Context()); err != nil || !slices.Equal(ids, []string{id}) {
+		t.Errorf("List = %v, %v; want only %s", ids, err, id)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := b.SetStamp(ctx, "store-2"); !errors.Is(err, context.Canceled) {
+		t.Errorf("SetStamp with a cancelled context = %v, want context.Canceled", err)
+	}
+	if _, err := b.Stamp(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Stamp with a cancelled context = %v, want context.Canceled", err)
+	}
+	if st, err := b.Stamp(t.Context()); st != "store-1" || err != nil {
+		t.Errorf("Stamp after a cancelled SetStamp = %q, %v; want store-1", st, err)
+	}
+	f.fail["WriteStamp"] = errInjected
+	if err := b.SetStamp(t.Context(), "store-2"); !errors.Is(err, errInjected) {
+		t.Errorf("SetStamp = %v, want the injected error", err)
+	}
+	if err := b.SetStamp(t.Context(), "store-2"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.Stamp(t.Context()); st != "store-2" || err != nil {
+		t.Errorf("Stamp = %q, %v; want store-2", st, err)
 	}
 }
 
