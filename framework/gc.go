@@ -14,15 +14,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// PodChecker confirms with the API server whether a pod still exists, by UID.
-// The orphan GC asks it before tearing down a volume whose pod directory is
-// gone; an error means "unknown" and the volume is kept for now. Package
-// framework/kube has an implementation backed by a pod informer restricted to
-// this node.
-type PodChecker interface {
-	PodExists(ctx context.Context, uid string) (bool, error)
-}
-
 // gcResult labels what one GC pass did with one volume.
 type gcResult string
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -20,19 +19,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
-
-func wrapperspbBool(b bool) *wrapperspb.BoolValue { return wrapperspb.Bool(b) }
-
-// healthy reports whether the state store answers.
-func (d *Driver) healthy(ctx context.Context) error {
-	if d.store == nil {
-		return errors.New("state store is not open")
-	}
-	if _, err := d.store.Get(ctx, "\x00probe"); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("state store: %w", err)
-	}
-	return nil
-}
 
 // nodePublishVolume implements csi.NodeServer; see DESIGN.md section 4b.
 func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {

@@ -21,37 +21,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// EventSink receives Kubernetes events about pods' volumes (Options.Events).
-// The framework has no Kubernetes client of its own: package framework/events
-// provides an EventSink that posts core/v1 Events through client-go, rate
-// limited per pod.
-//
-// Event is called on the request path and must not block: queue, rate-limit
-// or drop. eventType is EventTypeNormal or EventTypeWarning; reason is one of
-// the Reason constants; message is for the pod's author and holds no secrets.
-type EventSink interface {
-	Event(pod api.Pod, eventType, reason, message string)
-}
-
-// Event types, as in core/v1 Event.type.
-const (
-	EventTypeNormal  = "Normal"
-	EventTypeWarning = "Warning"
-)
-
-// Reasons of the events the framework emits.
-const (
-	// ReasonProvisioningFailed (Warning): a first publish failed and was rolled
-	// back; the message is the error the kubelet got.
-	ReasonProvisioningFailed = "ProvisioningFailed"
-	// ReasonRefreshFailed (Warning): refreshing a live volume's content failed;
-	// the volume keeps its last good content and the refresh is retried.
-	ReasonRefreshFailed = "RefreshFailed"
-	// ReasonOrphanRemoved (Normal): the orphan GC removed a volume whose pod is
-	// gone.
-	ReasonOrphanRemoved = "OrphanRemoved"
-)
-
 // httpState is the driver's metrics and health endpoint.
 type httpState struct {
 	handler http.Handler

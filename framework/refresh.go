@@ -102,6 +102,13 @@ func (r *refresher) remember(v *api.Volume) {
 	r.creds[v.ID] = creds{v.Secrets, v.Tokens}
 }
 
+// credsOf returns the credentials of id's latest publish this process saw.
+func (r *refresher) credsOf(id string) creds {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.creds[id]
+}
+
 // forget drops everything about a volume that is gone.
 func (r *refresher) forget(id string) {
 	r.mu.Lock()
@@ -245,9 +252,7 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 		return // the next republish repairs it, with fresh content
 	}
 	v := volume.FromRecord(rec)
-	d.refresher.mu.Lock()
-	c := d.refresher.creds[id]
-	d.refresher.mu.Unlock()
+	c := d.refresher.credsOf(id)
 	v.Secrets, v.Tokens = c.secrets, c.tokens
 	if err := d.refreshContent(klog.NewContext(ctx, log), v); err != nil {
 		d.refreshFailed(klog.NewContext(ctx, log), id, err)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"maps"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,8 +14,6 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
-
-var isWindows = runtime.GOOS == "windows"
 
 // publishRequest is a validated NodePublishVolumeRequest.
 type publishRequest struct {

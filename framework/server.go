@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -12,10 +13,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // intercept wraps every RPC: it attaches a contextual logger carrying the
@@ -145,4 +148,17 @@ func (d *Driver) nodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeReques
 // nodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
 func (d *Driver) nodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	return nil, kindf(errUnimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
+}
+
+func wrapperspbBool(b bool) *wrapperspb.BoolValue { return wrapperspb.Bool(b) }
+
+// healthy reports whether the state store answers.
+func (d *Driver) healthy(ctx context.Context) error {
+	if d.store == nil {
+		return errors.New("state store is not open")
+	}
+	if _, err := d.store.Get(ctx, "\x00probe"); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("state store: %w", err)
+	}
+	return nil
 }

@@ -89,5 +89,5 @@
 // detached by hand (losetup -d).
 //
 // On platforms other than Linux, Create fails with an error wrapping
-// mount.ErrNotSupported and List returns nothing.
+// api.ErrNotSupported and List returns nothing.
 package loop

@@ -7,12 +7,11 @@ import (
 	"fmt"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // Create fails: loop devices are Linux-only.
 func (b *Backend) Create(context.Context, *api.Volume) (api.Source, error) {
-	return api.Source{}, fmt.Errorf("loop volumes: %w (use the dir backend)", mount.ErrNotSupported)
+	return api.Source{}, fmt.Errorf("loop volumes: %w (use the dir backend)", api.ErrNotSupported)
 }
 
 // Delete has nothing to free: Create never provisions anything here.
@@ -23,5 +22,5 @@ func (b *Backend) List(context.Context) ([]string, error) { return nil, nil }
 
 // Check fails like Create.
 func (b *Backend) Check(context.Context, *api.Volume) error {
-	return fmt.Errorf("loop volumes: %w", mount.ErrNotSupported)
+	return fmt.Errorf("loop volumes: %w", api.ErrNotSupported)
 }

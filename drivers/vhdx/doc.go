@@ -71,5 +71,5 @@
 // tested on Linux against a fake of the small host interface (host.go);
 // vhdx_windows.go holds the calls, and test/windows/run.ps1 exercises them on
 // a real Windows Server node. On other systems Create fails with
-// mount.ErrNotSupported.
+// api.ErrNotSupported.
 package vhdx

@@ -6,18 +6,18 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/api"
 )
 
 // newHost returns a host without virtual disks: Create fails with
-// mount.ErrNotSupported, while Delete and List find nothing, so a driver with
+// api.ErrNotSupported, while Delete and List find nothing, so a driver with
 // the backend configured still starts and cleans up on Linux. It makes no
 // system calls, so it has no use for the contexts.
 func newHost() (host, error) { return unsupported{}, nil }
 
 type unsupported struct{}
 
-var errUnsupported = fmt.Errorf("VHDX volumes need Windows: %w (use the dir, tmpfs or loop backend)", mount.ErrNotSupported)
+var errUnsupported = fmt.Errorf("VHDX volumes need Windows: %w (use the dir, tmpfs or loop backend)", api.ErrNotSupported)
 
 func (unsupported) FileExists(context.Context, string) (bool, error)      { return false, nil }
 func (unsupported) CreateVHDX(context.Context, string, int64, bool) error { return errUnsupported }

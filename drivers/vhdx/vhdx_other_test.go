@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/api"
 )
 
 // Without a host, New uses the system's: on other systems than Windows,
@@ -20,8 +20,8 @@ func TestNewWithoutHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Create(t.Context(), vol(1<<30)); !errors.Is(err, mount.ErrNotSupported) {
-		t.Errorf("Create = %v, want mount.ErrNotSupported", err)
+	if _, err := b.Create(t.Context(), vol(1<<30)); !errors.Is(err, api.ErrNotSupported) {
+		t.Errorf("Create = %v, want api.ErrNotSupported", err)
 	}
 	if err := b.Delete(t.Context(), vol(0)); err != nil {
 		t.Errorf("Delete = %v, want nil", err)

@@ -1,3 +1,6 @@
+// This file holds every interface a driver author implements (or passes in
+// Options), and the adapters to plain functions.
+
 package framework
 
 import (
@@ -148,3 +151,43 @@ type RunnableFunc func(ctx context.Context) error
 
 // Run calls f.
 func (f RunnableFunc) Run(ctx context.Context) error { return f(ctx) }
+
+// PodChecker confirms with the API server whether a pod still exists, by UID.
+// The orphan GC asks it before tearing down a volume whose pod directory is
+// gone; an error means "unknown" and the volume is kept for now. Package
+// framework/kube has an implementation backed by a pod informer restricted to
+// this node.
+type PodChecker interface {
+	PodExists(ctx context.Context, uid string) (bool, error)
+}
+
+// EventSink receives Kubernetes events about pods' volumes (Options.Events).
+// The framework has no Kubernetes client of its own: package framework/events
+// provides an EventSink that posts core/v1 Events through client-go, rate
+// limited per pod.
+//
+// Event is called on the request path and must not block: queue, rate-limit
+// or drop. eventType is EventTypeNormal or EventTypeWarning; reason is one of
+// the Reason constants; message is for the pod's author and holds no secrets.
+type EventSink interface {
+	Event(pod api.Pod, eventType, reason, message string)
+}
+
+// Event types, as in core/v1 Event.type.
+const (
+	EventTypeNormal  = "Normal"
+	EventTypeWarning = "Warning"
+)
+
+// Reasons of the events the framework emits.
+const (
+	// ReasonProvisioningFailed (Warning): a first publish failed and was rolled
+	// back; the message is the error the kubelet got.
+	ReasonProvisioningFailed = "ProvisioningFailed"
+	// ReasonRefreshFailed (Warning): refreshing a live volume's content failed;
+	// the volume keeps its last good content and the refresh is retried.
+	ReasonRefreshFailed = "RefreshFailed"
+	// ReasonOrphanRemoved (Normal): the orphan GC removed a volume whose pod is
+	// gone.
+	ReasonOrphanRemoved = "OrphanRemoved"
+)
