@@ -40,7 +40,7 @@ type Pod struct {
 }
 
 // Volume is the typed view of one ephemeral inline volume that backends and content
-// providers receive. Everything except Secrets is persisted by the framework and
+// providers receive. Everything except Secrets and Tokens is persisted by the framework and
 // handed back unchanged at teardown (when the kubelet sends only the volume ID and
 // target path), so a backend can find and delete what it created.
 type Volume struct {

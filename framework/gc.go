@@ -34,7 +34,7 @@ type orphans struct {
 	podsDir os.FileInfo
 }
 
-// collectGarbage runs one pass of the orphan GC (DESIGN.md contract 7): a volume
+// collectGarbage runs one pass of the orphan GC (docs/design.md, "Orphan GC"): a volume
 // whose pod directory <kubelet-root>/pods/<uid> is gone belongs to a pod the
 // kubelet will never unpublish (deleted while the node or the driver was down,
 // or its directory removed by hand). After Options.OrphanGracePeriod of being

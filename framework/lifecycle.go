@@ -20,7 +20,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// nodePublishVolume implements csi.NodeServer; see DESIGN.md section 4b.
+// nodePublishVolume implements csi.NodeServer (docs/design.md, "Lifecycle").
 func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	pr, err := d.parsePublish(req)
 	if err != nil {

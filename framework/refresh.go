@@ -317,16 +317,16 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (map[string]api.Fil
 
 // writeContent swaps files into the volume atomically, owned by the fsGroup.
 func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
-	gid := -1
-	if v.FSGroup != nil && !isWindows {
-		gid = int(*v.FSGroup)
+	var opts content.Options
+	if !isWindows {
+		opts.FSGroup = v.FSGroup
 	}
 	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, v.TargetPath)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	defer r.Close()
-	if err := content.WriteRoot(r, files, content.Options{GID: gid}); err != nil {
+	if err := content.WriteRoot(r, files, opts); err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	return nil

@@ -36,11 +36,10 @@ var tsPattern = regexp.MustCompile(`^\.\.[0-9]{4}_[0-9]{2}_[0-9]{2}_[0-9]{2}_[0-
 
 // Options tunes Write.
 type Options struct {
-	// GID is the pod's fsGroup: when >= 0 every file, directory and link Write
-	// creates belongs to this group and files are group-readable. -1 (any
-	// negative value) leaves the group alone. Note that the zero Options means
-	// group 0; callers without an fsGroup must set GID: -1. Must be -1 on Windows.
-	GID int
+	// FSGroup is the pod's fsGroup: when set, every file, directory and link
+	// Write creates belongs to this group and files are group-readable. nil (the
+	// zero Options) leaves the group alone. Must be nil on Windows.
+	FSGroup *int64
 	// Now returns the time used to name the timestamped directory; nil means
 	// time.Now. It is a test hook.
 	Now func() time.Time
@@ -51,7 +50,7 @@ type Options struct {
 // files equal the current content, nothing is swapped. Bad names return an error
 // wrapping api.ErrInvalidParams before anything is written.
 func Write(dir string, files map[string]api.File, opts Options) error {
-	if _, err := newPlan(files, opts.GID); err != nil {
+	if _, err := newPlan(files, gidOf(opts)); err != nil {
 		return err
 	}
 	r, err := os.OpenRoot(dir)
@@ -66,7 +65,7 @@ func Write(dir string, files map[string]api.File, opts Options) error {
 // beneath the kubelet root without following links (the framework's case):
 // nothing Write does leaves r.
 func WriteRoot(r *os.Root, files map[string]api.File, opts Options) error {
-	p, err := newPlan(files, opts.GID)
+	p, err := newPlan(files, gidOf(opts))
 	if err != nil {
 		return err
 	}
@@ -189,6 +188,14 @@ type plan struct {
 	names []string        // file names, sorted
 	dirs  []string        // directories to create, sorted: parents first
 	top   map[string]bool // top-level entries
+}
+
+// gidOf is the group Write gives what it creates, -1 for none.
+func gidOf(opts Options) int {
+	if opts.FSGroup == nil || *opts.FSGroup < 0 {
+		return -1
+	}
+	return int(*opts.FSGroup)
 }
 
 func newPlan(files map[string]api.File, gid int) (*plan, error) {

@@ -18,7 +18,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/content"
 )
 
-var noGID = content.Options{GID: -1}
+var noGID = content.Options{}
 
 func write(t *testing.T, dir string, files map[string]api.File) {
 	t.Helper()
@@ -207,7 +207,7 @@ func TestIdempotent(t *testing.T) {
 func TestTimestampName(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Date(2026, 5, 1, 12, 30, 45, 0, time.UTC)
-	if err := content.Write(dir, map[string]api.File{"a": file("1")}, content.Options{GID: -1, Now: func() time.Time { return now }}); err != nil {
+	if err := content.Write(dir, map[string]api.File{"a": file("1")}, content.Options{Now: func() time.Time { return now }}); err != nil {
 		t.Fatal(err)
 	}
 	ts, _ := content.Current(dir)

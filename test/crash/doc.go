@@ -1,5 +1,5 @@
-// Package crash holds crash-safety tests for the Ephemera framework (DESIGN.md,
-// contract 6): a scratch driver built with the "failpoints" tag is killed with
+// Package crash holds crash-safety tests for the Ephemera framework (docs/design.md,
+// "Lifecycle" and docs/security.md): a scratch driver built with the "failpoints" tag is killed with
 // SIGKILL at every side-effect boundary of NodePublishVolume and
 // NodeUnpublishVolume, restarted on the same state directory, and driven by the
 // kubelet simulator of framework/drivertest until the volume is gone. The tests

@@ -276,7 +276,7 @@ func TestNodePublishSecret(t *testing.T) {
 	if strings.Contains(d.log(), value) {
 		t.Errorf("the secret value appears in the driver log %s", d.logPath)
 	}
-	// Secrets are never persisted (DESIGN.md 4b). bbolt's flock is advisory: reading
+	// Secrets are never persisted (docs/design.md, "Lifecycle"). bbolt's flock is advisory: reading
 	// the raw file while the driver runs is fine.
 	if b, err := os.ReadFile(filepath.Join(d.stateDir, "state.db")); err != nil {
 		t.Errorf("read state.db: %v", err)
