@@ -108,6 +108,7 @@ func TestTokensRedactedFmt(t *testing.T) {
 		P  *api.Token
 	}
 	for _, s := range []string{
+		//lint:ignore S1025 the test checks what each verb prints, %s included
 		fmt.Sprintf("%v", toks), fmt.Sprintf("%+v", toks), fmt.Sprintf("%#v", toks), fmt.Sprintf("%s", toks),
 		fmt.Sprintf("%v", tok), fmt.Sprintf("%+v", tok), fmt.Sprintf("%#v", tok), fmt.Sprint(&tok),
 		fmt.Sprintf("%v", holder{tok, toks, &tok}), fmt.Sprintf("%+v", holder{tok, toks, &tok}),

@@ -201,10 +201,10 @@ func bytes(n int64) string {
 func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
 	for name, n := range budgets {
 		if _, ok := backends[name]; !ok {
-			return fmt.Errorf("Capacity names backend %q, which the driver does not have", name)
+			return fmt.Errorf("option Capacity names backend %q, which the driver does not have", name)
 		}
 		if n <= 0 {
-			return fmt.Errorf("Capacity for backend %q must be positive, got %d", name, n)
+			return fmt.Errorf("option Capacity for backend %q must be positive, got %d", name, n)
 		}
 	}
 	return nil

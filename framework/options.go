@@ -290,10 +290,10 @@ func socketPath(endpoint string) (string, error) {
 		p, ok = strings.CutPrefix(endpoint, "unix:")
 	}
 	if !ok || !isAbs(p) {
-		return "", fmt.Errorf("Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
+		return "", fmt.Errorf("option Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
 	}
 	if len(p) > 107 {
-		return "", fmt.Errorf("Endpoint socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
+		return "", fmt.Errorf("option Endpoint: socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
 	}
 	return p, nil
 }

@@ -253,12 +253,13 @@ func (f *Fake) AddMount(target string, src api.Source) {
 }
 
 func (f *Fake) Mount(root string, src api.Source, target string) error {
-	t, err := f.begin(MethodMount, target)
+	_, err := f.begin(MethodMount, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if t, err = f.walk(root, target); err != nil {
+	t, err := f.walk(root, target)
+	if err != nil {
 		return err
 	}
 	if f.symlinks[t] {
@@ -277,12 +278,13 @@ func (f *Fake) Mount(root string, src api.Source, target string) error {
 }
 
 func (f *Fake) SetReadOnly(root, target string, readOnly bool) error {
-	t, err := f.begin(MethodSetReadOnly, target)
+	_, err := f.begin(MethodSetReadOnly, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if t, err = f.walk(root, target); err != nil {
+	t, err := f.walk(root, target)
+	if err != nil {
 		return err
 	}
 	if len(f.mounts[t]) == 0 {
@@ -293,12 +295,12 @@ func (f *Fake) SetReadOnly(root, target string, readOnly bool) error {
 }
 
 func (f *Fake) Unmount(root, target string) error {
-	t, err := f.begin(MethodUnmount, target)
+	_, err := f.begin(MethodUnmount, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	t, err = f.walk(root, target)
+	t, err := f.walk(root, target)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -325,12 +327,12 @@ func (f *Fake) Inspect(root, target string) (*Mounted, error) {
 }
 
 func (f *Fake) inspect(method, root, target string) (*Mounted, error) {
-	t, err := f.begin(method, target)
+	_, err := f.begin(method, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	t, err = f.walk(root, target)
+	t, err := f.walk(root, target)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -395,12 +397,13 @@ func (f *Fake) Published(root string) ([]string, error) {
 // a test that has the framework write files (content, fsGroup) creates that
 // directory itself. The Fake's own view must show the target as a directory.
 func (f *Fake) OpenTarget(root, target string) (*os.Root, error) {
-	t, err := f.begin(MethodOpenTarget, target)
+	_, err := f.begin(MethodOpenTarget, target)
 	defer f.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if t, err = f.walk(root, target); err != nil {
+	t, err := f.walk(root, target)
+	if err != nil {
 		return nil, err
 	}
 	if !f.dirs[t] {

@@ -5,12 +5,13 @@ package e2e
 import (
 	"fmt"
 
-	"github.com/ephemera-csi/ephemera/framework/mount"
 	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // mountInfo is one line of /proc/self/mountinfo.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ephemera-csi/ephemera/framework/store"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
@@ -185,7 +186,7 @@ func TestOpenRefusesNewerRecord(t *testing.T) {
 func TestClosedErrorWrapsBolt(t *testing.T) {
 	s := open(t, filepath.Join(t.TempDir(), "state.db"))
 	s.Close()
-	if _, err := s.List(t.Context()); !errors.Is(err, bolt.ErrDatabaseNotOpen) {
+	if _, err := s.List(t.Context()); !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		t.Errorf("List after Close error = %v, want ErrDatabaseNotOpen", err)
 	}
 }

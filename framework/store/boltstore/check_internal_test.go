@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -55,7 +56,7 @@ func TestCheckFileAcceptsBboltFiles(t *testing.T) {
 					case op < 9:
 						err = b.Delete(key)
 					default:
-						if err = top.DeleteBucket(fmt.Appendf(nil, "sub-%d", r.IntN(4))); errors.Is(err, bolt.ErrBucketNotFound) {
+						if err = top.DeleteBucket(fmt.Appendf(nil, "sub-%d", r.IntN(4))); errors.Is(err, berrors.ErrBucketNotFound) {
 							err = nil
 						}
 					}

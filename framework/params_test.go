@@ -9,8 +9,6 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 )
 
-const uid = "0b7a4c2e-1f2d-4e5a-9c3b-7d8e9f0a1b2c"
-
 func TestParamsGetters(t *testing.T) {
 	p := api.Params{"size": "64Mi", "mode": "1777", "n": "7", "b": "yes", "big": "100Ei"}
 	if n, err := p.Quantity("size", 0); err != nil || n != 64<<20 {
