@@ -52,3 +52,20 @@
 //	// ... inspect k.TargetPath(pod, "data") ...
 //	err = k.DeletePod(ctx, pod)
 package drivertest
+
+// Where things are:
+//
+//   - start.go: Start and the Harness (a driver in-process, its clients and a
+//     Kubelet pointed at it).
+//   - kubelet.go: the Kubelet type, its options, pods, volumes and states, the
+//     root directory layout and the accessors (paths, State, Calls).
+//   - publish.go: the SetUp sequence (PublishRequest, Publish, Republish) and
+//     IsFinal.
+//   - unpublish.go: the TearDown side (Unpublish, DeletePod, DeletePodOffline,
+//     OrphanPod) and the kubelet's directory cleanup.
+//   - restart.go: Restart, the reconstruction from vol_data.json.
+//   - voldata.go: reading and writing vol_data.json.
+//   - dial.go: one gRPC connection per RPC, as the kubelet dials the plugin.
+//   - mounts_linux.go, mounts_other.go: mount point detection (mountinfo on
+//     Linux, links elsewhere); mounts.go: removing a tree around mount points.
+//   - uuid.go: pod UIDs.
