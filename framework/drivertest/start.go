@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/ephemera-csi/ephemera/framework"
 )
@@ -35,8 +36,12 @@ type Harness struct {
 
 // Start runs a driver built from opts until the test ends and returns a harness
 // for it. Options left empty get test values: DriverName "test.csi.ephemera.dev",
-// NodeID "node-1", KubeletRootDir and StateDir in t.TempDir(), and an Endpoint in
-// a short temporary directory (unix socket paths are limited to 107 bytes).
+// NodeID "node-1", KubeletRootDir and StateDir in t.TempDir(), an Endpoint in
+// a short temporary directory (unix socket paths are limited to 107 bytes), and
+// a Logger that writes to t.Log (klog's ktesting with its DefaultConfig:
+// verbosity 5, or -testing.v=N when the test imports k8s.io/klog/v2/ktesting/init),
+// so the driver's log shows beside the test that produced it. What the driver
+// logs after the test ended goes to klog's global logger instead.
 //
 // Start fails the test if the driver does not become ready. At cleanup the
 // driver is stopped and its Run error, if any, fails the test.
@@ -64,6 +69,10 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	}
 	if err := os.MkdirAll(filepath.Join(opts.KubeletRootDir, "pods"), 0o750); err != nil {
 		t.Fatal(err)
+	}
+	if opts.Logger.GetSink() == nil {
+		// Before the cleanup below, so the driver's last lines still reach t.
+		opts.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)
 	}
 	h := &Harness{t: t, Options: opts}
 	h.start()
