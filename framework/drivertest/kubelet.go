@@ -122,6 +122,11 @@ type Kubelet struct {
 	locks    map[kubeletVolKey]*sync.Mutex
 	calls    []string
 	capCalls int
+
+	// madeDir, when set, is told of every directory the kubelet creates. Start
+	// sets it to the AddDir of a mount.Fake, whose directories exist only in
+	// memory, so that the driver finds the parent of its targets there.
+	madeDir func(dir string)
 }
 
 type kubeletVolKey struct{ uid, name string }
@@ -183,6 +188,7 @@ func (k *Kubelet) NewPod(namespace, name string) *Pod {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			panic("drivertest: creating pod directory: " + err.Error())
 		}
+		k.made(d)
 	}
 	k.mu.Lock()
 	k.pods[p.UID] = &kubeletPod{pod: clonePod(p), volumes: map[string]InlineVolume{}}
@@ -241,6 +247,13 @@ func (k *Kubelet) ResetCalls() {
 	defer k.mu.Unlock()
 	k.calls = nil
 	k.capCalls = 0
+}
+
+// made reports a directory the kubelet created to madeDir.
+func (k *Kubelet) made(dir string) {
+	if k.madeDir != nil {
+		k.madeDir(dir)
+	}
 }
 
 // lockVolume serializes operations on one volume, like the kubelet's nested

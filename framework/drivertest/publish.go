@@ -155,6 +155,7 @@ func (k *Kubelet) setUp(ctx context.Context, pod Pod, vol InlineVolume) error {
 	if err := os.MkdirAll(parent, 0o750); err != nil {
 		return fmt.Errorf("drivertest: creating %s: %w", parent, err)
 	}
+	k.made(parent)
 
 	caps, err := k.nodeGetCapabilities(ctx)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // Harness is a driver running in-process for one test, with a connected CSI
@@ -28,6 +29,7 @@ type Harness struct {
 	Options framework.Options
 
 	t      testing.TB
+	fake   *mount.Fake // Options.Mounter, when it is a mount.Fake
 	conn   *grpc.ClientConn
 	driver *framework.Driver
 	cancel context.CancelFunc
@@ -42,6 +44,11 @@ type Harness struct {
 // verbosity 5, or -testing.v=N when the test imports k8s.io/klog/v2/ktesting/init),
 // so the driver's log shows beside the test that produced it. What the driver
 // logs after the test ended goes to klog's global logger instead.
+//
+// When opts.Mounter is a *mount.Fake, whose directories exist only in memory,
+// the directories the Kubelet creates (a pod's, the parent of a target) are
+// added to the Fake as well, so that Kubelet.Publish works without root (see
+// "Tests without root" in the package documentation).
 //
 // Start fails the test if the driver does not become ready. At cleanup the
 // driver is stopped and its Run error, if any, fails the test.
@@ -75,6 +82,7 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 		opts.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)
 	}
 	h := &Harness{t: t, Options: opts}
+	h.fake, _ = opts.Mounter.(*mount.Fake)
 	h.start()
 	conn, err := grpc.NewClient(opts.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -89,6 +97,9 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 		DriverName: opts.DriverName,
 		NodeName:   opts.NodeID,
 	})
+	if h.fake != nil {
+		h.Kubelet.madeDir = h.fake.AddDir
+	}
 	t.Cleanup(func() {
 		conn.Close()
 		h.stop()

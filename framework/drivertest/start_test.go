@@ -3,12 +3,16 @@ package drivertest_test
 import (
 	"bytes"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"k8s.io/klog/v2/textlogger"
 
+	"github.com/ephemera-csi/ephemera/drivers/dir"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -101,4 +105,43 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// With the fake mounter, the Kubelet's directories exist in the Fake too, so
+// its whole sequence works without root.
+func TestStartFakeMounter(t *testing.T) {
+	d, err := dir.New(dir.Options{Root: filepath.Join(t.TempDir(), "dirs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := fakeOptions()
+	opts.Backends = map[string]framework.Backend{"dir": d, "tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})}
+	opts.DefaultBackend = "dir"
+	fake := opts.Mounter.(*mount.Fake)
+	h := drivertest.Start(t, opts)
+	k, ctx := h.Kubelet, t.Context()
+	pod := k.NewPod("ns", "web")
+	if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "data"}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "scratch", Attributes: map[string]string{"backend": "tmpfs"}}); err != nil {
+		t.Fatalf("publish tmpfs: %v", err)
+	}
+	target := k.TargetPath(pod, "data")
+	if got := fake.MountedTargets(); !slices.Equal(got, []string{target, k.TargetPath(pod, "scratch")}) {
+		t.Fatalf("mounted targets in the fake: %q", got)
+	}
+	if err := k.Restart(ctx); err != nil {
+		t.Fatalf("kubelet restart: %v", err)
+	}
+	h.Restart() // the driver: the in-memory store is the same
+	if recs, err := h.Driver().Records(ctx); err != nil || len(recs) != 2 {
+		t.Fatalf("records after a driver restart: %d, %v", len(recs), err)
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatalf("delete pod: %v", err)
+	}
+	if fake.DirExists(target) || len(fake.MountedTargets()) > 0 {
+		t.Errorf("after DeletePod: target %v, mounts %q", fake.DirExists(target), fake.MountedTargets())
+	}
 }
