@@ -52,6 +52,10 @@
 //	// ... inspect k.TargetPath(pod, "data") ...
 //	err = k.DeletePod(ctx, pod)
 //
+// At the end of a test, [Harness.RequireClean] checks that nothing was left
+// behind: no mount, target or pod directory below the kubelet root, no record
+// in the driver's state, no backend storage without a record.
+//
 // # Tests without root
 //
 // A driver's tests run without root with the fake mounter and the in-memory
@@ -67,9 +71,9 @@
 // directories the Kubelet creates, so [Kubelet.Publish], [Kubelet.Restart] and
 // [Kubelet.DeletePod] run their whole sequence, and a test can check the
 // driver's answers, the Kubelet's State, the records and the backends'
-// storage. The backends are real: tmpfs and dir need no root (the framework
-// mounts what they return, here into the Fake), a backend that needs root
-// itself (loop attaches a device) still does.
+// storage, and end with [Harness.RequireClean]. The backends are real: tmpfs
+// and dir need no root (the framework mounts what they return, here into the
+// Fake); a backend that needs root itself (loop attaches a device) still does.
 //
 // Such a test cannot prove:
 //
@@ -94,7 +98,7 @@ package drivertest
 // Where things are:
 //
 //   - start.go: Start and the Harness (a driver in-process, its clients and a
-//     Kubelet pointed at it).
+//     Kubelet pointed at it); clean.go: Harness.RequireClean.
 //   - kubelet.go: the Kubelet type, its options, pods, volumes and states, the
 //     root directory layout and the accessors (paths, State, Calls).
 //   - publish.go: the SetUp sequence (PublishRequest, Publish, Republish) and

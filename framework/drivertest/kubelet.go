@@ -122,6 +122,7 @@ type Kubelet struct {
 	locks    map[kubeletVolKey]*sync.Mutex
 	calls    []string
 	capCalls int
+	targets  map[string]bool // every target_path sent in a NodePublishVolume
 
 	// madeDir, when set, is told of every directory the kubelet creates. Start
 	// sets it to the AddDir of a mount.Fake, whose directories exist only in
@@ -164,6 +165,7 @@ func NewKubelet(opts KubeletOptions) *Kubelet {
 		pods:           map[string]*kubeletPod{},
 		actual:         map[kubeletVolKey]*kubeletVol{},
 		locks:          map[kubeletVolKey]*sync.Mutex{},
+		targets:        map[string]bool{},
 	}
 	if k.nodeName == "" {
 		k.nodeName = kubeletDefaultNode
@@ -254,6 +256,13 @@ func (k *Kubelet) made(dir string) {
 	if k.madeDir != nil {
 		k.madeDir(dir)
 	}
+}
+
+// sentTargets returns every target_path sent in a NodePublishVolume, sorted.
+func (k *Kubelet) sentTargets() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Sorted(maps.Keys(k.targets))
 }
 
 // lockVolume serializes operations on one volume, like the kubelet's nested

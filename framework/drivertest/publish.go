@@ -177,6 +177,9 @@ func (k *Kubelet) setUp(ctx context.Context, pod Pod, vol InlineVolume) error {
 	multiWriter := hasNodeCap(caps, csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER)
 
 	req := k.publishRequest(&pod, vol, mountGroup, multiWriter)
+	k.mu.Lock()
+	k.targets[target] = true
+	k.mu.Unlock()
 	err = k.call(ctx, "NodePublishVolume "+handle, func(c csi.NodeClient) error {
 		_, err := c.NodePublishVolume(ctx, req)
 		return err

@@ -29,7 +29,8 @@ type Harness struct {
 	Options framework.Options
 
 	t      testing.TB
-	fake   *mount.Fake // Options.Mounter, when it is a mount.Fake
+	fake   *mount.Fake     // Options.Mounter, when it is a mount.Fake
+	before map[string]bool // mount points below the kubelet root at Start
 	conn   *grpc.ClientConn
 	driver *framework.Driver
 	cancel context.CancelFunc
@@ -83,6 +84,11 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	}
 	h := &Harness{t: t, Options: opts}
 	h.fake, _ = opts.Mounter.(*mount.Fake)
+	// Not left behind by the test: RequireClean ignores them. An error here
+	// shows again in RequireClean.
+	if root, err := filepath.Abs(opts.KubeletRootDir); err == nil {
+		h.before, _ = mountPointsUnder(root)
+	}
 	h.start()
 	conn, err := grpc.NewClient(opts.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
