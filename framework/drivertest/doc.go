@@ -52,9 +52,11 @@
 //	// ... inspect k.TargetPath(pod, "data") ...
 //	err = k.DeletePod(ctx, pod)
 //
-// At the end of a test, [Harness.RequireClean] checks that nothing was left
-// behind: no mount, target or pod directory below the kubelet root, no record
-// in the driver's state, no backend storage without a record.
+// [Start] does the same for a driver built from framework.Options and sends
+// the driver's log to t.Log unless Options.Logger is set. At the end of a
+// test, [Harness.RequireClean] checks that nothing was left behind: no mount,
+// target or pod directory below the kubelet root, no record in the driver's
+// state, no backend storage without a record.
 //
 // # Tests without root
 //
@@ -84,8 +86,8 @@
 //   - size limits: a tmpfs or loop volume filling up at its size;
 //   - content and fsGroup: nothing exists at a target on disk, so a driver
 //     with a ContentProvider, or a pod with an fsGroup, fails to publish
-//     (Unavailable, "writing content"). Test a ContentProvider by calling it,
-//     and the published files with root;
+//     (Unavailable: the target cannot be opened). Test a ContentProvider by
+//     calling it, and the published files with root;
 //   - symlink safety: the Fake refuses only the links a test adds with
 //     AddSymlink; a pod directory swapped for a link is caught by the real
 //     mounter only (test/security);
