@@ -51,4 +51,65 @@
 //	})
 //	// ... inspect k.TargetPath(pod, "data") ...
 //	err = k.DeletePod(ctx, pod)
+//
+// [Start] does the same for a driver built from framework.Options and sends
+// the driver's log to t.Log unless Options.Logger is set. At the end of a
+// test, [Harness.RequireClean] checks that nothing was left behind: no mount,
+// target or pod directory below the kubelet root, no record in the driver's
+// state, no backend storage without a record.
+//
+// # Tests without root
+//
+// A driver's tests run without root with the fake mounter and the in-memory
+// store in the options given to [Start]:
+//
+//	h := drivertest.Start(t, framework.Options{
+//		Backends: map[string]framework.Backend{"dir": dirBackend},
+//		Mounter:  mount.NewFake(),  // framework/mount
+//		Store:    memstore.New(),   // framework/store/memstore
+//	})
+//
+// The Fake keeps targets and mounts in memory; Start tells it about the
+// directories the Kubelet creates, so [Kubelet.Publish], [Kubelet.Restart] and
+// [Kubelet.DeletePod] run their whole sequence, and a test can check the
+// driver's answers, the Kubelet's State, the records and the backends'
+// storage, and end with [Harness.RequireClean]. The backends are real: tmpfs
+// and dir need no root (the framework mounts what they return, here into the
+// Fake); a backend that needs root itself (loop attaches a device) still does.
+//
+// Such a test cannot prove:
+//
+//   - real mounts: that anything is mounted, read-only or with the right
+//     options, that a republish does not stack a second mount, that a busy
+//     target unmounts. The Fake models the framework's Linux mounter, not the
+//     kernel;
+//   - size limits: a tmpfs or loop volume filling up at its size;
+//   - content and fsGroup: nothing exists at a target on disk, so a driver
+//     with a ContentProvider, or a pod with an fsGroup, fails to publish
+//     (Unavailable: the target cannot be opened). Test a ContentProvider by
+//     calling it, and the published files with root;
+//   - symlink safety: the Fake refuses only the links a test adds with
+//     AddSymlink; a pod directory swapped for a link is caught by the real
+//     mounter only (test/security);
+//   - crash safety: the in-memory store survives [Harness.Restart] because the
+//     same Store is reused, but not a process exit; durability, torn state and
+//     a kill -9 between side effects need the bbolt store and a real process
+//     (test/crash).
 package drivertest
+
+// Where things are:
+//
+//   - start.go: Start and the Harness (a driver in-process, its clients and a
+//     Kubelet pointed at it); clean.go: Harness.RequireClean.
+//   - kubelet.go: the Kubelet type, its options, pods, volumes and states, the
+//     root directory layout and the accessors (paths, State, Calls).
+//   - publish.go: the SetUp sequence (PublishRequest, Publish, Republish) and
+//     IsFinal.
+//   - unpublish.go: the TearDown side (Unpublish, DeletePod, DeletePodOffline,
+//     OrphanPod) and the kubelet's directory cleanup.
+//   - restart.go: Restart, the reconstruction from vol_data.json.
+//   - voldata.go: reading and writing vol_data.json.
+//   - dial.go: one gRPC connection per RPC, as the kubelet dials the plugin.
+//   - mounts_linux.go, mounts_other.go: mount point detection (mountinfo on
+//     Linux, links elsewhere); mounts.go: removing a tree around mount points.
+//   - uuid.go: pod UIDs.

@@ -42,15 +42,20 @@ func testMyDriver(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(k.TargetPath(pod, "id"), "pod")); err != nil || string(b) != "cart" {
 		t.Fatalf("pod = %q, %v", b, err)
 	}
-	// An unknown attribute is a final InvalidArgument, and nothing is left.
-	err := k.Publish(ctx, k.NewPod("shop", "typo"), drivertest.InlineVolume{Name: "id", Attributes: map[string]string{"sise": "1Mi"}})
+	// An unknown attribute is a final InvalidArgument.
+	typo := k.NewPod("shop", "typo")
+	err := k.Publish(ctx, typo, drivertest.InlineVolume{Name: "id", Attributes: map[string]string{"sise": "1Mi"}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a typo: %v", err)
 	}
 	h.Restart() // a driver container restart: state survives
-	if err := k.DeletePod(ctx, pod); err != nil {
-		t.Fatal(err)
+	for _, p := range []*drivertest.Pod{pod, typo} {
+		if err := k.DeletePod(ctx, p); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// No mount, target, pod directory, record or backend storage is left.
+	h.RequireClean(t)
 }
 
 // A driver test: see testMyDriver for the body of a TestXxx function.

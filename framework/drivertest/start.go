@@ -11,8 +11,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // Harness is a driver running in-process for one test, with a connected CSI
@@ -27,6 +29,8 @@ type Harness struct {
 	Options framework.Options
 
 	t      testing.TB
+	fake   *mount.Fake     // Options.Mounter, when it is a mount.Fake
+	before map[string]bool // mount points below the kubelet root at Start
 	conn   *grpc.ClientConn
 	driver *framework.Driver
 	cancel context.CancelFunc
@@ -35,8 +39,17 @@ type Harness struct {
 
 // Start runs a driver built from opts until the test ends and returns a harness
 // for it. Options left empty get test values: DriverName "test.csi.ephemera.dev",
-// NodeID "node-1", KubeletRootDir and StateDir in t.TempDir(), and an Endpoint in
-// a short temporary directory (unix socket paths are limited to 107 bytes).
+// NodeID "node-1", KubeletRootDir and StateDir in t.TempDir(), an Endpoint in
+// a short temporary directory (unix socket paths are limited to 107 bytes), and
+// a Logger that writes to t.Log (klog's ktesting with its DefaultConfig:
+// verbosity 5, or -testing.v=N when the test imports k8s.io/klog/v2/ktesting/init),
+// so the driver's log shows beside the test that produced it. What the driver
+// logs after the test ended goes to klog's global logger instead.
+//
+// When opts.Mounter is a *mount.Fake, whose directories exist only in memory,
+// the directories the Kubelet creates (a pod's, the parent of a target) are
+// added to the Fake as well, so that Kubelet.Publish works without root (see
+// "Tests without root" in the package documentation).
 //
 // Start fails the test if the driver does not become ready. At cleanup the
 // driver is stopped and its Run error, if any, fails the test.
@@ -65,7 +78,17 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	if err := os.MkdirAll(filepath.Join(opts.KubeletRootDir, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
+	if opts.Logger.GetSink() == nil {
+		// Before the cleanup below, so the driver's last lines still reach t.
+		opts.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)
+	}
 	h := &Harness{t: t, Options: opts}
+	h.fake, _ = opts.Mounter.(*mount.Fake)
+	// Not left behind by the test: RequireClean ignores them. An error here
+	// shows again in RequireClean.
+	if root, err := filepath.Abs(opts.KubeletRootDir); err == nil {
+		h.before, _ = mountPointsUnder(root)
+	}
 	h.start()
 	conn, err := grpc.NewClient(opts.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -80,6 +103,9 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 		DriverName: opts.DriverName,
 		NodeName:   opts.NodeID,
 	})
+	if h.fake != nil {
+		h.Kubelet.madeDir = h.fake.AddDir
+	}
 	t.Cleanup(func() {
 		conn.Close()
 		h.stop()
