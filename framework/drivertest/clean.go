@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // RequireClean checks that the driver and the Kubelet left nothing behind, and
@@ -89,7 +90,7 @@ func (h *Harness) leftovers(ctx context.Context) ([]string, error) {
 		}
 	}
 
-	podsDir := filepath.Join(root, kubeletPodsDir)
+	podsDir := filepath.Join(root, volume.PodsDir)
 	entries, err := os.ReadDir(podsDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)

@@ -8,16 +8,14 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
-// Layout of the kubelet root directory, as the kubelet builds it.
-const (
-	kubeletPodsDir      = "pods"
-	kubeletVolumesDir   = "volumes"
-	kubeletPluginsDir   = "plugins"
-	kubeletCSIPluginDir = "kubernetes.io~csi" // EscapeQualifiedName("kubernetes.io/csi")
-	kubeletMountDir     = "mount"
-)
+// kubeletPluginsDir is the pod directory's "plugins" subdirectory, which the
+// kubelet creates beside "volumes"; the rest of the layout is
+// framework/internal/volume's.
+const kubeletPluginsDir = "plugins"
 
 // Defaults of KubeletOptions.
 const (
@@ -186,7 +184,7 @@ func (k *Kubelet) Root() string { return k.root }
 func (k *Kubelet) NewPod(namespace, name string) *Pod {
 	p := &Pod{Namespace: namespace, Name: name, UID: newUUID(), ServiceAccount: "default"}
 	dir := k.podDir(p.UID)
-	for _, d := range []string{dir, filepath.Join(dir, kubeletVolumesDir), filepath.Join(dir, kubeletPluginsDir)} {
+	for _, d := range []string{dir, filepath.Join(dir, volume.VolumesDir), filepath.Join(dir, kubeletPluginsDir)} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			panic("drivertest: creating pod directory: " + err.Error())
 		}
@@ -209,11 +207,11 @@ func (k *Kubelet) TargetPath(pod *Pod, volName string) string {
 }
 
 func (k *Kubelet) podDir(uid string) string {
-	return filepath.Join(k.root, kubeletPodsDir, uid)
+	return filepath.Join(k.root, volume.PodsDir, uid)
 }
 
 func (k *Kubelet) targetPath(uid, volName string) string {
-	return filepath.Join(k.podDir(uid), kubeletVolumesDir, kubeletCSIPluginDir, volName, kubeletMountDir)
+	return volume.TargetPath(k.root, uid, volName)
 }
 
 // State returns the kubelet's actual state of the volume.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // Restart models a kubelet restart. The actual state is forgotten and rebuilt
@@ -88,7 +90,7 @@ type foundVolume struct {
 
 // scanVolumes reads every vol_data.json of this driver under <root>/pods.
 func (k *Kubelet) scanVolumes() ([]foundVolume, error) {
-	pattern := filepath.Join(k.root, kubeletPodsDir, "*", kubeletVolumesDir, kubeletCSIPluginDir, "*", kubeletVolDataFile)
+	pattern := filepath.Join(k.root, volume.PodsDir, "*", volume.VolumesDir, volume.PluginDir, "*", volume.VolDataFile)
 	files, err := filepath.Glob(pattern)
 	if err != nil {
 		return nil, err

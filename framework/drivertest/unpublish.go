@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // Unpublish runs the kubelet's TearDownAt for the volume: it reads the volume
@@ -157,7 +159,7 @@ func (k *Kubelet) OrphanPod(pod *Pod) error {
 // kubernetes.io~csi, volumes, plugins and the pod directory.
 func (k *Kubelet) cleanupPodDirs(uid string) error {
 	dir := k.podDir(uid)
-	csiDir := filepath.Join(dir, kubeletVolumesDir, kubeletCSIPluginDir)
+	csiDir := filepath.Join(dir, volume.VolumesDir, volume.PluginDir)
 	if entries, err := os.ReadDir(csiDir); err == nil {
 		for _, e := range entries {
 			if e.IsDir() {
@@ -165,7 +167,7 @@ func (k *Kubelet) cleanupPodDirs(uid string) error {
 			}
 		}
 	}
-	for _, d := range []string{csiDir, filepath.Join(dir, kubeletVolumesDir), filepath.Join(dir, kubeletPluginsDir), dir} {
+	for _, d := range []string{csiDir, filepath.Join(dir, volume.VolumesDir), filepath.Join(dir, kubeletPluginsDir), dir} {
 		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("drivertest: orphaned pod %q found, but volume paths are still present on disk: %w", uid, err)
 		}
@@ -189,7 +191,7 @@ func (k *Kubelet) removeMountDir(target string) error {
 		return fmt.Errorf("drivertest: failed to remove dir [%s]: %w", target, err)
 	}
 	parent := filepath.Dir(target)
-	if err := os.Remove(filepath.Join(parent, kubeletVolDataFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(filepath.Join(parent, volume.VolDataFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("drivertest: failed to delete volume data file: %w", err)
 	}
 	if err := os.Remove(parent); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // vol_data.json, the file the kubelet keeps beside each CSI volume's target.
 const (
-	kubeletVolDataFile   = "vol_data.json"
 	kubeletEphemeralMode = "Ephemeral"
 )
 
@@ -41,7 +42,7 @@ func (k *Kubelet) writeVolData(dir, specVolID, handle string) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, kubeletVolDataFile), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
+	f, err := os.OpenFile(filepath.Join(dir, volume.VolDataFile), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
 	if err != nil {
 		return err
 	}
@@ -50,13 +51,13 @@ func (k *Kubelet) writeVolData(dir, specVolID, handle string) error {
 }
 
 func readVolData(dir string) (map[string]string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, kubeletVolDataFile))
+	b, err := os.ReadFile(filepath.Join(dir, volume.VolDataFile))
 	if err != nil {
 		return nil, err
 	}
 	var data map[string]string
 	if err := json.Unmarshal(b, &data); err != nil {
-		return nil, fmt.Errorf("parsing %s: %w", kubeletVolDataFile, err)
+		return nil, fmt.Errorf("parsing %s: %w", volume.VolDataFile, err)
 	}
 	return data, nil
 }
