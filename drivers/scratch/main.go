@@ -158,7 +158,11 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 			if bf.tmpfsMaxInodes < 1 {
 				return fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", bf.tmpfsMaxInodes)
 			}
-			opts.Backends[name] = tmpfs.New(tmpfs.Options{DefaultSize: defSize, MaxInodes: bf.tmpfsMaxInodes})
+			b, err := tmpfs.New(tmpfs.Options{DefaultSize: defSize, MaxInodes: bf.tmpfsMaxInodes})
+			if err != nil {
+				return err
+			}
+			opts.Backends[name] = b
 		case "dir":
 			b, err := dir.New(dir.Options{Root: filepath.Join(opts.StateDir, "volumes"), AllowSoftSize: softSize})
 			if err != nil {
