@@ -91,7 +91,6 @@ func main() {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
-	stopEvents := func() {}
 	var starters []func(context.Context)
 	if *withEvents || *gcConfirm {
 		client, err := kubeClient(opts.DriverName, *kubeconfig)
@@ -100,8 +99,13 @@ func main() {
 			os.Exit(1)
 		}
 		if *withEvents {
-			rec := events.NewRecorder(client, opts.DriverName, opts.NodeID)
-			opts.Events, stopEvents = rec, rec.Shutdown
+			rec, err := events.New(events.Options{Client: client, DriverName: opts.DriverName, NodeName: opts.NodeID})
+			if err != nil {
+				klog.ErrorS(err, "Invalid flags")
+				os.Exit(2)
+			}
+			opts.Events = rec
+			opts.Runnables = append(opts.Runnables, rec)
 		}
 		if *gcConfirm {
 			pods, err := kube.NewPods(client, opts.NodeID, 10*time.Minute)
@@ -119,7 +123,6 @@ func main() {
 	}
 	bf := backendFlags{tmpfsMaxInodes: *maxInodes, loopFSType: *loopFS, loopSize: *loopSize, loopPreallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
 	err = run(opts, *backends, *defaultSize, *maxSize, *softSize, bf, starters)
-	stopEvents()
 	if err != nil {
 		klog.ErrorS(err, "Driver failed")
 		klog.Flush()
