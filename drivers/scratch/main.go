@@ -108,17 +108,13 @@ func main() {
 			opts.Runnables = append(opts.Runnables, rec)
 		}
 		if *gcConfirm {
-			pods, err := kube.NewPods(client, opts.NodeID, 10*time.Minute)
+			pods, err := kube.NewPods(kube.PodsOptions{Client: client, NodeName: opts.NodeID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
 			if err != nil {
 				klog.ErrorS(err, "Invalid flags")
 				os.Exit(2)
 			}
 			opts.Pods = pods
-			starters = append(starters, func(ctx context.Context) {
-				if err := pods.Start(ctx, time.Minute); err != nil {
-					klog.ErrorS(err, "Pod informer for the orphan GC; orphans are kept until it syncs")
-				}
-			})
+			opts.Runnables = append(opts.Runnables, pods)
 		}
 	}
 	bf := backendFlags{tmpfsMaxInodes: *maxInodes, loopFSType: *loopFS, loopSize: *loopSize, loopPreallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
