@@ -15,10 +15,15 @@ import (
 
 // A content driver: each volume is a 1Mi tmpfs holding the pod's name.
 func ExampleNew() {
+	mem, err := tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	d, err := framework.New(framework.Options{
 		DriverName: "hello.csi.example.com",
 		NodeID:     "node-1", // normally os.Getenv("NODE_NAME") from the downward API
-		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})},
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
 		Content: framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return map[string]api.File{"pod-name": {Data: []byte(v.Pod.Name)}}, nil
 		}),
@@ -35,10 +40,15 @@ func ExampleNew() {
 // exit non-zero when Run fails (the kubelet refused the registration, the state
 // file is held by another process) so the pod is restarted.
 func ExampleDriver_Run() {
+	mem, err := tmpfs.New(tmpfs.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	d, err := framework.New(framework.Options{
 		DriverName: "hello.csi.example.com",
 		NodeID:     os.Getenv("NODE_NAME"),
-		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{})},
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -50,7 +50,7 @@ func realHarness(t *testing.T, mutate func(*framework.Options)) *drivertest.Harn
 		KubeletRootDir: filepath.Join(base, "kubelet"),
 		StateDir:       filepath.Join(base, "state"),
 		Backends: map[string]framework.Backend{
-			"tmpfs": tmpfs.New(tmpfs.Options{}),
+			"tmpfs": newTmpfs(t, tmpfs.Options{}),
 			"dir":   d,
 		},
 		DefaultBackend: "tmpfs",

@@ -333,7 +333,7 @@ func containsAll(s string, subs ...string) bool {
 // pod into AlreadyExists: the hash covers what the pod asked for.
 func TestRepublishAfterDefaultChange(t *testing.T) {
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-		o.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+		o.Backends["tmpfs"] = newTmpfs(t, tmpfs.Options{DefaultSize: 1 << 20})
 	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	vol := drivertest.InlineVolume{Name: "v"}
@@ -341,7 +341,7 @@ func TestRepublishAfterDefaultChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Stop()
-	h.Options.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 2 << 20})
+	h.Options.Backends["tmpfs"] = newTmpfs(t, tmpfs.Options{DefaultSize: 2 << 20})
 	h.Restart()
 	if err := publishFake(t, h, fake, pod, vol); err != nil {
 		t.Fatalf("republish after the default size changed: %v", err)
@@ -354,7 +354,7 @@ func TestRepublishAfterDefaultChange(t *testing.T) {
 // A backend default above the driver's maximum is refused like an explicit size.
 func TestMaxVolumeSizeAppliesAfterDefaults(t *testing.T) {
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-		o.Backends["tmpfs"] = tmpfs.New(tmpfs.Options{DefaultSize: 2 << 30})
+		o.Backends["tmpfs"] = newTmpfs(t, tmpfs.Options{DefaultSize: 2 << 30})
 	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	err := publishFake(t, h, fake, pod, drivertest.InlineVolume{Name: "v"})

@@ -373,9 +373,14 @@ func TestRefreshFailureCountedAndReported(t *testing.T) {
 
 func TestProvisioningFailedEvents(t *testing.T) {
 	client := fake.NewClientset()
-	rec := events.NewRecorder(client, "test.csi.ephemera.dev", "node-1", events.WithRateLimit(3))
-	t.Cleanup(rec.Shutdown)
-	h, fm, _ := fakeHarness(t, func(o *framework.Options) { o.Events = rec })
+	rec, err := events.New(events.Options{Client: client, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", PerPodPerMinute: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, fm, _ := fakeHarness(t, func(o *framework.Options) {
+		o.Events = rec
+		o.Runnables = []framework.Runnable{rec} // the driver runs it
+	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	fm.Fail(mount.MethodMount, func(string) error { return errors.New("mount: no such device") })
 

@@ -19,6 +19,16 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
 
+// newTmpfs returns a tmpfs backend of opts.
+func newTmpfs(t testing.TB, opts tmpfs.Options) *tmpfs.Backend {
+	t.Helper()
+	b, err := tmpfs.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // fakeHarness starts a driver with the fake mounter and the in-memory store: no
 // root needed, nothing touches the host's mount table.
 func fakeHarness(t *testing.T, mutate func(*framework.Options)) (*drivertest.Harness, *mount.Fake, *memstore.Store) {
@@ -31,7 +41,7 @@ func fakeHarness(t *testing.T, mutate func(*framework.Options)) (*drivertest.Har
 	opts := framework.Options{
 		DriverName: "test.csi.ephemera.dev",
 		Backends: map[string]framework.Backend{
-			"tmpfs": tmpfs.New(tmpfs.Options{}),
+			"tmpfs": newTmpfs(t, tmpfs.Options{}),
 			"dir":   d,
 		},
 		DefaultBackend: "tmpfs",

@@ -64,63 +64,27 @@ func main() {
 		rebuild = true
 		os.Args = append(os.Args[:1], os.Args[3:]...)
 	}
-	var (
-		opts         framework.Options
-		backends     = flag.String("backends", defaults.backends, "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop on Linux; dir, vhdx on Windows).")
-		vhdxSize     = flag.String("vhdx-default-size", "", "Size of vhdx volumes without a \"size\" attribute. Empty: \"size\" is required.")
-		vhdxDynamic  = flag.Bool("vhdx-dynamic", false, "Create dynamically expanding VHDX files instead of fixed-size ones (fast and thin, but the node disk may be overcommitted).")
-		loopFS       = flag.String("loop-fstype", "ext4", "Filesystem of loop volumes without an fsType: ext4 or xfs.")
-		loopSize     = flag.String("loop-default-size", "", "Size of loop volumes without a \"size\" attribute. Empty: \"size\" is required.")
-		loopPrealloc = flag.Bool("loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
-		defaultSize  = flag.String("default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
-		maxInodes    = flag.Int64("tmpfs-max-inodes", tmpfs.DefaultMaxInodes, "Largest \"nr_inodes\" a pod may request for a tmpfs volume, and the most a volume without it gets (one inode per 4KiB of size, at least 1024). Each inode (an empty file, a directory) costs about 1KiB of kernel memory that \"size\" does not limit. At least 1: there is no unlimited.")
-		maxSize      = flag.String("max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
-		softSize     = flag.Bool("dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
-		capacity     = flag.String("capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
-		withEvents   = flag.Bool("events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
-	)
-	flag.StringVar(&opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
-	framework.BindFlags(flag.CommandLine, &opts)
-	flag.StringVar(&opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
-	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
-	gcConfirm := flag.Bool("gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
+	var c config
+	c.bindFlags(flag.CommandLine)
 	flag.Parse()
 
 	var err error
-	if opts.Capacity, err = parseCapacity(*capacity); err != nil {
+	if c.opts.Capacity, err = parseCapacity(c.capacity); err != nil {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
-	stopEvents := func() {}
-	var starters []func(context.Context)
-	if *withEvents || *gcConfirm {
-		client, err := kubeClient(opts.DriverName, *kubeconfig)
+	if c.api.events || c.api.gcConfirm {
+		client, err := kubeClient(c.opts.DriverName, c.api.kubeconfig)
 		if err != nil {
 			klog.ErrorS(err, "Cannot reach the API server")
 			os.Exit(1)
 		}
-		if *withEvents {
-			rec := events.NewRecorder(client, opts.DriverName, opts.NodeID)
-			opts.Events, stopEvents = rec, rec.Shutdown
-		}
-		if *gcConfirm {
-			pods, err := kube.NewPods(client, opts.NodeID, 10*time.Minute)
-			if err != nil {
-				klog.ErrorS(err, "Invalid flags")
-				os.Exit(2)
-			}
-			opts.Pods = pods
-			starters = append(starters, func(ctx context.Context) {
-				if err := pods.Start(ctx, time.Minute); err != nil {
-					klog.ErrorS(err, "Pod informer for the orphan GC; orphans are kept until it syncs")
-				}
-			})
+		if err := c.api.addComponents(&c.opts, client); err != nil {
+			klog.ErrorS(err, "Invalid flags")
+			os.Exit(2)
 		}
 	}
-	bf := backendFlags{tmpfsMaxInodes: *maxInodes, loopFSType: *loopFS, loopSize: *loopSize, loopPreallocate: *loopPrealloc, vhdxSize: *vhdxSize, vhdxDynamic: *vhdxDynamic}
-	err = run(opts, *backends, *defaultSize, *maxSize, *softSize, bf, starters)
-	stopEvents()
-	if err != nil {
+	if err := run(c); err != nil {
 		klog.ErrorS(err, "Driver failed")
 		klog.Flush()
 		os.Exit(1)
@@ -128,78 +92,132 @@ func main() {
 	klog.Flush()
 }
 
-// backendFlags are the flags of single backends.
-type backendFlags struct {
-	tmpfsMaxInodes int64
-	// loop backend
-	loopFSType, loopSize string
-	loopPreallocate      bool
-	// vhdx backend
-	vhdxSize    string
-	vhdxDynamic bool
+// config is the command line: the framework's options (framework.BindFlags)
+// and the scratch driver's own flags, grouped by what they configure.
+type config struct {
+	opts          framework.Options
+	backends      string // --backends
+	maxVolumeSize string // --max-volume-size
+	capacity      string // --capacity
+	tmpfs         tmpfsFlags
+	dir           dirFlags
+	loop          loopFlags
+	vhdx          vhdxFlags
+	api           apiFlags
 }
 
-func run(opts framework.Options, backends, defaultSize, maxSize string, softSize bool, bf backendFlags, starters []func(context.Context)) error {
+// tmpfsFlags configure the tmpfs backend.
+type tmpfsFlags struct {
+	defaultSize string // --default-size
+	maxInodes   int64  // --tmpfs-max-inodes
+}
+
+// dirFlags configure the dir backend.
+type dirFlags struct {
+	softSize bool // --dir-soft-size
+}
+
+// loopFlags configure the loop backend.
+type loopFlags struct {
+	fsType      string // --loop-fstype
+	defaultSize string // --loop-default-size
+	preallocate bool   // --loop-preallocate
+}
+
+// vhdxFlags configure the vhdx backend.
+type vhdxFlags struct {
+	defaultSize string // --vhdx-default-size
+	dynamic     bool   // --vhdx-dynamic
+}
+
+// apiFlags configure the optional connection to the API server.
+type apiFlags struct {
+	events     bool   // --events
+	gcConfirm  bool   // --gc-confirm-with-api
+	kubeconfig string // --kubeconfig
+}
+
+// bindFlags registers every flag of the driver on fs, writing into c.
+func (c *config) bindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.backends, "backends", defaults.backends, "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop on Linux; dir, vhdx on Windows).")
+	fs.StringVar(&c.vhdx.defaultSize, "vhdx-default-size", "", "Size of vhdx volumes without a \"size\" attribute. Empty: \"size\" is required.")
+	fs.BoolVar(&c.vhdx.dynamic, "vhdx-dynamic", false, "Create dynamically expanding VHDX files instead of fixed-size ones (fast and thin, but the node disk may be overcommitted).")
+	fs.StringVar(&c.loop.fsType, "loop-fstype", "ext4", "Filesystem of loop volumes without an fsType: ext4 or xfs.")
+	fs.StringVar(&c.loop.defaultSize, "loop-default-size", "", "Size of loop volumes without a \"size\" attribute. Empty: \"size\" is required.")
+	fs.BoolVar(&c.loop.preallocate, "loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
+	fs.StringVar(&c.tmpfs.defaultSize, "default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
+	fs.Int64Var(&c.tmpfs.maxInodes, "tmpfs-max-inodes", tmpfs.DefaultMaxInodes, "Largest \"nr_inodes\" a pod may request for a tmpfs volume, and the most a volume without it gets (one inode per 4KiB of size, at least 1024). Each inode (an empty file, a directory) costs about 1KiB of kernel memory that \"size\" does not limit. At least 1: there is no unlimited.")
+	fs.StringVar(&c.maxVolumeSize, "max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
+	fs.BoolVar(&c.dir.softSize, "dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
+	fs.StringVar(&c.capacity, "capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
+	fs.BoolVar(&c.api.events, "events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
+	fs.StringVar(&c.opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
+	framework.BindFlags(fs, &c.opts)
+	fs.StringVar(&c.opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
+	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
+	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
+}
+
+// addComponents adds to opts what talks to the API server: the event
+// recorder (--events) as its Events, the orphan GC's pod informer
+// (--gc-confirm-with-api) as its Pods, both among its Runnables, so that the
+// driver runs them while it serves.
+func (f apiFlags) addComponents(opts *framework.Options, client kubernetes.Interface) error {
+	if f.events {
+		rec, err := events.New(events.Options{Client: client, DriverName: opts.DriverName, NodeName: opts.NodeID})
+		if err != nil {
+			return err
+		}
+		opts.Events = rec
+		opts.Runnables = append(opts.Runnables, rec)
+	}
+	if f.gcConfirm {
+		pods, err := kube.NewPods(kube.PodsOptions{Client: client, NodeName: opts.NodeID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		opts.Pods = pods
+		opts.Runnables = append(opts.Runnables, pods)
+	}
+	return nil
+}
+
+// run builds the backends and the driver, then serves until SIGINT or SIGTERM
+// (or, for "state rebuild", rebuilds the state and returns).
+func run(c config) error {
+	opts := c.opts
 	opts.Version = version
 	if opts.StateDir == "" {
 		opts.StateDir = framework.DefaultStateDir(opts.DriverName)
 	}
-	defSize, err := quantity("--default-size", defaultSize)
+	tmpfsSize, err := quantity("--default-size", c.tmpfs.defaultSize)
 	if err != nil {
 		return err
 	}
-	if opts.MaxVolumeSize, err = quantity("--max-volume-size", maxSize); err != nil {
+	if opts.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
 		return err
 	}
 	opts.Backends = map[string]framework.Backend{}
-	for _, name := range strings.Split(backends, ",") {
+	for _, name := range strings.Split(c.backends, ",") {
+		var b framework.Backend
 		switch name = strings.TrimSpace(name); name {
 		case "tmpfs":
-			if bf.tmpfsMaxInodes < 1 {
-				return fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", bf.tmpfsMaxInodes)
-			}
-			opts.Backends[name] = tmpfs.New(tmpfs.Options{DefaultSize: defSize, MaxInodes: bf.tmpfsMaxInodes})
+			b, err = c.tmpfs.backend(tmpfsSize)
 		case "dir":
-			b, err := dir.New(dir.Options{Root: filepath.Join(opts.StateDir, "volumes"), AllowSoftSize: softSize})
-			if err != nil {
-				return err
-			}
-			opts.Backends[name] = b
+			b, err = c.dir.backend(filepath.Join(opts.StateDir, "volumes"))
 		case "loop":
-			size, err := quantity("--loop-default-size", bf.loopSize)
-			if err != nil {
-				return err
-			}
-			b, err := loop.New(loop.Options{
-				Dir:           filepath.Join(opts.StateDir, "loop"),
-				DefaultFSType: bf.loopFSType,
-				DefaultSize:   size,
-				MaxSize:       opts.MaxVolumeSize,
-				Preallocate:   bf.loopPreallocate,
-			})
-			if err != nil {
-				return err
-			}
-			opts.Backends[name] = b
+			b, err = c.loop.backend(filepath.Join(opts.StateDir, "loop"), opts.MaxVolumeSize)
 		case "vhdx":
-			size, err := quantity("--vhdx-default-size", bf.vhdxSize)
-			if err != nil {
-				return err
-			}
-			b, err := vhdx.New(vhdx.Options{
-				Dir:         filepath.Join(opts.StateDir, "vhdx"),
-				DefaultSize: size,
-				MaxSize:     opts.MaxVolumeSize,
-				Dynamic:     bf.vhdxDynamic,
-			})
-			if err != nil {
-				return err
-			}
-			opts.Backends[name] = b
+			b, err = c.vhdx.backend(filepath.Join(opts.StateDir, "vhdx"), opts.MaxVolumeSize)
 		case "":
+			continue
 		default:
 			return fmt.Errorf("--backends: unknown backend %q (known: tmpfs, dir, loop, vhdx)", name)
 		}
+		if err != nil {
+			return err
+		}
+		opts.Backends[name] = b
 	}
 	d, err := framework.New(opts)
 	if err != nil {
@@ -207,13 +225,52 @@ func run(opts framework.Options, backends, defaultSize, maxSize string, softSize
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	for _, start := range starters {
-		go start(ctx)
-	}
 	if rebuild {
 		return rebuildState(ctx, d, os.Stdout)
 	}
 	return d.Run(ctx)
+}
+
+// backend returns the tmpfs backend; defaultSize is --default-size, parsed.
+func (f tmpfsFlags) backend(defaultSize int64) (framework.Backend, error) {
+	if f.maxInodes < 1 {
+		return nil, fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", f.maxInodes)
+	}
+	return tmpfs.New(tmpfs.Options{DefaultSize: defaultSize, MaxInodes: f.maxInodes})
+}
+
+// backend returns the dir backend, its volumes under root.
+func (f dirFlags) backend(root string) (framework.Backend, error) {
+	return dir.New(dir.Options{Root: root, AllowSoftSize: f.softSize})
+}
+
+// backend returns the loop backend, its backing files in path.
+func (f loopFlags) backend(path string, maxSize int64) (framework.Backend, error) {
+	size, err := quantity("--loop-default-size", f.defaultSize)
+	if err != nil {
+		return nil, err
+	}
+	return loop.New(loop.Options{
+		Dir:           path,
+		DefaultFSType: f.fsType,
+		DefaultSize:   size,
+		MaxSize:       maxSize,
+		Preallocate:   f.preallocate,
+	})
+}
+
+// backend returns the vhdx backend, its disk files in path.
+func (f vhdxFlags) backend(path string, maxSize int64) (framework.Backend, error) {
+	size, err := quantity("--vhdx-default-size", f.defaultSize)
+	if err != nil {
+		return nil, err
+	}
+	return vhdx.New(vhdx.Options{
+		Dir:         path,
+		DefaultSize: size,
+		MaxSize:     maxSize,
+		Dynamic:     f.dynamic,
+	})
 }
 
 func quantity(flagName, s string) (int64, error) {

@@ -10,7 +10,7 @@ import (
 
 func TestBackendConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) framework.Backend {
-		return tmpfs.New(tmpfs.Options{})
+		return newBackend(t, tmpfs.Options{})
 	}, backendtest.Options{
 		Params: map[string]string{"size": "16Mi"},
 		Size:   16 << 20,
@@ -22,7 +22,7 @@ func TestBackendConformance(t *testing.T) {
 // filesystem is checked against it.
 func TestBackendConformanceFSType(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) framework.Backend {
-		return tmpfs.New(tmpfs.Options{DefaultSize: 8 << 20})
+		return newBackend(t, tmpfs.Options{DefaultSize: 8 << 20})
 	}, backendtest.Options{
 		Params: map[string]string{"mode": "0750"},
 		Size:   8 << 20,

@@ -52,7 +52,7 @@ func TestInodeCost(t *testing.T) {
 	const n = inodeCostFiles
 	v := &api.Volume{ID: api.VolumeHandle("5d7c1e2a-33b1-4a8e-a0f4-6f1f2b9e4c11", "cost"), Name: "cost", Size: 4096,
 		Params: api.Params{tmpfs.ParamNrInodes: strconv.Itoa(n + 1)}} // the root directory is one
-	dir := mountVolume(t, tmpfs.New(tmpfs.Options{MaxInodes: n + 1}), v)
+	dir := mountVolume(t, newBackend(t, tmpfs.Options{MaxInodes: n + 1}), v)
 
 	// Everything below runs on this goroutine's thread, which alone is moved
 	// into the measuring cgroup.

@@ -10,7 +10,7 @@
 // Attributes: "size" (handled by the framework; required unless Options.DefaultSize
 // is set), "mode" (octal, default 01777 like /tmp),
 // "uid", "gid", "nr_inodes". fsType must be unset or "tmpfs". Linux only: on other
-// platforms Create fails with mount.ErrNotSupported.
+// platforms Create fails with api.ErrNotSupported.
 //
 // # Inodes
 //
@@ -46,7 +46,6 @@ import (
 	"strconv"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // Attribute names.
@@ -61,28 +60,30 @@ const (
 // volumes.
 const SourceName = "ephemera-tmpfs"
 
-// Options configure the backend.
+// Options configure the backend. New refuses negative values and a
+// DefaultMode with bits other than the permission, sticky, setgid and setuid
+// bits, naming the field.
 type Options struct {
 	// DefaultSize applies to volumes without a "size" attribute. Defaults to 0:
 	// "size" is required, so a tmpfs is never mounted without a limit.
 	DefaultSize int64
-	// DefaultMode is the root directory mode. Defaults to 01777 like /tmp, so any
-	// container user can write; pods set "mode" to narrow it.
+	// DefaultMode is the root directory mode: permission bits plus
+	// fs.ModeSticky, fs.ModeSetgid and fs.ModeSetuid (not the octal 0o1000 of
+	// chmod(2)). Defaults to 0o777|fs.ModeSticky (01777, like /tmp) when zero,
+	// so any container user can write; pods set "mode" to narrow it.
 	DefaultMode fs.FileMode
 	// BytesPerInode derives the inode limit (nr_inodes) of a volume without a
 	// "nr_inodes" attribute: size/BytesPerInode, at least MinInodes and at most
 	// MaxInodes. Defaults to DefaultBytesPerInode (4096: one inode per page of
-	// size) when zero or negative.
+	// size) when zero.
 	BytesPerInode int64
 	// MinInodes is the least nr_inodes a volume without "nr_inodes" gets, so
 	// that small volumes still hold a useful number of files. Defaults to
-	// DefaultMinInodes (1024) when zero or negative. MaxInodes wins when it is
-	// lower.
+	// DefaultMinInodes (1024) when zero. MaxInodes wins when it is lower.
 	MinInodes int64
 	// MaxInodes is the largest "nr_inodes" a pod may request, and the upper
 	// bound of the derived default. Defaults to DefaultMaxInodes (1Mi inodes,
-	// about 1GiB of kernel memory) when zero or negative; there is no
-	// "unlimited".
+	// about 1GiB of kernel memory) when zero; there is no "unlimited".
 	MaxInodes int64
 }
 
@@ -108,21 +109,54 @@ const (
 // framework.Finder.
 type Backend struct{ opts Options }
 
-// New returns a tmpfs backend.
-func New(opts Options) *Backend {
-	if opts.DefaultMode == 0 {
-		opts.DefaultMode = 0o777 | fs.ModeSticky
+// New returns a tmpfs backend, or an error naming the first invalid option. It
+// starts nothing and touches no file.
+func New(opts Options) (*Backend, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
-	if opts.BytesPerInode <= 0 {
-		opts.BytesPerInode = DefaultBytesPerInode
+	opts.setDefaults()
+	return &Backend{opts: opts}, nil
+}
+
+// modeBits are the FileMode bits DefaultMode may have: those tmpfs' mode=
+// takes (api.ModeBits).
+const modeBits = fs.ModePerm | fs.ModeSticky | fs.ModeSetgid | fs.ModeSetuid
+
+func (o *Options) validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"DefaultSize", o.DefaultSize},
+		{"BytesPerInode", o.BytesPerInode},
+		{"MinInodes", o.MinInodes},
+		{"MaxInodes", o.MaxInodes},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("tmpfs backend: %s %d must not be negative (0 takes the default)", f.name, f.v)
+		}
 	}
-	if opts.MinInodes <= 0 {
-		opts.MinInodes = DefaultMinInodes
+	if extra := o.DefaultMode &^ modeBits; extra != 0 {
+		return fmt.Errorf("tmpfs backend: DefaultMode %#o has bits %#o other than the permission, sticky, setgid and setuid bits; "+
+			"write 01777 as 0o777|fs.ModeSticky (fs.ModeSetgid, fs.ModeSetuid), not 0o1777", uint32(o.DefaultMode), uint32(extra))
 	}
-	if opts.MaxInodes <= 0 {
-		opts.MaxInodes = DefaultMaxInodes
+	return nil
+}
+
+func (o *Options) setDefaults() {
+	if o.DefaultMode == 0 {
+		o.DefaultMode = 0o777 | fs.ModeSticky
 	}
-	return &Backend{opts: opts}
+	if o.BytesPerInode == 0 {
+		o.BytesPerInode = DefaultBytesPerInode
+	}
+	if o.MinInodes == 0 {
+		o.MinInodes = DefaultMinInodes
+	}
+	if o.MaxInodes == 0 {
+		o.MaxInodes = DefaultMaxInodes
+	}
 }
 
 // Validate checks the tmpfs attributes and applies the default size.
@@ -209,7 +243,7 @@ func octal(m fs.FileMode) string { return fmt.Sprintf("%04o", api.ModeBits(m)) }
 // is no storage to create beforehand.
 func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	if runtime.GOOS != "linux" {
-		return api.Source{}, fmt.Errorf("tmpfs volumes: %w (use the dir backend)", mount.ErrNotSupported)
+		return api.Source{}, fmt.Errorf("tmpfs volumes: %w (use the dir backend)", api.ErrNotSupported)
 	}
 	opts, err := b.options(v)
 	if err != nil {

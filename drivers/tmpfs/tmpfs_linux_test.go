@@ -87,7 +87,7 @@ func TestDefaultNrInodesEnforced(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("size=%d", c.size), func(t *testing.T) {
 			v := &api.Volume{ID: api.VolumeHandle("0b0c8a52-7f4e-4d8b-9c55-4a2f3e1d0c9b", "scratch"), Name: "scratch", Size: c.size}
-			dir := mountVolume(t, tmpfs.New(tmpfs.Options{}), v)
+			dir := mountVolume(t, newBackend(t, tmpfs.Options{}), v)
 			var st unix.Statfs_t
 			if err := unix.Statfs(dir, &st); err != nil {
 				t.Fatal(err)

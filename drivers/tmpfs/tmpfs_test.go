@@ -2,6 +2,7 @@ package tmpfs_test
 
 import (
 	"errors"
+	"io/fs"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,6 +17,53 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
+
+func newBackend(t testing.TB, opts tmpfs.Options) *tmpfs.Backend {
+	t.Helper()
+	b, err := tmpfs.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// New refuses negative sizes and inode limits and mode bits tmpfs' mode= has
+// no place for, naming the field; zero takes the default.
+func TestNewValidates(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		opts    tmpfs.Options
+		wantErr []string // "" for none
+	}{
+		{name: "zero", opts: tmpfs.Options{}},
+		{name: "all set", opts: tmpfs.Options{DefaultSize: 1 << 20, DefaultMode: 0o750 | fs.ModeSetgid | fs.ModeSticky | fs.ModeSetuid,
+			BytesPerInode: 1, MinInodes: 1, MaxInodes: 1}},
+		{name: "negative DefaultSize", opts: tmpfs.Options{DefaultSize: -1}, wantErr: []string{"DefaultSize -1 must not be negative"}},
+		{name: "negative BytesPerInode", opts: tmpfs.Options{BytesPerInode: -4096}, wantErr: []string{"BytesPerInode -4096"}},
+		{name: "negative MinInodes", opts: tmpfs.Options{MinInodes: -1}, wantErr: []string{"MinInodes -1"}},
+		{name: "negative MaxInodes", opts: tmpfs.Options{MaxInodes: -1}, wantErr: []string{"MaxInodes -1"}},
+		{name: "octal sticky bit", opts: tmpfs.Options{DefaultMode: 0o1777}, wantErr: []string{"DefaultMode 01777 has bits 01000", "fs.ModeSticky"}},
+		{name: "directory bit", opts: tmpfs.Options{DefaultMode: fs.ModeDir | 0o755}, wantErr: []string{"DefaultMode", "other than the permission"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := tmpfs.New(c.opts)
+			if c.wantErr == nil {
+				if err != nil || b == nil {
+					t.Fatalf("New: %v, %v", b, err)
+				}
+				return
+			}
+			if err == nil || b != nil {
+				t.Fatalf("New: %v, %v, want an error", b, err)
+			}
+			for _, s := range c.wantErr {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("New: %v, want it to say %q", err, s)
+				}
+			}
+		})
+	}
+}
 
 // The inode limit: "nr_inodes" up to MaxInodes, or else size/BytesPerInode
 // within [MinInodes, MaxInodes]; never 0 (unlimited to the kernel).
@@ -58,7 +106,7 @@ func TestNrInodes(t *testing.T) {
 			if c.inodes != "" {
 				v.Params[tmpfs.ParamNrInodes] = c.inodes
 			}
-			b := tmpfs.New(c.opts)
+			b := newBackend(t, c.opts)
 			err := b.Validate(v)
 			if c.wantErr != nil {
 				if !errors.Is(err, api.ErrInvalidParams) {
@@ -93,7 +141,7 @@ func TestNrInodes(t *testing.T) {
 func TestNrInodesOverCapIsInvalidArgument(t *testing.T) {
 	fake := mount.NewFake()
 	h := drivertest.Start(t, framework.Options{
-		Backends: map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{MaxInodes: 5000})},
+		Backends: map[string]framework.Backend{"tmpfs": newBackend(t, tmpfs.Options{MaxInodes: 5000})},
 		Mounter:  fake,
 	})
 	pod := h.Kubelet.NewPod("ns", "p")

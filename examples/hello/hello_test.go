@@ -15,7 +15,11 @@ func TestHello(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounts tmpfs: run as root")
 	}
-	h := drivertest.Start(t, Options())
+	opts, err := Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := drivertest.Start(t, opts)
 	pod := h.Kubelet.NewPod("shop", "cart-7d9f")
 	vol := drivertest.InlineVolume{Name: "whoami", ReadOnly: true}
 	if err := h.Kubelet.Publish(t.Context(), pod, vol); err != nil {

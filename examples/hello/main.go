@@ -16,12 +16,16 @@ import (
 )
 
 // Options returns the driver: a 1Mi tmpfs per volume, filled by podIdentity.
-func Options() framework.Options {
+func Options() (framework.Options, error) {
+	mem, err := tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	if err != nil {
+		return framework.Options{}, err
+	}
 	return framework.Options{
 		DriverName: "hello.csi.ephemera.dev",
-		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})},
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
 		Content:    framework.ContentFunc(podIdentity),
-	}
+	}, nil
 }
 
 func podIdentity(_ context.Context, v *api.Volume) (map[string]api.File, error) {
@@ -34,8 +38,11 @@ func podIdentity(_ context.Context, v *api.Volume) (map[string]api.File, error) 
 }
 
 func main() {
-	opts := Options()
 	klog.InitFlags(nil)
+	opts, err := Options()
+	if err != nil {
+		klog.Fatal(err)
+	}
 	framework.BindFlags(flag.CommandLine, &opts)
 	flag.Parse()
 	d, err := framework.New(opts)

@@ -35,12 +35,16 @@ const (
 
 // Options returns the driver: a 1Mi tmpfs per volume holding one token file.
 // main sets the Authorizer from --allowed-namespaces.
-func Options() framework.Options {
+func Options() (framework.Options, error) {
+	mem, err := tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	if err != nil {
+		return framework.Options{}, err
+	}
 	return framework.Options{
 		DriverName: driverName,
-		Backends:   map[string]framework.Backend{"tmpfs": backend{tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})}},
+		Backends:   map[string]framework.Backend{"tmpfs": backend{mem}},
 		Content:    framework.ContentFunc(tokenFile),
-	}
+	}, nil
 }
 
 // attrs are a volume's parsed attributes.
@@ -132,8 +136,11 @@ func allowNamespaces(list string) framework.Authorizer {
 }
 
 func main() {
-	opts := Options()
 	klog.InitFlags(nil)
+	opts, err := Options()
+	if err != nil {
+		klog.Fatal(err)
+	}
 	framework.BindFlags(flag.CommandLine, &opts)
 	allowed := flag.String("allowed-namespaces", "", "comma-separated namespaces whose pods may use the driver (empty: all)")
 	flag.Parse()

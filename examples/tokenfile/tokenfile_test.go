@@ -34,7 +34,10 @@ func start(t *testing.T) (*drivertest.Harness, *syncBuffer) {
 		t.Skip("mounts tmpfs: run as root")
 	}
 	var log syncBuffer
-	opts := Options()
+	opts, err := Options()
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts.Authorizer = allowNamespaces("team-a, team-b")
 	opts.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log), textlogger.Verbosity(10)))
 	return drivertest.Start(t, opts), &log

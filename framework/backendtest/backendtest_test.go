@@ -83,6 +83,15 @@ func (b *dirBackend) Check(_ context.Context, v *api.Volume) error {
 	return err
 }
 
+func newTmpfs(t *testing.T) *tmpfs.Backend {
+	t.Helper()
+	b, err := tmpfs.New(tmpfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func newDirBackend(t *testing.T) *dirBackend {
 	root := filepath.Join(t.TempDir(), "volumes")
 	if err := os.Mkdir(root, 0o700); err != nil {
@@ -134,14 +143,14 @@ var broken = map[string]struct {
 		want:    map[string]string{"Create/Idempotent": "Create is not idempotent"},
 	},
 	"SizeNotEnforced": {
-		backend: func(t *testing.T) framework.Backend { return tmpfs.New(tmpfs.Options{}) },
+		backend: func(t *testing.T) framework.Backend { return newTmpfs(t) },
 		// The backend mounts 16Mi; the suite is told 4Mi.
 		opts: backendtest.Options{Params: map[string]string{"size": "16Mi"}, Size: 4 << 20, Mount: true},
 		root: true,
 		want: map[string]string{"Size": "the size is not enforced"},
 	},
 	"WrongFSType": {
-		backend: func(t *testing.T) framework.Backend { return anyFSType{tmpfs.New(tmpfs.Options{})} },
+		backend: func(t *testing.T) framework.Backend { return anyFSType{newTmpfs(t)} },
 		opts:    backendtest.Options{Params: map[string]string{"size": "16Mi"}, FSType: "ext4", Mount: true},
 		root:    true,
 		want:    map[string]string{"Create/IdempotentWhileMounted": `filesystem mounted at the target is "tmpfs"`},

@@ -27,9 +27,13 @@ func testMyDriver(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounts tmpfs: run as root")
 	}
+	mem, err := tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := drivertest.Start(t, framework.Options{
 		DriverName: "hello.csi.example.com",
-		Backends:   map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})},
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
 		Content: framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return map[string]api.File{"pod": {Data: []byte(v.Pod.Name)}}, nil
 		}),
@@ -44,7 +48,7 @@ func testMyDriver(t *testing.T) {
 	}
 	// An unknown attribute is a final InvalidArgument.
 	typo := k.NewPod("shop", "typo")
-	err := k.Publish(ctx, typo, drivertest.InlineVolume{Name: "id", Attributes: map[string]string{"sise": "1Mi"}})
+	err = k.Publish(ctx, typo, drivertest.InlineVolume{Name: "id", Attributes: map[string]string{"sise": "1Mi"}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a typo: %v", err)
 	}

@@ -114,8 +114,12 @@ func TestStartFakeMounter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mem, err := tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := fakeOptions()
-	opts.Backends = map[string]framework.Backend{"dir": d, "tmpfs": tmpfs.New(tmpfs.Options{DefaultSize: 1 << 20})}
+	opts.Backends = map[string]framework.Backend{"dir": d, "tmpfs": mem}
 	opts.DefaultBackend = "dir"
 	fake := opts.Mounter.(*mount.Fake)
 	h := drivertest.Start(t, opts)

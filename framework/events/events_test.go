@@ -1,6 +1,8 @@
 package events
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,12 +11,62 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework"
 )
+
+var (
+	_ framework.EventSink = (*Recorder)(nil)
+	_ framework.Runnable  = (*Recorder)(nil)
+)
+
+// newRecorder returns a Recorder of opts writing to a fake clientset (unless
+// opts has a Client), with DriverName and NodeName set when empty.
+func newRecorder(t *testing.T, opts Options) (*Recorder, *fake.Clientset) {
+	t.Helper()
+	client, _ := opts.Client.(*fake.Clientset)
+	if opts.Client == nil {
+		client = fake.NewClientset()
+		opts.Client = client
+	}
+	if opts.DriverName == "" {
+		opts.DriverName = "scratch.csi.ephemera.dev"
+	}
+	if opts.NodeName == "" {
+		opts.NodeName = "node-a"
+	}
+	r, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, client
+}
+
+// start runs r until the returned stop is called (or the test ends); stop
+// returns Run's error.
+func start(t *testing.T, r *Recorder) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var err error
+	stopped := false
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			err = <-done
+		}
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
 
 // waitFor lists the events in ns until one has reason, and returns them all.
 // The broadcaster writes in order, so everything sent before is handled.
@@ -39,9 +91,8 @@ func waitFor(t *testing.T, client *fake.Clientset, ns, reason string) []corev1.E
 }
 
 func TestEventReferencesPod(t *testing.T) {
-	client := fake.NewClientset()
-	r := NewRecorder(client, "scratch.csi.ephemera.dev", "node-a")
-	t.Cleanup(r.Shutdown)
+	r, client := newRecorder(t, Options{DriverName: "scratch.csi.ephemera.dev", NodeName: "node-a"})
+	start(t, r)
 	pod := api.Pod{Namespace: "team", Name: "web-0", UID: "5d6c0b3e-uid"}
 	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", `volume "scratch": size 8Gi exceeds the maximum 4Gi`)
 
@@ -65,10 +116,9 @@ func TestEventReferencesPod(t *testing.T) {
 // Events about one pod are limited per minute whatever their reason or type;
 // other pods have their own budget; the budget refills with time.
 func TestRateLimitPerPod(t *testing.T) {
-	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Now())
-	r := NewRecorder(client, "d", "n", WithRateLimit(3), withClock(clk))
-	t.Cleanup(r.Shutdown)
+	r, client := newRecorder(t, Options{DriverName: "d", NodeName: "n", PerPodPerMinute: 3, clock: clk})
+	start(t, r)
 	noisy := api.Pod{Namespace: "ns", Name: "noisy", UID: "u1"}
 	quiet := api.Pod{Namespace: "ns", Name: "quiet", UID: "u2"}
 	for i := range 50 {
@@ -126,6 +176,157 @@ func writes(client *fake.Clientset, pod string) int {
 		}
 	}
 	return n
+}
+
+// The default rate limit is DefaultPerPodPerMinute.
+func TestRateLimitDefault(t *testing.T) {
+	r, client := newRecorder(t, Options{clock: clocktesting.NewFakeClock(time.Now())})
+	start(t, r)
+	pod := api.Pod{Namespace: "ns", Name: "noisy", UID: "u1"}
+	for i := range 20 {
+		r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", fmt.Sprintf("attempt %d failed", i))
+	}
+	r.Event(api.Pod{Namespace: "ns", Name: "s", UID: "s"}, corev1.EventTypeNormal, "Sentinel", "")
+	waitFor(t, client, "ns", "Sentinel")
+	if got := writes(client, "noisy"); got != DefaultPerPodPerMinute {
+		t.Errorf("%d event writes for 20 events, want the default burst of %d", got, DefaultPerPodPerMinute)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	client := fake.NewClientset()
+	for _, c := range []struct {
+		name string
+		opts Options
+		want []string // "" for no error
+	}{
+		{name: "complete", opts: Options{Client: client, DriverName: "d", NodeName: "n"}},
+		{name: "empty", opts: Options{}, want: []string{"Client is required", "DriverName is required", "NodeName is required"}},
+		{name: "no client", opts: Options{DriverName: "d", NodeName: "n"}, want: []string{"Client is required"}},
+		{name: "negative rate", opts: Options{Client: client, DriverName: "d", NodeName: "n", PerPodPerMinute: -1},
+			want: []string{"PerPodPerMinute -1 must not be negative"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := New(c.opts)
+			if c.want == nil {
+				if err != nil || r == nil {
+					t.Fatalf("New: %v, %v", r, err)
+				}
+				return
+			}
+			if err == nil || r != nil {
+				t.Fatalf("New: %v, %v, want an error", r, err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New: %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// New starts nothing and writes nothing; events sent before Run are kept and
+// written once it runs.
+func TestEventBeforeRunIsKept(t *testing.T) {
+	r, client := newRecorder(t, Options{})
+	pod := api.Pod{Namespace: "ns", Name: "early", UID: "u1"}
+	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "before Run")
+	time.Sleep(50 * time.Millisecond)
+	if n := len(client.Actions()); n != 0 {
+		t.Fatalf("%d API calls before Run, want none", n)
+	}
+	start(t, r)
+	evs := waitFor(t, client, "ns", "ProvisioningFailed")
+	if len(evs) != 1 || evs[0].Message != "before Run" {
+		t.Errorf("events %+v, want the one sent before Run", evs)
+	}
+}
+
+// Before Run, at most maxPending events are kept; Event never blocks.
+func TestEventsBeforeRunAreBounded(t *testing.T) {
+	r, _ := newRecorder(t, Options{})
+	for i := range maxPending + 10 {
+		r.Event(api.Pod{Namespace: "ns", Name: fmt.Sprint("p", i), UID: "u"}, corev1.EventTypeNormal, "R", "")
+	}
+	r.mu.Lock()
+	n := len(r.pending)
+	r.mu.Unlock()
+	if n != maxPending {
+		t.Errorf("%d events kept before Run, want %d", n, maxPending)
+	}
+}
+
+// Run writes the events sent before its context ended before it returns;
+// events after it returned are dropped without blocking or panicking; a
+// Recorder runs once.
+func TestRunFlushesThenDrops(t *testing.T) {
+	// A slow API server: each write takes 100ms, so the events are still
+	// queued when the context ends.
+	client := fake.NewClientset()
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		time.Sleep(100 * time.Millisecond)
+		return false, nil, nil
+	})
+	r, _ := newRecorder(t, Options{Client: client})
+	stop := start(t, r)
+	pod := api.Pod{Namespace: "ns", Name: "last", UID: "u1"}
+	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "just before the end")
+	r.Event(pod, corev1.EventTypeWarning, "RefreshFailed", "also before the end")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v, want nil when its context ends", err)
+	}
+	if got := writes(client, "last"); got != 2 {
+		t.Errorf("%d writes of the 2 events sent before the end, want 2 by the time Run returned", got)
+	}
+	if got := writes(client, "flush"); got != 0 || len(client.Actions()) != 2 {
+		t.Errorf("API calls %v, want only the pod's events (the flush marker is not written)", client.Actions())
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "after the end")
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Event after Run returned blocks")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(client.Actions()); n != 2 {
+		t.Errorf("%d API calls, want no write after Run returned", n)
+	}
+	if err := r.Run(t.Context()); err == nil {
+		t.Error("a second Run returned nil, want an error")
+	}
+}
+
+// When the API server is unreachable, Run gives up on the queued events after
+// the flush timeout instead of hanging the driver's shutdown.
+func TestRunFlushTimeout(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	r, _ := newRecorder(t, Options{Client: client, flushTimeout: 200 * time.Millisecond})
+	stop := start(t, r)
+	r.Event(api.Pod{Namespace: "ns", Name: "p", UID: "u"}, corev1.EventTypeWarning, "ProvisioningFailed", "unwritable")
+	// Wait for the first attempt: the broadcaster then sleeps before a retry.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(client.Actions()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the event was never attempted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	begin := time.Now()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d > 5*time.Second {
+		t.Errorf("Run took %s to return after its context ended, want about the flush timeout", d)
+	}
 }
 
 func TestTruncate(t *testing.T) {

@@ -1,11 +1,27 @@
 // Package kube connects an Ephemera driver to the Kubernetes API server. It is
 // optional: the framework core needs no API access.
+//
+// Pods is the orphan GC's confirmation that a pod is gone (framework.PodChecker).
+// Like every component of a driver it is built from options by value and run
+// by the driver: NewPods checks the options and starts nothing; Run runs the
+// informer until its context ends. It goes both in Options.Pods and in
+// Options.Runnables:
+//
+//	pods, err := kube.NewPods(kube.PodsOptions{Client: client, NodeName: opts.NodeID})
+//	if err != nil {
+//		return err
+//	}
+//	opts.Pods = pods
+//	opts.Runnables = append(opts.Runnables, pods)
+//
+// The driver's service account needs get, list and watch on pods.
 package kube
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,27 +30,87 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 )
 
 const uidIndex = "uid"
 
+// defaultSyncTimeout is PodsOptions.SyncTimeout's default.
+const defaultSyncTimeout = time.Minute
+
+// PodsOptions configure Pods.
+type PodsOptions struct {
+	// Client lists and watches the pods. Required.
+	Client kubernetes.Interface
+	// NodeName is the Kubernetes node whose pods are watched (field selector
+	// spec.nodeName): the node the driver runs on, framework.Options.NodeID.
+	// Required.
+	NodeName string
+	// Resync is the informer's resync period. Defaults to 0: no resync (the
+	// watch keeps the cache current). Negative is an error.
+	Resync time.Duration
+	// SyncTimeout is how long Run waits for the informer's first sync before
+	// it logs an error. Run keeps running and PodExists keeps failing until
+	// the sync, which the orphan GC takes as "unknown": it keeps the volumes.
+	// Defaults to one minute. Negative is an error.
+	SyncTimeout time.Duration
+	// Logger logs the sync. Defaults to klog.Background().
+	Logger klog.Logger
+}
+
+func (o *PodsOptions) validate() error {
+	var errs []error
+	if o.Client == nil {
+		errs = append(errs, errors.New("Client is required"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.NodeID)"))
+	}
+	if o.Resync < 0 {
+		errs = append(errs, fmt.Errorf("Resync %s must not be negative (0: no resync)", o.Resync))
+	}
+	if o.SyncTimeout < 0 {
+		errs = append(errs, fmt.Errorf("SyncTimeout %s must not be negative (0 takes the default, %s)", o.SyncTimeout, defaultSyncTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kube: invalid PodsOptions: %w", err)
+	}
+	return nil
+}
+
+func (o *PodsOptions) setDefaults() {
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = defaultSyncTimeout
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = klog.Background()
+	}
+}
+
 // Pods answers framework.PodChecker from a pod informer restricted to one node
 // (field selector spec.nodeName), indexed by UID: the orphan GC asks it whether
 // the pod of a volume whose directory is gone still exists before removing the
-// volume. Needs RBAC get/list/watch on pods.
+// volume. Create it with NewPods and run it with Run (normally as one of the
+// driver's Options.Runnables).
 type Pods struct {
+	opts     PodsOptions
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
+	ran      atomic.Bool
 }
 
-// NewPods builds the informer; Start runs it.
-func NewPods(client kubernetes.Interface, nodeName string, resync time.Duration) (*Pods, error) {
-	if nodeName == "" {
-		return nil, errors.New("kube: node name is required")
+// NewPods checks opts and builds the informer. It starts nothing and makes no
+// API call: Run does.
+func NewPods(opts PodsOptions) (*Pods, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
+	opts.setDefaults()
+	f := informers.NewSharedInformerFactoryWithOptions(opts.Client, opts.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
 		}))
 	inf := f.Core().V1().Pods().Informer()
 	if err := inf.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
@@ -45,22 +121,46 @@ func NewPods(client kubernetes.Interface, nodeName string, resync time.Duration)
 	}}); err != nil {
 		return nil, err
 	}
-	return &Pods{factory: f, informer: inf}, nil
+	return &Pods{opts: opts, factory: f, informer: inf}, nil
 }
 
-// Start runs the informer until ctx ends and waits up to timeout for its first
-// sync; PodExists fails until then.
-func (p *Pods) Start(ctx context.Context, timeout time.Duration) error {
-	p.factory.Start(ctx.Done())
-	sctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if !cache.WaitForCacheSync(sctx.Done(), p.informer.HasSynced) {
-		return fmt.Errorf("kube: pod informer not synced within %s", timeout)
+// Run starts the informer, waits up to SyncTimeout for its first sync and
+// blocks until ctx ends; it then stops the informer, waits for its goroutines
+// and returns nil. A sync that takes longer is logged as an error, not
+// returned: the driver keeps serving while PodExists fails, and Run logs
+// again when the sync comes. Pods runs once: a second Run returns an error at
+// once.
+func (p *Pods) Run(ctx context.Context) error {
+	if !p.ran.CompareAndSwap(false, true) {
+		return errors.New("kube: Pods has already run")
 	}
+	log := p.opts.Logger.WithValues("node", p.opts.NodeName)
+	p.factory.Start(ctx.Done())
+	defer p.factory.Shutdown() // after ctx ended: waits for the informer's goroutines
+
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, p.opts.SyncTimeout)
+	synced := cache.WaitForCacheSync(sctx.Done(), p.informer.HasSynced)
+	cancel()
+	switch {
+	case synced:
+		log.V(2).Info("Pod informer synced", logkeys.Duration, time.Since(start))
+	case ctx.Err() == nil:
+		log.Error(nil, "Pod informer not synced; the orphan GC keeps every orphan until it is", "timeout", p.opts.SyncTimeout)
+		if cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
+			log.Info("Pod informer synced", logkeys.Duration, time.Since(start))
+		}
+	}
+	<-ctx.Done()
 	return nil
 }
 
-// PodExists implements framework.PodChecker.
+// HasSynced reports whether the informer has synced: until then PodExists
+// fails. It is a cache.InformerSynced.
+func (p *Pods) HasSynced() bool { return p.informer.HasSynced() }
+
+// PodExists implements framework.PodChecker. It fails until the informer has
+// synced.
 func (p *Pods) PodExists(_ context.Context, uid string) (bool, error) {
 	if !p.informer.HasSynced() {
 		return false, errors.New("kube: pod informer has not synced yet")

@@ -1,32 +1,83 @@
 package kube
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/textlogger"
 
 	"github.com/ephemera-csi/ephemera/framework"
 )
 
-var _ framework.PodChecker = (*Pods)(nil)
+var (
+	_ framework.PodChecker = (*Pods)(nil)
+	_ framework.Runnable   = (*Pods)(nil)
+)
+
+// run runs p until the returned stop is called (or the test ends); stop
+// returns Run's error, and fails the test if Run does not return promptly.
+func run(t *testing.T, p *Pods) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				err = errors.New("Run did not return within 10s of its context's end")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// eventually polls cond for up to 10 seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 func TestPodsExists(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1")}, Spec: corev1.PodSpec{NodeName: "node-1"}}
 	client := fake.NewClientset(pod)
-	p, err := NewPods(client, "node-1", 0)
+	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.PodExists(t.Context(), "uid-1"); err == nil {
-		t.Fatal("PodExists answered before the informer synced")
+	if n := len(client.Actions()); n != 0 {
+		t.Errorf("NewPods made %d API calls, want none", n)
 	}
-	if err := p.Start(t.Context(), 10*time.Second); err != nil {
-		t.Fatal(err)
+	if _, err := p.PodExists(t.Context(), "uid-1"); err == nil || p.HasSynced() {
+		t.Fatal("PodExists answered before Run")
 	}
+	stop := run(t, p)
+	eventually(t, "the informer syncs", p.HasSynced)
 	if ok, err := p.PodExists(t.Context(), "uid-1"); err != nil || !ok {
 		t.Fatalf("existing pod: %v %v", ok, err)
 	}
@@ -36,18 +87,118 @@ func TestPodsExists(t *testing.T) {
 	if err := client.CoreV1().Pods("ns").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(t, "the deletion is seen", func() bool {
 		ok, _ := p.PodExists(t.Context(), "uid-1")
-		if !ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("deleted pod still reported")
-		}
-		time.Sleep(10 * time.Millisecond)
+		return !ok
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v, want nil when its context ends", err)
 	}
-	if _, err := NewPods(client, "", 0); err == nil {
-		t.Error("empty node name accepted")
+	if err := p.Run(t.Context()); err == nil {
+		t.Error("a second Run returned nil, want an error")
+	}
+}
+
+func TestNewPodsValidates(t *testing.T) {
+	client := fake.NewClientset()
+	for _, c := range []struct {
+		name string
+		opts PodsOptions
+		want []string // nil for no error
+	}{
+		{name: "complete", opts: PodsOptions{Client: client, NodeName: "n", Resync: time.Minute, SyncTimeout: time.Second}},
+		{name: "empty", opts: PodsOptions{}, want: []string{"Client is required", "NodeName is required"}},
+		{name: "no node", opts: PodsOptions{Client: client}, want: []string{"NodeName is required"}},
+		{name: "negative resync", opts: PodsOptions{Client: client, NodeName: "n", Resync: -time.Second}, want: []string{"Resync -1s must not be negative"}},
+		{name: "negative timeout", opts: PodsOptions{Client: client, NodeName: "n", SyncTimeout: -1}, want: []string{"SyncTimeout -1ns must not be negative"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := NewPods(c.opts)
+			if c.want == nil {
+				if err != nil || p == nil {
+					t.Fatalf("NewPods: %v, %v", p, err)
+				}
+				return
+			}
+			if err == nil || p != nil {
+				t.Fatalf("NewPods: %v, %v, want an error", p, err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("NewPods: %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// An API server that does not answer is logged after SyncTimeout, not
+// returned: Run keeps running, PodExists keeps failing (the GC keeps the
+// volumes), and the late sync is logged when it comes.
+func TestRunSyncTimeout(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1"}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	client := fake.NewClientset(pod)
+	var down atomic.Bool
+	down.Store(true)
+	unreachable := errors.New("connection refused")
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return down.Load(), nil, unreachable
+	})
+	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		return down.Load(), nil, unreachable
+	})
+	var log syncBuffer
+	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1", SyncTimeout: 100 * time.Millisecond,
+		Logger: textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log)))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, p)
+	eventually(t, "the sync timeout is logged", func() bool { return strings.Contains(log.String(), "Pod informer not synced") })
+	if _, err := p.PodExists(t.Context(), "uid-1"); err == nil {
+		t.Fatal("PodExists answered before the informer synced")
+	}
+	down.Store(false)
+	eventually(t, "the late sync is logged", func() bool { return strings.Contains(log.String(), "Pod informer synced") })
+	if ok, err := p.PodExists(t.Context(), "uid-1"); err != nil || !ok {
+		t.Fatalf("existing pod after the late sync: %v %v", ok, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Run returns when its context ends, even before the first sync.
+func TestRunStopsBeforeSync(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, p)
+	eventually(t, "a list is attempted", func() bool { return len(client.Actions()) > 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

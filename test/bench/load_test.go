@@ -369,12 +369,16 @@ func newEnv(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	mem, err := tmpfs.New(tmpfs.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	h := drivertest.Start(tb, framework.Options{
 		DriverName:     "bench.csi.ephemera.dev",
 		KubeletRootDir: filepath.Join(base, "kubelet"),
 		StateDir:       state,
 		Backends: map[string]framework.Backend{
-			"tmpfs": tmpfs.New(tmpfs.Options{}),
+			"tmpfs": mem,
 			"dir":   volumes,
 			"loop":  loops,
 		},

@@ -24,11 +24,21 @@ func TestOrphanGCPodInformer(t *testing.T) {
 	c := clu
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pods, err := kube.NewPods(c.cs, nodeName, 0)
+	pods, err := kube.NewPods(kube.PodsOptions{Client: c.cs, NodeName: nodeName})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pods.Start(ctx, 30*time.Second); err != nil {
+	ran := make(chan error, 1)
+	go func() { ran <- pods.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Pods.Run: %v", err)
+		}
+	}()
+	if err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, "informer syncs", func() (bool, error) {
+		return pods.HasSynced(), nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	here := c.createPod(t, c.newPod("default", "gc-here", memoryEmptyDir("data"), steps(st("pause"))))

@@ -58,7 +58,7 @@ func TestSanity(t *testing.T) {
 		DriverName: "sanity.csi.ephemera.dev",
 		StateDir:   state,
 		Backends: map[string]framework.Backend{
-			"tmpfs": tmpfs.New(tmpfs.Options{}),
+			"tmpfs": mustTmpfs(t),
 			"dir":   mustDir(t, filepath.Join(state, "volumes")),
 		},
 		DefaultBackend: "tmpfs",
@@ -136,6 +136,15 @@ func mountsUnder(t *testing.T, dirs ...string) []string {
 		}
 	}
 	return out
+}
+
+func mustTmpfs(t *testing.T) *tmpfs.Backend {
+	t.Helper()
+	b, err := tmpfs.New(tmpfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func mustDir(t *testing.T, root string) *dir.Backend {

@@ -105,7 +105,11 @@ func (n *node) backends() map[string]framework.Backend {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	return map[string]framework.Backend{"tmpfs": tmpfs.New(tmpfs.Options{}), "dir": d, "loop": l}
+	mem, err := tmpfs.New(tmpfs.Options{})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return map[string]framework.Backend{"tmpfs": mem, "dir": d, "loop": l}
 }
 
 func (n *node) cleanup() {

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"flag"
+	"runtime"
+	"slices"
+	"testing"
+
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/events"
+	"github.com/ephemera-csi/ephemera/framework/kube"
+)
+
+// The flags are an interface: README.md lists them, and the manifests and the
+// e2e tests pass them.
+func TestFlags(t *testing.T) {
+	var c config
+	fs := flag.NewFlagSet("ephemera-scratch", flag.ContinueOnError)
+	c.bindFlags(fs)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	want := []string{
+		"backend", "backends", "capacity", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
+		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root",
+		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
+		"metrics-address", "nodeid", "orphan-grace-period", "register", "state-dir", "state-recovery",
+		"tmpfs-max-inodes", "vhdx-default-size", "vhdx-dynamic",
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("flags %q, want %q", names, want)
+	}
+	backends, backend := "tmpfs,dir,loop", "tmpfs"
+	if runtime.GOOS == "windows" {
+		backends, backend = "dir,vhdx", "dir"
+	}
+	for name, def := range map[string]string{
+		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
+		"tmpfs-max-inodes": "1048576", "events": "false", "gc-confirm-with-api": "false",
+	} {
+		if got := fs.Lookup(name).DefValue; got != def {
+			t.Errorf("--%s defaults to %q, want %q", name, got, def)
+		}
+	}
+
+	if err := fs.Parse([]string{"--backends=dir", "--default-size=64Mi", "--tmpfs-max-inodes=5", "--dir-soft-size",
+		"--loop-fstype=xfs", "--loop-default-size=1Gi", "--loop-preallocate", "--vhdx-default-size=2Gi", "--vhdx-dynamic",
+		"--events", "--gc-confirm-with-api", "--kubeconfig=k", "--max-volume-size=4Gi", "--capacity=tmpfs=1Gi", "--nodeid=n"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.backends != "dir" || c.maxVolumeSize != "4Gi" || c.capacity != "tmpfs=1Gi" ||
+		c.tmpfs != (tmpfsFlags{defaultSize: "64Mi", maxInodes: 5}) ||
+		c.dir != (dirFlags{softSize: true}) ||
+		c.loop != (loopFlags{fsType: "xfs", defaultSize: "1Gi", preallocate: true}) ||
+		c.vhdx != (vhdxFlags{defaultSize: "2Gi", dynamic: true}) ||
+		c.api != (apiFlags{events: true, gcConfirm: true, kubeconfig: "k"}) {
+		t.Errorf("parsed %+v %+v %+v %+v %+v %q %q %q", c.tmpfs, c.dir, c.loop, c.vhdx, c.api, c.backends, c.maxVolumeSize, c.capacity)
+	}
+	if c.opts.NodeID != "n" || c.opts.DriverName != DriverName {
+		t.Errorf("options %+v", c.opts)
+	}
+}
+
+// --events and --gc-confirm-with-api add the recorder and the pod informer to
+// the options, each both where the driver uses it and among the Runnables the
+// driver runs.
+func TestAddComponents(t *testing.T) {
+	client := fake.NewClientset()
+	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}
+	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || len(opts.Runnables) != 0 {
+		t.Fatalf("without flags: %v, %+v", err, opts)
+	}
+	if err := (apiFlags{events: true, gcConfirm: true}).addComponents(&opts, client); err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := opts.Events.(*events.Recorder)
+	if !ok {
+		t.Fatalf("Events is %T, want an *events.Recorder", opts.Events)
+	}
+	pods, ok := opts.Pods.(*kube.Pods)
+	if !ok {
+		t.Fatalf("Pods is %T, want a *kube.Pods", opts.Pods)
+	}
+	if len(opts.Runnables) != 2 || opts.Runnables[0] != rec || opts.Runnables[1] != pods {
+		t.Errorf("Runnables %v, want the recorder and the pod informer", opts.Runnables)
+	}
+	if n := len(client.Actions()); n != 0 {
+		t.Errorf("%d API calls before the driver runs, want none", n)
+	}
+}
