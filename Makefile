@@ -11,7 +11,7 @@ GOTESTFLAGS ?=
 PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
-.PHONY: all build run test test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench clean manifests build-static build-windows image image-check
 
 all: build
@@ -28,7 +28,7 @@ run: build
 
 ## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
 ## manifests, Dockerfile sources, e2e)
-test: verify vet cross test-unit test-model test-examples manifests image-check e2e
+test: verify vet lint cross test-unit test-model test-examples manifests image-check e2e
 
 ## test-unit: all Go tests of the module with -race (root tests run when root)
 test-unit:
@@ -60,6 +60,27 @@ e2e:
 	test/e2e/install-deps.sh
 	test/e2e/build-k8s.sh
 	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GO) test -tags e2e -count=1 -v -timeout 60m ./test/e2e/...
+
+# Linters, pinned; built into $(OUT)/tools on first use.
+TOOLS          := $(CURDIR)/$(OUT)/tools
+STATICCHECK    := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+LOGCHECK       := sigs.k8s.io/logtools/logcheck@v0.11.0
+GOIMPORTS      := golang.org/x/tools/cmd/goimports@v0.50.0
+LOCAL_PREFIX   := github.com/ephemera-csi/ephemera
+
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install $(STATICCHECK)
+$(TOOLS)/logcheck:
+	GOBIN=$(TOOLS) $(GO) install $(LOGCHECK)
+$(TOOLS)/goimports:
+	GOBIN=$(TOOLS) $(GO) install $(GOIMPORTS)
+
+## lint: staticcheck, klog's logcheck (contextual, structured; the keys are checked to come from
+## framework/internal/logkeys by its test), and import grouping (goimports -local)
+lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
+	$(TOOLS)/staticcheck $(PKGS)
+	$(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
+	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 
 ## vet: go vet for Linux
 vet:

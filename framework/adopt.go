@@ -361,10 +361,10 @@ func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) erro
 		d.capacity.adopt(rec.Backend, rec.Size)
 		d.metrics.Reconciled(metrics.ReconcileAdopted)
 		if rec.Backend == "" {
-			vlog.Info("Adopted a published volume without a record; its backend could not be identified, so its storage (if any) is not freed at unpublish", "fsType", mt.FSType, "source", mt.Source)
+			vlog.Info("Adopted a published volume without a record; its backend could not be identified, so its storage (if any) is not freed at unpublish", logkeys.FSType, mt.FSType, logkeys.Source, mt.Source)
 			continue
 		}
-		vlog.Info("Adopted a published volume without a record", logkeys.Backend, rec.Backend, "size", rec.Size)
+		vlog.Info("Adopted a published volume without a record", logkeys.Backend, rec.Backend, logkeys.Size, rec.Size)
 	}
 	return nil
 }
@@ -452,7 +452,7 @@ func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, kno
 		if err := stamper.SetStamp(ctx, storeID); err != nil {
 			log.Error(err, "Stamping the storage area with the state store's identity; storage without a record stays protected")
 		} else {
-			log.Info("Stamped the storage area with the state store's identity", "store", storeID)
+			log.Info("Stamped the storage area with the state store's identity", logkeys.Store, storeID)
 		}
 	}
 	return failed

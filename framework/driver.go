@@ -119,7 +119,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
 	}
-	log := d.opts.Logger.WithValues("driver", d.opts.DriverName)
+	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -156,7 +156,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("startup reconcile: %w", err)
 	}
 	n, used := d.capacity.snapshot()
-	log.Info("Reconciled state", logkeys.Count, n, "bytesByBackend", used, logkeys.Duration, time.Since(start))
+	log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
 	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
 	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
 
@@ -171,7 +171,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	for _, r := range d.opts.Runnables {
 		runnables.Go(func() {
 			if err := r.Run(rctx); err != nil && rctx.Err() == nil {
-				log.Error(err, "A runnable of the driver stopped", "runnable", fmt.Sprintf("%T", r))
+				log.Error(err, "A runnable of the driver stopped", logkeys.Runnable, fmt.Sprintf("%T", r))
 			}
 		})
 	}
@@ -210,7 +210,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	} else {
 		close(gcDone)
 	}
-	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, "version", d.opts.Version, "node", d.opts.NodeID)
+	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, logkeys.Version, d.opts.Version, logkeys.Node, d.opts.NodeID)
 
 	// The registrar starts only now that NodeGetInfo answers, and stops before
 	// the CSI server so the kubelet deregisters the driver before its socket goes.

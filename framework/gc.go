@@ -96,13 +96,13 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	if suspicious {
 		if d.opts.Pods == nil {
 			log.Error(nil, "Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation (--gc-confirm-with-api) that their pods are gone nothing is removed",
-				"orphaned", len(due), "volumes", total, "maxShare", d.opts.GCMaxOrphanShare, "podsDir", podsDir)
+				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GCMaxOrphanShare, logkeys.PodsDir, podsDir)
 			for _, rec := range due {
 				report(rec, gcRefused)
 			}
 			return results, nil
 		}
-		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", "orphaned", len(due), "volumes", total)
+		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
@@ -120,7 +120,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
 		if d.opts.GCDryRun {
-			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", "orphanedFor", now.Sub(first).Round(time.Second))
+			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
 			report(rec, gcWouldRm)
 			continue
 		}
@@ -201,7 +201,7 @@ func (d *Driver) runGC(ctx context.Context) {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// A node whose kubelet has not created its pods directory yet.
-			log.V(2).Info("Orphan GC pass skipped", "reason", err.Error())
+			log.V(2).Info("Orphan GC pass skipped", logkeys.Reason, err.Error())
 		case err != nil && ctx.Err() == nil:
 			log.Error(err, "Orphan GC pass")
 		}
@@ -210,7 +210,7 @@ func (d *Driver) runGC(ctx context.Context) {
 			counts[r]++
 		}
 		if len(counts) > 0 {
-			log.V(2).Info("Orphan GC pass", "removed", counts[gcRemoved], "dryRun", counts[gcWouldRm], "pending", counts[gcPending], "podExists", counts[gcConfirmed], "failed", counts[gcFailed])
+			log.V(2).Info("Orphan GC pass", logkeys.Removed, counts[gcRemoved], logkeys.DryRun, counts[gcWouldRm], logkeys.Pending, counts[gcPending], logkeys.PodExists, counts[gcConfirmed], logkeys.Failed, counts[gcFailed])
 		}
 		select {
 		case <-ctx.Done():

@@ -189,7 +189,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	if d.opts.Content != nil {
 		d.refresher.remember(v)
 	}
-	log.V(2).Info("Published volume", "size", v.Size)
+	log.V(2).Info("Published volume", logkeys.Size, v.Size)
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -133,7 +134,7 @@ func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
 	d.http.mu.Lock()
 	d.http.server = srv
 	d.http.mu.Unlock()
-	log.Info("Serving metrics and health", "address", srv.Addr())
+	log.Info("Serving metrics and health", logkeys.Address, srv.Addr())
 	return func() {
 		srv.Stop(5 * time.Second)
 		d.http.mu.Lock()

@@ -75,7 +75,7 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		failed = append(failed, d.adoptInventory(ctx, name, d.opts.Backends[name], known, index)...)
 	}
 	if len(failed) > 0 {
-		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), "err", errors.Join(failed...).Error())
+		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
 	return nil
 }

@@ -273,7 +273,7 @@ func (d *Driver) refreshFailed(ctx context.Context, id string, err error) {
 		return
 	}
 	delay := d.refresher.failed(id)
-	log.Error(err, "Content refresh failed; keeping the last good content", "retryIn", delay)
+	log.Error(err, "Content refresh failed; keeping the last good content", logkeys.RetryIn, delay)
 }
 
 // refreshContent asks the content provider for v's files and swaps them in,

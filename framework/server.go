@@ -46,7 +46,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	start := time.Now()
 	defer func() {
 		if p := recover(); p != nil {
-			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", "stack", string(debug.Stack()))
+			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Stack, string(debug.Stack()))
 			err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
 		}
 		err = toStatus(err)

@@ -55,7 +55,7 @@ func (d *Driver) openState(log klog.Logger) (*boltstore.Store, error) {
 		for range q {
 			d.metrics.Reconciled(metrics.ReconcileQuarantined)
 		}
-		log.Error(nil, "Records of the state file could not be read; they are kept in its quarantine bucket and the volumes are rebuilt from the node", logkeys.Count, len(q), "volumeIDs", q)
+		log.Error(nil, "Records of the state file could not be read; they are kept in its quarantine bucket and the volumes are rebuilt from the node", logkeys.Count, len(q), logkeys.VolumeIDs, q)
 	}
 	return st, nil
 }
@@ -80,7 +80,7 @@ func (d *Driver) recoverState(log klog.Logger, path string, opts boltstore.Optio
 		}
 	}
 	log.Info("Moved the state file aside and started a new one; the reconcile rebuilds what it lacks from the node",
-		"movedTo", aside, "salvagedRecords", len(salvaged), "salvageError", errString(serr))
+		logkeys.MovedTo, aside, logkeys.SalvagedRecords, len(salvaged), logkeys.SalvageError, errString(serr))
 	return st, aside, nil
 }
 
@@ -127,7 +127,7 @@ func (d *Driver) RebuildState(ctx context.Context) (aside string, err error) {
 	if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
 		return "", fmt.Errorf("creating state dir: %w", err)
 	}
-	log := d.opts.Logger.WithValues("driver", d.opts.DriverName)
+	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
 	path := filepath.Join(d.opts.StateDir, StateFile)
 	opts := boltstore.Options{Timeout: d.opts.StoreTimeout}
 	var st *boltstore.Store

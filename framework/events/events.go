@@ -102,7 +102,7 @@ type Options struct {
 func (o *Options) validate() error {
 	var errs []error
 	if o.Client == nil {
-		errs = append(errs, errors.New("Client is required"))
+		errs = append(errs, errors.New("option Client is required"))
 	}
 	if o.DriverName == "" {
 		errs = append(errs, errors.New("DriverName is required"))
@@ -217,7 +217,7 @@ func (r *Recorder) Run(ctx context.Context) error {
 	select {
 	case <-sink.flushed:
 	case <-time.After(r.opts.flushTimeout):
-		log.Info("Stopping with events not yet written; they are dropped", "timeout", r.opts.flushTimeout)
+		log.Info("Stopping with events not yet written; they are dropped", logkeys.Timeout, r.opts.flushTimeout)
 	}
 	b.Shutdown()
 	return nil
@@ -297,9 +297,9 @@ func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
 			r.pending = append(r.pending, event{ref, eventType, reason, message})
 			return
 		}
-		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), "reason", reason)
+		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
 	case stopped:
-		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), "reason", reason)
+		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
 	}
 }
 

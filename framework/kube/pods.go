@@ -63,13 +63,13 @@ type PodsOptions struct {
 func (o *PodsOptions) validate() error {
 	var errs []error
 	if o.Client == nil {
-		errs = append(errs, errors.New("Client is required"))
+		errs = append(errs, errors.New("option Client is required"))
 	}
 	if o.NodeName == "" {
 		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.NodeID)"))
 	}
 	if o.Resync < 0 {
-		errs = append(errs, fmt.Errorf("Resync %s must not be negative (0: no resync)", o.Resync))
+		errs = append(errs, fmt.Errorf("option Resync %s must not be negative (0: no resync)", o.Resync))
 	}
 	if o.SyncTimeout < 0 {
 		errs = append(errs, fmt.Errorf("SyncTimeout %s must not be negative (0 takes the default, %s)", o.SyncTimeout, defaultSyncTimeout))
@@ -134,7 +134,7 @@ func (p *Pods) Run(ctx context.Context) error {
 	if !p.ran.CompareAndSwap(false, true) {
 		return errors.New("kube: Pods has already run")
 	}
-	log := p.opts.Logger.WithValues("node", p.opts.NodeName)
+	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
 	p.factory.Start(ctx.Done())
 	defer p.factory.Shutdown() // after ctx ended: waits for the informer's goroutines
 
@@ -146,7 +146,7 @@ func (p *Pods) Run(ctx context.Context) error {
 	case synced:
 		log.V(2).Info("Pod informer synced", logkeys.Duration, time.Since(start))
 	case ctx.Err() == nil:
-		log.Error(nil, "Pod informer not synced; the orphan GC keeps every orphan until it is", "timeout", p.opts.SyncTimeout)
+		log.Error(nil, "Pod informer not synced; the orphan GC keeps every orphan until it is", logkeys.Timeout, p.opts.SyncTimeout)
 		if cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
 			log.Info("Pod informer synced", logkeys.Duration, time.Since(start))
 		}

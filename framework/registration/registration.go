@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
 
@@ -216,7 +217,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	logger.Info("Serving kubelet plugin registration", "endpoint", r.opts.Endpoint, "versions", r.opts.Versions)
+	logger.Info("Serving kubelet plugin registration", logkeys.Endpoint, r.opts.Endpoint, logkeys.Versions, r.opts.Versions)
 
 	var runErr error
 	serveDone := false

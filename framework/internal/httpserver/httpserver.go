@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 )
 
 // Server is a started HTTP server.
@@ -43,7 +45,7 @@ func Start(addr string, h http.Handler, log klog.Logger) (*Server, error) {
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "HTTP server stopped", "address", s.addr)
+			log.Error(err, "HTTP server stopped", logkeys.Address, s.addr)
 		}
 	}()
 	return s, nil
