@@ -28,6 +28,7 @@
 //
 // # Platforms
 //
-// Linux publishes with mount(2); Windows with directory symlinks (see package
+// Linux publishes with the new mount API onto the target resolved beneath the
+// kubelet root by descriptor; Windows with directory symlinks (see package
 // mount). Everything above the platform seam is the same code.
 package framework
