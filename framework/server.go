@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -24,7 +25,27 @@ import (
 // intercept wraps every RPC: it attaches a contextual logger carrying the
 // volume's identity, logs the sanitized request and the outcome, turns panics into
 // Internal and maps every error through toStatus.
+//
+// Outcomes are logged by what they mean to an operator: a failure of the driver
+// or the node (Internal, Unavailable, DeadlineExceeded, Unknown, DataLoss) is an
+// error; a refused request (bad input, a busy volume, a full budget: the pod's
+// author or the kubelet's retry deals with it) is Info at V(2); success is
+// logged by the handler (publish, unpublish) at V(2), and here at V(4). The two
+// calls the kubelet makes around every publish (NodeGetCapabilities) and
+// probes are counted, never logged.
 func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	if info.FullMethod == "/csi.v1.Node/NodeGetCapabilities" || info.FullMethod == "/csi.v1.Identity/Probe" {
+		defer func() {
+			if p := recover(); p != nil {
+				d.opts.Logger.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Method, info.FullMethod, logkeys.Stack, string(debug.Stack()))
+				err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
+			}
+			err = toStatus(err)
+			d.metrics.ObserveRPC(info.FullMethod, status.Code(err), time.Since(start))
+		}()
+		return handler(ctx, req)
+	}
 	log := d.opts.Logger.WithValues(logkeys.Method, info.FullMethod)
 	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
 		log = log.WithValues(logkeys.VolumeID, r.GetVolumeId())
@@ -39,22 +60,24 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 	}
 	ctx = klog.NewContext(ctx, log)
-	hot := info.FullMethod == "/csi.v1.Node/NodeGetCapabilities" || info.FullMethod == "/csi.v1.Identity/Probe"
-	if !hot {
-		log.V(4).Info("Request", logkeys.Request, sanitize(req))
+	if v := log.V(4); v.Enabled() {
+		v.Info("Request", logkeys.Request, sanitize(req))
 	}
-	start := time.Now()
 	defer func() {
 		if p := recover(); p != nil {
 			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Stack, string(debug.Stack()))
 			err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
 		}
 		err = toStatus(err)
-		d.metrics.ObserveRPC(info.FullMethod, status.Code(err), time.Since(start))
-		if err != nil {
-			log.Error(err, "Request failed", logkeys.Code, status.Code(err), logkeys.Duration, time.Since(start))
-		} else if !hot {
-			log.V(2).Info("Request done", logkeys.Duration, time.Since(start))
+		code := status.Code(err)
+		d.metrics.ObserveRPC(info.FullMethod, code, time.Since(start))
+		switch code {
+		case codes.OK:
+			log.V(4).Info("Request done", logkeys.Duration, time.Since(start))
+		case codes.Internal, codes.Unavailable, codes.DeadlineExceeded, codes.Unknown, codes.DataLoss:
+			log.Error(err, "Request failed", logkeys.Code, code, logkeys.Duration, time.Since(start))
+		default:
+			log.V(2).Info("Request refused", logkeys.Code, code, logkeys.Reason, status.Convert(err).Message(), logkeys.Duration, time.Since(start))
 		}
 	}()
 	return handler(ctx, req)

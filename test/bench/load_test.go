@@ -23,6 +23,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/dir"
@@ -355,6 +356,7 @@ type env struct {
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
 	base := tb.TempDir()
+	logAsShipped(tb, base)
 	tb.Cleanup(func() {
 		if err := unmountAllUnder(base); err != nil {
 			tb.Errorf("cleaning mounts: %v", err)
@@ -383,8 +385,38 @@ func newEnv(tb testing.TB) *env {
 			"loop":  loops,
 		},
 		DefaultBackend: "tmpfs",
+		// As in production: klog at its default verbosity (drivertest would
+		// send every request's log lines to t.Log, which is not what is measured).
+		Logger: klog.Background(),
 	})
 	return &env{h: h, floor: filepath.Join(base, "floor")}
+}
+
+// logAsShipped makes klog log as the shipped manifests run the driver (--v=2,
+// EPHEMERA_BENCH_V to change it) into a file, so the driver's logging is part
+// of what is measured.
+func logAsShipped(tb testing.TB, dir string) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	v := os.Getenv("EPHEMERA_BENCH_V")
+	if v == "" {
+		v = "2"
+	}
+	f, err := os.Create(filepath.Join(dir, "driver.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for name, val := range map[string]string{"v": v, "logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		if err := fs.Set(name, val); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	klog.SetOutput(f)
+	tb.Cleanup(func() {
+		klog.Flush()
+		_ = fs.Set("v", "0")
+		f.Close()
+	})
 }
 
 // Kinds of workload.
