@@ -100,9 +100,10 @@ verify:
 	  if ! diff -q go.mod /tmp/go.mod.bak >/dev/null || ! diff -q go.sum /tmp/go.sum.bak >/dev/null; then \
 	    echo "go.mod/go.sum not tidy (run go mod tidy)"; cp /tmp/go.mod.bak go.mod; cp /tmp/go.sum.bak go.sum; exit 1; fi
 
-## bench: publish/unpublish latency table against the raw-syscall floor (root)
+## bench: the latency table against the raw-syscall floor, the kubelet-shaped comparison with a
+## stateless reference driver (ratios), and the scale rows (10,000 volumes) (root; a few minutes)
 bench:
-	EPHEMERA_BENCH=1 $(GO) test -count=1 -run TestLatencyTable -v ./test/bench/
+	EPHEMERA_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestLatencyTable|TestKubeletShaped|TestScale' -v ./test/bench/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## manifests: test/manifests (own module): tidy check, invariant tests, helm lint, and every
 ## deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests

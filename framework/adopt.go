@@ -317,6 +317,11 @@ func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) erro
 		return fmt.Errorf("listing published targets: %w", err)
 	}
 	for _, t := range targets {
+		// Known volumes first, without reading their vol_data.json: at startup
+		// on a full node nearly every target is.
+		if pt, err := volume.ParseTarget(root, t, isWindows); err != nil || known[pt.Handle()] {
+			continue
+		}
 		pt, id, ok := d.ownedTarget(t)
 		if !ok || known[id] {
 			continue

@@ -14,6 +14,9 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
+// gcConcurrency bounds the orphan GC's removals in flight.
+const gcConcurrency = 8
+
 // gcResult labels what one GC pass did with one volume.
 type gcResult string
 
@@ -104,40 +107,58 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		}
 		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
+	// Removals run gcConcurrency at a time: each is an unpublish (an unmount,
+	// a backend Delete, a record deleted), and concurrent record deletions share
+	// the store's commits.
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, gcConcurrency)
+	)
+	locked := func(rec *store.Record, r gcResult) {
+		mu.Lock()
+		defer mu.Unlock()
+		report(rec, r)
+	}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
 		if d.opts.Pods != nil {
 			exists, err := d.opts.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
 				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
-				report(rec, gcFailed)
+				locked(rec, gcFailed)
 				continue
 			}
 			if exists {
-				report(rec, gcConfirmed)
+				locked(rec, gcConfirmed)
 				continue
 			}
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
 		if d.opts.GCDryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
-			report(rec, gcWouldRm)
+			locked(rec, gcWouldRm)
 			continue
 		}
 		if !d.locks.TryAcquire(rec.VolumeID) {
 			continue // an operation is in progress: the kubelet is on it
 		}
-		err = d.teardown(ctx, rec)
-		d.locks.Release(rec.VolumeID)
-		if err != nil {
-			vlog.Error(err, "Removing orphaned volume failed; will retry")
-			report(rec, gcFailed)
-			continue
-		}
-		d.orphans.clear(rec.VolumeID)
-		vlog.Info("Removed orphaned volume (pod directory gone)")
-		report(rec, gcRemoved)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := d.teardown(ctx, rec)
+			d.locks.Release(rec.VolumeID)
+			if err != nil {
+				vlog.Error(err, "Removing orphaned volume failed; will retry")
+				locked(rec, gcFailed)
+				return
+			}
+			d.orphans.clear(rec.VolumeID)
+			vlog.Info("Removed orphaned volume (pod directory gone)")
+			locked(rec, gcRemoved)
+		})
 	}
+	wg.Wait()
 	return results, nil
 }
 
