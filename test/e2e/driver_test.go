@@ -3,12 +3,16 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,6 +123,9 @@ func (d *driver) args(register bool) []string {
 		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
 		// Pod events (TestDriverEvents), through the admin kubeconfig.
 		"--events", "--kubeconfig=" + filepath.Join(d.c.root, "admin.kubeconfig"),
+		// /metrics on a port of its own choosing (TestManyPods reads
+		// ephemera_rpc_duration_seconds); the address is read back from the log.
+		"--metrics-address=127.0.0.1:0",
 	}
 	if register {
 		a = append(a, "--register")
@@ -254,4 +261,105 @@ func (d *driver) assertNoRecords(t *testing.T, handles ...string) {
 		}
 		t.Logf("driver state.db: %d volume records in total, %d of the %d checked handles", len(keys), left, len(handles))
 	})
+}
+
+// servingRE matches the framework's log line for --metrics-address; every start
+// writes it before the driver registers with the kubelet.
+var servingRE = regexp.MustCompile(`"Serving metrics and health".* address="([^"]+)"`)
+
+// metricsAddr is the current process's metrics address: the last "Serving
+// metrics and health" line of the driver log (appended across restarts).
+func (d *driver) metricsAddr() (string, error) {
+	m := servingRE.FindAllStringSubmatch(d.log(), -1)
+	if len(m) == 0 {
+		return "", fmt.Errorf("no \"Serving metrics and health\" line in %s", d.logPath)
+	}
+	return m[len(m)-1][1], nil
+}
+
+// sample is one line of the Prometheus text format.
+type sample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+var (
+	sampleRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)(?: \S+)?$`)
+	labelRE  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+)
+
+// scrape is one GET of the driver's /metrics, parsed.
+type scrape []sample
+
+// scrapeMetrics reads the driver's /metrics (text format, parsed by hand: the
+// lines the framework writes are simple, and the module does not otherwise
+// need prometheus/common).
+func (d *driver) scrapeMetrics(ctx context.Context) (scrape, error) {
+	addr, err := d.metricsAddr()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain; version=0.0.4")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET http://%s/metrics: %s", addr, resp.Status)
+	}
+	var out scrape
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		m := sampleRE.FindStringSubmatch(l)
+		if m == nil {
+			return nil, fmt.Errorf("unparsable metrics line %q", l)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics line %q: %w", l, err)
+		}
+		s := sample{name: m[1], labels: map[string]string{}, value: v}
+		for _, lm := range labelRE.FindAllStringSubmatch(m[2], -1) {
+			s.labels[lm[1]] = lm[2]
+		}
+		out = append(out, s)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// sum adds the values of the samples named name whose labels include match.
+func (s scrape) sum(name string, match map[string]string) float64 {
+	var v float64
+	for _, x := range s {
+		if x.name != name {
+			continue
+		}
+		ok := true
+		for k, want := range match {
+			if x.labels[k] != want {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			v += x.value
+		}
+	}
+	return v
 }

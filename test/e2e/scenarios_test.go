@@ -11,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -523,23 +523,78 @@ func TestNamespacesIsolated(t *testing.T) {
 	}
 }
 
-// TestManyPods: 30 pods with inline volumes created at once all run and are all
-// cleaned up after deletion. Pod-start latency is logged next to 30 pods with a
-// memory emptyDir in the same run.
+// TestManyPods: pod start with an inline tmpfs volume against the kubelet's own
+// emptyDir{medium: Memory} (issue 11, target 4: at most 1.1x). Three rounds; in
+// each, 30 pods of one kind are created at once, must all run with their volume
+// mounted, and are deleted and cleaned up (no mount, no target, and at the end
+// no bbolt record) before 30 pods of the other kind start. The order alternates
+// (inline first in rounds 1 and 3, emptyDir first in round 2) so that what the
+// previous batch leaves behind (stopped sandboxes, the kubelet's housekeeping)
+// weighs on both kinds. The pods differ only in the volume: same image, command,
+// hostNetwork, containerd or fake CRI as the run uses.
+//
+// The driver's own share comes from its metrics: /metrics is scraped before and
+// after each inline batch, and the ephemera_rpc_duration_seconds histogram's
+// sum and count for NodePublishVolume give its mean time per pod, compared with
+// the inline pods' mean create->Running.
+//
+// The latencies and ratios are logged in LATENCY lines and never fail the test:
+// the machines are shared and noisy. Only functional problems fail it (pods not
+// Running, volumes not mounted, failed NodePublish calls, leftovers).
 func TestManyPods(t *testing.T) {
 	c := clu
 	d := requireDriver(t)
-	const n = 30
-	inline, inlineHandles := c.startMany(t, "inline", n, func(i int) corev1.Volume { return tmpfsVolume("v", "4Mi") })
-	for _, p := range inline {
-		c.published(t, p, p.Spec.Volumes[0])
+	const (
+		n      = 30
+		rounds = 3
+		inline = "inline"
+		empty  = "emptydir"
+	)
+	vols := map[string]func(int) corev1.Volume{
+		inline: func(int) corev1.Volume { return tmpfsVolume("v", "4Mi") },
+		empty:  func(int) corev1.Volume { return memoryEmptyDir("v") },
 	}
-	c.deleteMany(t, inline)
-	for _, p := range inline {
-		c.cleanedUp(t, p, p.Spec.Volumes[0])
+	all := map[string][]time.Duration{}
+	var handles []string
+	var total publishShare
+	t0 := time.Now()
+	for r := 1; r <= rounds; r++ {
+		order := []string{inline, empty}
+		if r%2 == 0 {
+			order = []string{empty, inline}
+		}
+		lat := map[string]latency{}
+		var share publishShare
+		for _, kind := range order {
+			prefix := fmt.Sprintf("%s-r%d", kind, r)
+			var before scrape
+			if kind == inline {
+				before = d.mustScrape(t)
+			}
+			pods, running := c.startMany(t, prefix, n, vols[kind])
+			lat[kind] = summarize(running)
+			all[kind] = append(all[kind], running...)
+			if kind == inline {
+				share = publishDelta(t, before, d.mustScrape(t), n, lat[kind].mean)
+			}
+			for _, p := range pods {
+				if m := c.published(t, p, p.Spec.Volumes[0]); m.FSType != "tmpfs" {
+					t.Errorf("pod %s: volume mounted as %q, want tmpfs", p.Name, m.FSType)
+				}
+				if kind == inline {
+					handles = append(handles, volumeHandle(string(p.UID), p.Spec.Volumes[0].Name))
+				}
+			}
+			c.deleteMany(t, pods)
+			for _, p := range pods {
+				c.cleanedUp(t, p, p.Spec.Volumes[0])
+			}
+		}
+		total.add(share)
+		t.Logf("LATENCY pod create->Running round %d/%d (%s first), %d pods at once: inline CSI %s | emptyDir{medium: Memory} %s | inline/emptyDir %s",
+			r, rounds, order[0], n, lat[inline], lat[empty], ratio(lat[inline], lat[empty]))
+		t.Logf("LATENCY driver round %d/%d: %s", r, rounds, share)
 	}
-	empty, _ := c.startMany(t, "emptydir", n, func(i int) corev1.Volume { return memoryEmptyDir("v") })
-	c.deleteMany(t, empty)
 	if left := mountsUnder(c.kubeletRoot + "/pods"); len(left) > 0 {
 		var s []string
 		for _, m := range left {
@@ -547,20 +602,128 @@ func TestManyPods(t *testing.T) {
 		}
 		t.Errorf("%d mounts left below the kubelet's pods dir: %v", len(left), s)
 	}
-	d.assertNoRecords(t, inlineHandles...)
-	t.Logf("LATENCY pod create->Running, %d pods at once: inline CSI %s | emptyDir{medium: Memory} %s",
-		n, c.latencies["inline"], c.latencies["emptydir"])
+	d.assertNoRecords(t, handles...)
+	li, le := summarize(all[inline]), summarize(all[empty])
+	c.latencies[inline], c.latencies[empty] = li, le
+	t.Logf("LATENCY pod create->Running overall, %d rounds of %d pods per kind: inline CSI %s | emptyDir{medium: Memory} %s | inline/emptyDir %s (target <= 1.10x)",
+		rounds, n, li, le, ratio(li, le))
+	total.podMean = li.mean
+	t.Logf("LATENCY driver overall: %s", total)
+	t.Logf("%d rounds took %v", rounds, time.Since(t0).Round(time.Millisecond))
 }
 
-type latency struct{ p50, p99, max time.Duration }
+// latency summarizes the create->Running times of a batch of pods.
+type latency struct {
+	n                   int
+	p50, p99, max, mean time.Duration
+}
+
+func summarize(ds []time.Duration) latency {
+	if len(ds) == 0 {
+		return latency{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	// Nearest rank; with 30 pods p99 is the slowest pod, with 90 the second slowest.
+	pct := func(q float64) time.Duration { return s[int(q*float64(len(s)-1)+0.5)] }
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return latency{n: len(s), p50: pct(0.50), p99: pct(0.99), max: s[len(s)-1], mean: sum / time.Duration(len(s))}
+}
 
 func (l latency) String() string {
-	return fmt.Sprintf("p50=%v p99=%v max=%v", l.p50.Round(time.Millisecond), l.p99.Round(time.Millisecond), l.max.Round(time.Millisecond))
+	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("p50=%v p99=%v max=%v mean=%v", r(l.p50), r(l.p99), r(l.max), r(l.mean))
 }
 
-// startMany creates n pods concurrently and waits for all to run, recording each
-// pod's create->Running latency (as observed by polling every 100 ms).
-func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) corev1.Volume) ([]*corev1.Pod, []string) {
+// ratio is a/b for p50 and p99.
+func ratio(a, b latency) string {
+	q := func(x, y time.Duration) float64 {
+		if y == 0 {
+			return 0
+		}
+		return float64(x) / float64(y)
+	}
+	return fmt.Sprintf("p50=%.2fx p99=%.2fx", q(a.p50, b.p50), q(a.p99, b.p99))
+}
+
+// publishShare is the driver's NodePublishVolume time for a batch of inline pods,
+// from the difference of two scrapes of its metrics.
+type publishShare struct {
+	pods    int           // pods in the batch
+	calls   int           // NodePublishVolume calls (any code)
+	publish time.Duration // their summed duration
+	backend time.Duration // summed Backend.Create time (inside publish)
+	podMean time.Duration // the pods' mean create->Running
+}
+
+func (s *publishShare) add(o publishShare) {
+	s.pods += o.pods
+	s.calls += o.calls
+	s.publish += o.publish
+	s.backend += o.backend
+}
+
+func (s publishShare) String() string {
+	if s.pods == 0 {
+		return "no inline pods"
+	}
+	per := s.publish / time.Duration(s.pods)
+	share := 0.0
+	if s.podMean > 0 {
+		share = 100 * float64(per) / float64(s.podMean)
+	}
+	return fmt.Sprintf("NodePublishVolume mean %v per pod (%d calls for %d pods; backend create %v of it) = %.2f%% of the inline pods' mean create->Running %v",
+		per.Round(time.Microsecond), s.calls, s.pods, (s.backend / time.Duration(s.pods)).Round(time.Microsecond),
+		share, s.podMean.Round(time.Millisecond))
+}
+
+// mustScrape scrapes the driver's metrics or fails the test: --metrics-address is
+// part of what the e2e driver runs with.
+func (d *driver) mustScrape(t *testing.T) scrape {
+	t.Helper()
+	s, err := d.scrapeMetrics(context.Background())
+	if err != nil {
+		t.Fatalf("driver metrics: %v", err)
+	}
+	return s
+}
+
+// publishDelta computes the NodePublishVolume share of a batch of pods inline
+// pods between two scrapes, and reports as errors what is a functional problem:
+// a driver restart in between, failed calls, fewer calls than pods.
+func publishDelta(t *testing.T, before, after scrape, pods int, podMean time.Duration) publishShare {
+	t.Helper()
+	const rpc, backend = "ephemera_rpc_duration_seconds", "ephemera_backend_operation_duration_seconds"
+	pub := map[string]string{"method": "NodePublishVolume"}
+	delta := func(name string, match map[string]string) float64 {
+		return after.sum(name, match) - before.sum(name, match)
+	}
+	if b, a := before.sum("process_start_time_seconds", nil), after.sum("process_start_time_seconds", nil); a != b {
+		t.Errorf("the driver restarted during the inline batch (process_start_time_seconds %v -> %v)", b, a)
+	}
+	s := publishShare{
+		pods:    pods,
+		calls:   int(delta(rpc+"_count", pub)),
+		publish: time.Duration(delta(rpc+"_sum", pub) * float64(time.Second)),
+		backend: time.Duration(delta(backend+"_sum", map[string]string{"op": "create"}) * float64(time.Second)),
+		podMean: podMean,
+	}
+	if failed := delta("ephemera_errors_total", pub); failed > 0 {
+		t.Errorf("%v NodePublishVolume calls failed during the inline batch (ephemera_errors_total)", failed)
+	}
+	if ok := int(delta(rpc+"_count", map[string]string{"method": "NodePublishVolume", "code": "OK"})); ok < pods {
+		t.Errorf("%d successful NodePublishVolume calls in the driver's metrics for %d Running inline pods", ok, pods)
+	}
+	return s
+}
+
+// startMany creates n pods concurrently and waits for all to run. It returns the
+// pods and each pod's create->Running time, as observed by listing the batch
+// every 100 ms (from just before its Create call).
+func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) corev1.Volume) ([]*corev1.Pod, []time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	pods := make([]*corev1.Pod, n)
@@ -611,27 +774,16 @@ func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) co
 		return true, nil
 	})
 	if err != nil {
-		for _, p := range pods {
-			if running[0] == 0 {
-				t.Logf("events of %s:\n%s", p.Name, c.podEvents(p))
+		for i, p := range pods {
+			if running[i] == 0 {
+				t.Logf("events of %s (not Running):\n%s", p.Name, c.podEvents(p))
 				break
 			}
 		}
 		t.Fatal(err)
 	}
-	sorted := append([]time.Duration(nil), running...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-	pct := func(q float64) time.Duration { return sorted[int(q*float64(n-1)+0.5)] }
-	if c.latencies == nil {
-		c.latencies = map[string]latency{}
-	}
-	c.latencies[prefix] = latency{p50: pct(0.50), p99: pct(0.99), max: sorted[n-1]}
-	t.Logf("%d %s pods Running: %s", n, prefix, c.latencies[prefix])
-	var handles []string
-	for _, p := range pods {
-		handles = append(handles, volumeHandle(string(p.UID), p.Spec.Volumes[0].Name))
-	}
-	return pods, handles
+	t.Logf("%d %s pods Running: %s", n, prefix, summarize(running))
+	return pods, running
 }
 
 func (c *cluster) deleteMany(t *testing.T, pods []*corev1.Pod) {
