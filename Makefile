@@ -79,6 +79,7 @@ $(TOOLS)/goimports:
 ## framework/internal/logkeys by its test), and import grouping (goimports -local)
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
 	$(TOOLS)/staticcheck $(PKGS)
+	$(TOOLS)/staticcheck -tags e2e ./test/e2e/...
 	$(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
 	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 

@@ -263,10 +263,7 @@ func (c *cluster) output(t *testing.T, p *corev1.Pod, n int) []string {
 		if out, ok := fakeOut[p.UID]; ok {
 			return out
 		}
-		var args []string
-		for _, a := range p.Spec.Containers[0].Args {
-			args = append(args, a)
-		}
+		args := append([]string(nil), p.Spec.Containers[0].Args...)
 		// Drop the final sleep/pause step: it would block.
 		if i := lastStep(args); i >= 0 && (args[i] == "pause" || args[i] == "sleep") {
 			args = args[:max(i-1, 0)]

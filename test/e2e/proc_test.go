@@ -72,8 +72,6 @@ func (c *cluster) startProc(name, bin string, args []string, env []string) (*pro
 	return p, nil
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
 func (p *proc) exited() bool {
 	select {
 	case <-p.done:
