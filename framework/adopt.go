@@ -165,17 +165,22 @@ func (d *Driver) publishOverMount(ctx context.Context, pr *publishRequest) (resp
 			"target %s is already a mount point (%s %s) that is not this volume's %s storage; Ephemera never mounts over another mount: unmount it, or delete and recreate the pod",
 			v.TargetPath, mt.FSType, mt.Source, v.Backend)
 	}
+	// Whatever mounted it may not have finished (fsGroup, content, read-only).
+	if err := d.finishMounted(ctx, pr, nil); err != nil {
+		return nil, true, transient(fmt.Errorf("finishing the publish of the volume mounted at its target: %w", err))
+	}
 	rec := newRecord(pr, store.PhasePublished)
-	rec.Source = &src
-	d.capacity.adopt(v.Backend, v.Size)
+	rec.Source, rec.State = &src, v.State
 	if err := d.store.Put(ctx, rec); err != nil {
-		d.capacity.release(v.Backend, v.Size)
 		return nil, true, transient(fmt.Errorf("saving adopted volume: %w", err))
+	}
+	d.capacity.adopt(v.Backend, v.Size)
+	if d.opts.Content != nil {
+		d.refresher.remember(v)
 	}
 	d.metrics.Reconciled(metrics.ReconcileAdopted)
 	klog.FromContext(ctx).Info("Adopted the volume already mounted at its target (its record was missing)")
-	resp, err = d.republish(ctx, pr, rec)
-	return resp, true, err
+	return &csi.NodePublishVolumeResponse{}, true, nil
 }
 
 // newRecord is the record of a validated request.
@@ -199,29 +204,37 @@ func newRecord(pr *publishRequest, phase store.Phase) *store.Record {
 	}
 }
 
-// complete fills a rebuilt record from the first request that names its
-// volume: everything the node could not tell. The backend must be the one
-// the storage was found in (when it was identified).
-func (d *Driver) complete(ctx context.Context, pr *publishRequest, rec *store.Record) error {
+// completed is a rebuilt (or unclaimed) record filled from the first request
+// that names its volume: everything the node could not tell. The backend must
+// be the one the storage was found in (when it was identified).
+func completed(pr *publishRequest, rec *store.Record) (*store.Record, error) {
 	v := pr.vol
 	if rec.Backend != "" && rec.Backend != v.Backend {
-		return kindf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
+		return nil, kindf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
 			v.ID, rec.Backend, v.Backend)
 	}
-	full := newRecord(pr, rec.Phase)
+	full := newRecord(pr, store.PhasePublished)
 	full.Source, full.State, full.Created = rec.Source, rec.State, rec.Created
-	if rec.Backend == "" {
-		d.capacity.adopt(v.Backend, v.Size)
-		d.capacity.releaseUnknown()
-	} else {
-		d.capacity.resize(v.Backend, rec.Size, v.Size)
+	return full, nil
+}
+
+// needsIntent reports whether the first publish of a volume of b writes its
+// record before creating anything. It need not when the node itself shows
+// everything a crash can leave behind: b recognises its storage by source
+// (Finder) and either lists it (Lister) or has none outside the mount
+// (MountOnly), and a mount at the target is adopted from the mount table; the
+// kubelet's vol_data.json, written before it calls NodePublishVolume and
+// removed only after a successful NodeUnpublishVolume, names the pod. The
+// startup reconcile then rebuilds the record (adoptPublished, adoptInventory)
+// and the kubelet's retry finishes the publish (publishRebuilt), or the
+// storage goes with its pod. One durable commit less per publish.
+func needsIntent(b Backend) bool {
+	if _, finds := b.(Finder); !finds {
+		return true
 	}
-	if err := d.store.Put(ctx, full); err != nil {
-		return transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
-	}
-	klog.FromContext(ctx).Info("Completed the rebuilt record of a volume from its publish request")
-	*rec = *full
-	return nil
+	_, lists := b.(Lister)
+	_, mountOnly := b.(MountOnly)
+	return !lists && !mountOnly
 }
 
 // readVolData reads the kubelet's vol_data.json beside target (resolved
@@ -495,6 +508,17 @@ func (c *capacity) resize(backend string, from, to int64) {
 	s := c.bytesOf(backend)
 	s.sub(from)
 	s.add(to)
+}
+
+// complete moves the capacity a rebuilt record accounted for to what its
+// completed record says.
+func (c *capacity) complete(rebuilt, full *store.Record) {
+	if rebuilt.Backend == "" {
+		c.adopt(full.Backend, full.Size)
+		c.releaseUnknown()
+		return
+	}
+	c.resize(full.Backend, rebuilt.Size, full.Size)
 }
 
 // releaseUnknown drops a volume accounted under no backend (a rebuilt record

@@ -16,8 +16,8 @@ import (
 // capacity accounts what the node's volumes hold: their number (for
 // MaxVolumesPerNode) and the bytes of each backend (for Options.Capacity). It is
 // derived from the records, which are durable, so it survives restarts: reconcile
-// rebuilds it, a new publish reserves before its intent record is written, and a
-// teardown releases after the record is deleted.
+// rebuilds it (with what it adopts from the node), a new publish reserves before
+// it creates anything, and a teardown releases after the record is deleted.
 //
 // One short critical section per new volume and per deletion; republish and
 // every read-only RPC never touch it.

@@ -12,8 +12,10 @@
 //   - the request contract: pod information required (CSIDriver podInfoOnMount),
 //     volume handle derived from and checked against the target path and pod UID,
 //     target confined to the kubelet's pods directory;
-//   - durable state in bbolt, an intent before every side effect and completion
-//     after it, rollback of a failed first publish, idempotent republish and
+//   - durable state in bbolt: a Published record before any OK, an intent
+//     record before the side effects of a backend whose storage the node cannot
+//     show (the mount table and a Lister or MountOnly otherwise stand in for
+//     it), rollback of a failed first publish, idempotent republish and
 //     unpublish;
 //   - a reconcile at startup, before serving, that rolls back operations cut short
 //     by a crash and deletes backend storage no record refers to;

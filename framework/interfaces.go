@@ -58,12 +58,23 @@ type Finder interface {
 	Find(ctx context.Context, v *api.Volume) (api.Source, error)
 }
 
+// MountOnly is implemented by backends whose volumes exist only as their
+// mount, as a tmpfs does: Create changes nothing on the node (it only
+// describes the mount), and unmounting frees everything. With Finder, it tells
+// the framework that a crash can leave nothing of a volume but a mount at its
+// target, which the startup reconcile adopts from the mount table; a first
+// publish then writes no intent record (a Lister with a Finder does the same
+// for storage that outlives its mount).
+type MountOnly interface {
+	MountOnly()
+}
+
 // Stamper is implemented by backends whose storage outlives the driver process
 // (Lister backends with a storage area on disk). The framework stamps the
 // storage area with the identity of its state store once every piece of
-// storage there has a record; from then on the store creates a record before
-// any storage, so storage without a record is provably a leftover and may be
-// deleted. A store that finds another identity (a new or rebuilt state file)
+// storage there has a record; from then on storage without a record is either
+// in use by a pod (the kubelet's vol_data.json names it: the record is
+// rebuilt) or provably a leftover, and may be deleted. A store that finds another identity (a new or rebuilt state file)
 // adopts what it finds instead, and stamps the area afterwards.
 type Stamper interface {
 	// Stamp returns the identity the storage area carries, "" when none.

@@ -16,7 +16,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
-	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -44,21 +43,11 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, transient(fmt.Errorf("reading volume state: %w", err))
 	}
 	switch {
-	case rec.Phase == store.PhaseUnclaimed:
-		// Storage the reconcile found without a record or a pod: this is the
-		// pod it belongs to (the handle is derived from its UID and volume
-		// name). Claim it like a rebuilt volume whose mount is gone.
-		log.Info("Claiming storage found without a record")
-		rec.Phase, rec.Rebuilt = store.PhasePublished, true
-		rec.TargetPath = pr.vol.TargetPath
-		if err := d.complete(ctx, pr, rec); err != nil {
-			return nil, err
-		}
-		return d.republish(ctx, pr, rec)
-	case rec.Rebuilt:
-		if err := d.complete(ctx, pr, rec); err != nil {
-			return nil, err
-		}
+	case rec.Phase == store.PhaseUnclaimed || rec.Rebuilt:
+		// Storage the reconcile found without a record (kept unclaimed when no
+		// pod had it: this is the pod it belongs to, as the handle is derived
+		// from its UID and volume name), or a volume it adopted from the node.
+		return d.publishRebuilt(ctx, pr, rec)
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		return nil, kindf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
 	}
@@ -106,25 +95,104 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
 	log.Info("Published volume is not mounted; repairing")
-	v := pr.vol
-	v.State = rec.State
-	src, err := d.createStorage(ctx, pr.backend, v)
-	if err == nil {
-		err = d.mountAndFill(ctx, pr, src)
-	}
+	src, err := d.remount(ctx, pr, rec.State)
 	if err != nil {
 		// Keep the record: the kubelet retries or unpublishes.
 		return nil, transient(fmt.Errorf("repairing volume: %w", err))
 	}
-	rec.Source, rec.State, rec.Updated = &src, v.State, time.Now().UTC()
+	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
 	if err := d.store.Put(ctx, rec); err != nil {
 		return nil, transient(fmt.Errorf("saving repaired volume: %w", err))
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// publishNew is the first publish of a volume: durable intent, backend, target,
-// mount, content, durable completion. On failure everything is rolled back.
+// remount publishes the storage of a volume that has a record but no mount
+// (a node reboot, a crash before the mount, someone unmounted it): Create
+// finds or re-creates the storage, then the whole of mountAndFill runs. A
+// failure after the mount unmounts again, so that a retry repeats it all and
+// never takes a half-finished mount for a published volume.
+func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
+	v := pr.vol
+	v.State = state
+	src, err := d.createStorage(ctx, pr.backend, v)
+	if err != nil {
+		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
+	}
+	if err := d.mountAndFill(ctx, pr, src); err != nil {
+		if uerr := d.mounter.Unmount(d.opts.KubeletRootDir, v.TargetPath); uerr != nil {
+			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
+		}
+		return api.Source{}, err
+	}
+	return src, nil
+}
+
+// publishRebuilt answers the first publish of a volume whose record the
+// reconcile rebuilt from the node: after a lost state file, after a crash
+// during a first publish that wrote no intent (needsIntent), or storage kept
+// as unclaimed. Nothing tells whether the publish that mounted it finished,
+// so it is finished now: a volume mounted at its target runs the steps after
+// the mount again (finishMounted), one that is not is mounted (remount).
+// Only then is the completed record saved; until then the record stays
+// rebuilt and a retry does it all again (every step is idempotent).
+func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
+	full, err := completed(pr, rec)
+	if err != nil {
+		return nil, err
+	}
+	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, full.TargetPath)
+	if err != nil {
+		return nil, transient(fmt.Errorf("checking target: %w", err))
+	}
+	if mounted {
+		err = d.finishMounted(ctx, pr, rec.State)
+	} else {
+		var src api.Source
+		if src, err = d.remount(ctx, pr, rec.State); err == nil {
+			full.Source = &src
+		}
+	}
+	if err != nil {
+		return nil, transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
+	}
+	full.State = pr.vol.State
+	if err := d.store.Put(ctx, full); err != nil {
+		return nil, transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
+	}
+	d.capacity.complete(rec, full)
+	if d.opts.Content != nil {
+		d.refresher.remember(pr.vol)
+	}
+	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// finishMounted runs the steps of a publish after the mount (fsGroup,
+// content, read-only) again on a volume mounted at its target, whose publish
+// may have been cut short after the mount. Unlike a refresh, a failure fails
+// the publish: there may be no good content to keep.
+func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
+	v := pr.vol
+	v.State = state
+	root := d.opts.KubeletRootDir
+	if v.ReadOnly && d.fills(v) {
+		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
+			return fmt.Errorf("making volume writable to finish its publish: %w", err)
+		}
+	}
+	err = d.fill(ctx, v)
+	if v.ReadOnly {
+		if rerr := d.mounter.SetReadOnly(root, v.TargetPath, true); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("making volume read-only: %w", rerr))
+		}
+	}
+	return err
+}
+
+// publishNew is the first publish of a volume: durable intent (when the backend
+// needs one: needsIntent), backend, target, mount, content, durable completion.
+// On failure everything is rolled back.
 func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
 	log := klog.FromContext(ctx)
 	v := pr.vol
@@ -151,11 +219,14 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		return nil, err
 	}
 	rec := newRecord(pr, store.PhasePublishing)
-	if err := d.store.Put(ctx, rec); err != nil {
-		d.capacity.release(v.Backend, v.Size)
-		return nil, transient(fmt.Errorf("saving volume intent: %w", err))
+	intent := needsIntent(pr.backend)
+	if intent {
+		if err := d.store.Put(ctx, rec); err != nil {
+			d.capacity.release(v.Backend, v.Size)
+			return nil, transient(fmt.Errorf("saving volume intent: %w", err))
+		}
 	}
-	failpoint.Hit(failpoint.PublishAfterIntent)
+	failpoint.Hit(failpoint.PublishBeforeCreate)
 
 	defer func() {
 		if err == nil {
@@ -165,6 +236,13 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if uerr := d.teardown(rctx, rec); uerr != nil {
+			if !intent {
+				// The record the crash-free path did without: it keeps what is
+				// left for the next operation on the volume or the reconcile.
+				if perr := d.store.Put(rctx, rec); perr != nil {
+					uerr = errors.Join(uerr, fmt.Errorf("saving the record of what is left: %w", perr))
+				}
+			}
 			log.Error(uerr, "Rollback of failed publish incomplete; the volume is kept for cleanup")
 			err = transient(fmt.Errorf("publish failed: %w; rollback incomplete: %w", err, uerr))
 			return
@@ -205,6 +283,26 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
+	if err := d.fill(ctx, v); err != nil {
+		return err
+	}
+	failpoint.Hit(failpoint.PublishAfterContent)
+	if v.ReadOnly {
+		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); err != nil {
+			return fmt.Errorf("making volume read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// fills reports whether fill writes into v.
+func (d *Driver) fills(v *api.Volume) bool {
+	return (v.FSGroup != nil && !isWindows) || d.opts.Content != nil
+}
+
+// fill gives a mounted volume to the pod's fsGroup and writes its content.
+// Both steps are idempotent.
+func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 	if v.FSGroup != nil && !isWindows {
 		if err := d.applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
 			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
@@ -217,12 +315,6 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		}
 		if err := d.writeContent(v, files); err != nil {
 			return err
-		}
-	}
-	failpoint.Hit(failpoint.PublishAfterContent)
-	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); err != nil {
-			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}
 	return nil
@@ -293,24 +385,11 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	case !sameTarget(rec.TargetPath, req.GetTargetPath()):
 		return nil, invalidArgf("volume %s is published at %s, not at %s; nothing was touched", id, rec.TargetPath, req.GetTargetPath())
 	}
-	prev := rec.Phase
-	if rec.Phase != store.PhaseUnpublishing {
-		rec.Phase, rec.Updated = store.PhaseUnpublishing, time.Now().UTC()
-		if err := d.store.Put(ctx, rec); err != nil {
-			return nil, transient(fmt.Errorf("saving unpublish intent: %w", err))
-		}
-	}
-	failpoint.Hit(failpoint.UnpublishAfterIntent)
+	// No intent is written: until the record is deleted, last, it says
+	// Published, and a kubelet that got no OK retries (or the orphan GC,
+	// once the pod is gone, tears down what is left). Every step of teardown
+	// is OK when already done.
 	if err := d.teardown(ctx, rec); err != nil {
-		if errors.Is(err, mount.ErrSymlink) && prev != store.PhaseUnpublishing {
-			// Refused at a link raced into the path: nothing was torn down
-			// through it, so the volume keeps the phase it had (a later
-			// publish must not take it for an interrupted unpublish).
-			rec.Phase, rec.Updated = prev, time.Now().UTC()
-			if perr := d.store.Put(context.WithoutCancel(ctx), rec); perr != nil {
-				klog.FromContext(ctx).Error(perr, "Restoring the phase of a volume whose unpublish was refused")
-			}
-		}
 		return nil, err
 	}
 	klog.FromContext(ctx).V(2).Info("Unpublished volume")

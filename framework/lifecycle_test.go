@@ -1,6 +1,7 @@
 package framework_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -360,5 +362,89 @@ func TestMaxVolumeSizeAppliesAfterDefaults(t *testing.T) {
 	err := publishFake(t, h, fake, pod, drivertest.InlineVolume{Name: "v"})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "maximum volume size") {
 		t.Fatalf("default size over the maximum: %v", err)
+	}
+}
+
+// opaqueBackend is a dir backend that neither lists nor finds its storage: the
+// node cannot show what a crash during a publish left, so the framework must
+// write an intent record before creating anything.
+type opaqueBackend struct{ d *dir.Backend }
+
+func (o opaqueBackend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
+	return o.d.Create(ctx, v)
+}
+func (o opaqueBackend) Delete(ctx context.Context, v *api.Volume) error { return o.d.Delete(ctx, v) }
+func (o opaqueBackend) Validate(v *api.Volume) error                    { return o.d.Validate(v) }
+
+// A first publish writes its record before the storage only when the node
+// could not show the storage after a crash: the dir backend (Finder and
+// Lister) and tmpfs (Finder and MountOnly) do without, a backend that is
+// neither gets its Publishing record before Create.
+func TestIntentRecordOnlyWhereTheNodeCannotTell(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		attrs          map[string]string
+		opaque, intent bool
+	}{
+		{name: "tmpfs", attrs: map[string]string{"backend": "tmpfs", "size": "1Mi"}},
+		{name: "dir", attrs: map[string]string{"backend": "dir"}},
+		{name: "opaque", attrs: map[string]string{"backend": "dir"}, opaque: true, intent: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, fake, st := fakeHarness(t, func(o *framework.Options) {
+				if tc.opaque {
+					o.Backends["dir"] = opaqueBackend{o.Backends["dir"].(*dir.Backend)}
+				}
+			})
+			var during []*store.Record
+			fake.Fail(mount.MethodMount, func(string) error {
+				during, _ = st.List(context.Background())
+				return nil
+			})
+			pod := h.Kubelet.NewPod("ns", "p")
+			vol := drivertest.InlineVolume{Name: "v", Attributes: tc.attrs}
+			if err := publishFake(t, h, fake, pod, vol); err != nil {
+				t.Fatal(err)
+			}
+			intent := len(during) == 1 && during[0].Phase == store.PhasePublishing
+			if intent != tc.intent || (!tc.intent && len(during) != 0) {
+				t.Errorf("records while mounting: %+v; want an intent record: %v", during, tc.intent)
+			}
+			if recs, _ := st.List(t.Context()); len(recs) != 1 || recs[0].Phase != store.PhasePublished {
+				t.Errorf("records after the publish: %+v, want one Published", recs)
+			}
+		})
+	}
+}
+
+// A repair (a Published volume found unmounted) that fails after its mount
+// unmounts again: the kubelet's retry must repeat the whole repair, not find
+// a mount and answer OK for a volume that never became read-only.
+func TestFailedRepairLeavesNoHalfFinishedMount(t *testing.T) {
+	h, fake, _ := fakeHarness(t, nil)
+	pod := h.Kubelet.NewPod("ns", "p")
+	vol := dirVolume("v")
+	vol.ReadOnly = true
+	if err := publishFake(t, h, fake, pod, vol); err != nil {
+		t.Fatal(err)
+	}
+	target := h.Kubelet.TargetPath(pod, "v")
+	if err := fake.Unmount(h.Options.KubeletRootDir, target); err != nil {
+		t.Fatal(err)
+	}
+	fake.Fail(mount.MethodSetReadOnly, func(string) error { return errors.New("remount failed") })
+	err := publishFake(t, h, fake, pod, vol)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("code %v, want Unavailable: %v", status.Code(err), err)
+	}
+	if n := fake.MountCount(target); n != 0 {
+		t.Fatalf("%d mounts at the target after a failed repair, want 0", n)
+	}
+	fake.Fail(mount.MethodSetReadOnly, nil)
+	if err := publishFake(t, h, fake, pod, vol); err != nil {
+		t.Fatalf("retried repair: %v", err)
+	}
+	if n := fake.MountCount(target); n != 1 {
+		t.Fatalf("%d mounts at the target after the repair, want 1", n)
 	}
 }

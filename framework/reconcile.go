@@ -15,11 +15,12 @@ import (
 // (what the driver promised), the mount table (what is published) and the
 // backends' inventories (what storage exists):
 //
-//   - a record in phase Publishing or Unpublishing belongs to an operation cut
-//     short by a crash; the kubelet never got OK for a publish in that state,
-//     and an unpublish in that state is idempotent, so both are rolled back
-//     completely (storage still mounted anywhere is not deleted: see
-//     refuseIfMounted);
+//   - a record in phase Publishing (the intent of a backend that needs one, or
+//     what a failed rollback left) or Unpublishing (written by older
+//     versions) belongs to an operation cut short; the kubelet never got OK
+//     for a publish in that state, and an unpublish is idempotent, so both are
+//     rolled back completely (storage still mounted anywhere is not deleted:
+//     see refuseIfMounted);
 //   - a Published record is kept whether or not its target is mounted: a
 //     republish repairs it, NodeUnpublish or the orphan GC removes it;
 //   - a volume of this driver published at its target without a record (the

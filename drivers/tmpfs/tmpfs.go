@@ -105,8 +105,8 @@ const (
 	DefaultMaxInodes = 1 << 20
 )
 
-// Backend implements framework.Backend, framework.Validator and
-// framework.Finder.
+// Backend implements framework.Backend, framework.Validator,
+// framework.Finder and framework.MountOnly.
 type Backend struct{ opts Options }
 
 // New returns a tmpfs backend, or an error naming the first invalid option. It
@@ -258,6 +258,12 @@ func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 func (b *Backend) Find(context.Context, *api.Volume) (api.Source, error) {
 	return api.Source{Path: SourceName, FSType: "tmpfs"}, nil
 }
+
+// MountOnly declares that a tmpfs volume is nothing but its mount: Create
+// changes nothing on the node, and unmounting frees the memory. A crash can
+// leave nothing of it but a mount at its target, which the framework finds in
+// the mount table, so a publish needs no intent record.
+func (b *Backend) MountOnly() {}
 
 // Delete has nothing to free: unmounting the target released the memory.
 func (b *Backend) Delete(context.Context, *api.Volume) error { return nil }

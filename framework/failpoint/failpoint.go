@@ -13,13 +13,12 @@ package failpoint
 
 // Names of the failpoints; tests iterate over All.
 const (
-	PublishAfterIntent       = "publish-after-intent"
+	PublishBeforeCreate      = "publish-before-create"
 	PublishAfterCreate       = "publish-after-create"
 	PublishAfterMkdir        = "publish-after-mkdir"
 	PublishAfterMount        = "publish-after-mount"
 	PublishAfterContent      = "publish-after-content"
 	PublishAfterDone         = "publish-after-done"
-	UnpublishAfterIntent     = "unpublish-after-intent"
 	UnpublishAfterUnmount    = "unpublish-after-unmount"
 	UnpublishAfterRemoveDir  = "unpublish-after-rmdir"
 	UnpublishAfterDelete     = "unpublish-after-delete"
@@ -28,8 +27,8 @@ const (
 
 // Publish and Unpublish list the failpoints of each operation in order.
 var (
-	Publish = []string{PublishAfterIntent, PublishAfterCreate, PublishAfterMkdir,
+	Publish = []string{PublishBeforeCreate, PublishAfterCreate, PublishAfterMkdir,
 		PublishAfterMount, PublishAfterContent, PublishAfterDone}
-	Unpublish = []string{UnpublishAfterIntent, UnpublishAfterUnmount,
+	Unpublish = []string{UnpublishAfterUnmount,
 		UnpublishAfterRemoveDir, UnpublishAfterDelete, UnpublishAfterRecordGone}
 )

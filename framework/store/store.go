@@ -21,12 +21,16 @@ type Phase string
 
 const (
 	// PhasePublishing is the durable intent written before the first side effect of
-	// a first publish. A record left in this phase after a crash is rolled back.
+	// a first publish when the backend's storage could not be found on the node
+	// after a crash, and the record of what a failed rollback left. A record left
+	// in this phase is rolled back.
 	PhasePublishing Phase = "Publishing"
 	// PhasePublished is written after the volume is mounted and populated; only
 	// then does the driver answer OK.
 	PhasePublished Phase = "Published"
-	// PhaseUnpublishing is the durable intent written before teardown starts.
+	// PhaseUnpublishing is the intent earlier versions wrote before a teardown
+	// (an unpublish now needs none: its record stays Published until deleted
+	// last). A record left in this phase is rolled back.
 	PhaseUnpublishing Phase = "Unpublishing"
 	// PhaseUnclaimed marks storage the startup reconcile found without a record
 	// and without a pod on this node to own it (no target, no vol_data.json),

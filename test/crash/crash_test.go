@@ -5,6 +5,7 @@ package crash
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -12,9 +13,12 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
 
-// lastPublishFailpoint is hit after the durable Published record: the only
-// publish failpoint after which the volume stays published across the restart.
-const lastPublishFailpoint = "publish-after-done"
+// mountedFailpoints are the publish failpoints after the mount. The backends
+// here write no intent record (framework needsIntent: each is a Finder and a
+// Lister or mount-only), so a volume killed there is adopted by the restarted
+// driver from the mount table and stays mounted; the kubelet's retry finishes
+// its publish. Before them, nothing the node shows survives the restart.
+var mountedFailpoints = []string{"publish-after-mount", "publish-after-content", "publish-after-done"}
 
 // TestPublishCrash kills the driver at every side-effect boundary of a first
 // NodePublishVolume, restarts it on the same state, and then either lets the
@@ -60,9 +64,10 @@ func testPublishCrash(t *testing.T, b backend, fp string, podDeleted bool) {
 	}
 
 	r.start("")
-	// The startup reconcile ran before the driver served: an interrupted
-	// publish is rolled back, a durable Published volume is kept.
-	if fp == lastPublishFailpoint {
+	// The startup reconcile ran before the driver served: a volume mounted at
+	// its target is adopted (never mounted twice), anything else is not
+	// mounted.
+	if slices.Contains(mountedFailpoints, fp) {
 		r.wantMounts(target, 1)
 	} else {
 		r.wantMounts(target, 0)
@@ -126,11 +131,12 @@ func testUnpublishCrash(t *testing.T, b backend, fp string) {
 	r.waitKilled()
 
 	r.start("")
-	// Whatever the unpublish had done, the restarted driver finished or rolled
-	// it back before serving: the target is not mounted any more.
+	// Every failpoint of an unpublish is after the unmount, and the record
+	// stays until the end: the restarted driver serves a volume that is not
+	// mounted any more.
 	r.wantMounts(target, 0)
-	// The kubelet retries; NodeUnpublish of a volume the driver no longer knows
-	// is OK and removes what is left of the target.
+	// The kubelet retries; NodeUnpublish finishes what the killed one started
+	// (every step is OK when already done).
 	if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
 		t.Fatalf("retried pod deletion: %v", err)
 	}
@@ -293,6 +299,56 @@ func TestNodeRebootRepairCrash(t *testing.T) {
 					want = "" // memory does not survive a reboot
 				}
 				r.wantData(r.wantPublished(pod, vol, b), want)
+				if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
+					t.Fatalf("deleting the pod: %v", err)
+				}
+				r.stop()
+				r.wantClean(pod)
+			})
+		}
+	}
+}
+
+// TestPublishCrashFinishesTheVolume kills a first publish of a read-only
+// volume with an fsGroup after its mount, before the fsGroup, the content or
+// the read-only flag were applied. The restarted driver adopts the mount; the
+// kubelet's retry must not take it for a finished volume: it ends read-only
+// and owned by the fsGroup, as an uninterrupted publish would.
+func TestPublishCrashFinishesTheVolume(t *testing.T) {
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	for _, b := range backends {
+		for _, fp := range []string{"publish-after-mount", "publish-after-content"} {
+			t.Run(b.name+"/"+fp, func(t *testing.T) {
+				t.Parallel()
+				r := newRig(t)
+				pod := r.kubelet.NewPod("default", "crash")
+				gid := int64(2345)
+				pod.FSGroup = &gid
+				vol := drivertest.InlineVolume{Name: "scratch", ReadOnly: true, Attributes: b.attrs}
+				target := r.kubelet.TargetPath(pod, vol.Name)
+
+				r.start(fp)
+				r.wantCrashError("NodePublishVolume", r.kubelet.Publish(r.ctx(), pod, vol))
+				r.waitKilled()
+				r.start("")
+				r.wantMounts(target, 1)
+				if err := r.kubelet.Publish(r.ctx(), pod, vol); err != nil {
+					t.Fatalf("retried publish: %v", err)
+				}
+				r.wantPublished(pod, vol, b)
+				mi := mountsAt(t, target)[0]
+				if !slices.Contains(strings.Split(mi.Options, ","), "ro") {
+					t.Errorf("volume at %s is mounted %s, want read-only", target, mi.Options)
+				}
+				var st syscall.Stat_t
+				if err := syscall.Stat(target, &st); err != nil {
+					t.Fatal(err)
+				}
+				if st.Gid != uint32(gid) || st.Mode&syscall.S_ISGID == 0 || st.Mode&0o070 != 0o070 {
+					t.Errorf("volume root: gid %d mode %o, want gid %d with group rwx and setgid", st.Gid, st.Mode&0o7777, gid)
+				}
 				if err := r.kubelet.DeletePod(r.ctx(), pod); err != nil {
 					t.Fatalf("deleting the pod: %v", err)
 				}
