@@ -108,7 +108,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		return nil, err
 	}
 	if d.opts.MaxVolumeSize > 0 && size > d.opts.MaxVolumeSize {
-		return nil, invalidArgf("attribute %q: %d bytes exceeds this driver's maximum volume size of %d bytes", api.ParamSize, size, d.opts.MaxVolumeSize)
+		return nil, invalidArgf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.MaxVolumeSize), bytes(d.opts.MaxVolumeSize))
 	}
 	var fsGroup *int64
 	if g := mnt.GetVolumeMountGroup(); g != "" {
@@ -161,7 +161,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		return nil, err // api.ErrInvalidParams: InvalidArgument
 	}
 	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
-		return nil, invalidArgf("backend %q: volume size %d bytes (after defaults and rounding) exceeds this driver's maximum volume size of %d bytes", backendName, v.Size, d.opts.MaxVolumeSize)
+		return nil, invalidArgf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.MaxVolumeSize))
 	}
 	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
 }

@@ -124,7 +124,7 @@ func TestPublishValidation(t *testing.T) {
 		{"zero size", withCtx(func(m map[string]string) { m["size"] = "0" }), codes.InvalidArgument, "greater than zero"},
 		{"negative size", withCtx(func(m map[string]string) { m["size"] = "-1Mi" }), codes.InvalidArgument, "greater than zero"},
 		{"fractional size", withCtx(func(m map[string]string) { m["size"] = "0.5" }), codes.InvalidArgument, "whole number of bytes"},
-		{"size over driver maximum", withCtx(func(m map[string]string) { m["size"] = "2Gi" }), codes.InvalidArgument, "maximum volume size"},
+		{"size over driver maximum", withCtx(func(m map[string]string) { m["size"] = "2Gi" }), codes.InvalidArgument, `invalid volume attributes: attribute "size": 2Gi is more than this driver's maximum volume size of 1Gi; ask for at most 1Gi`},
 		{"tmpfs without size", withCtx(func(m map[string]string) { delete(m, "size") }), codes.InvalidArgument, "is required for tmpfs"},
 		{"unknown backend", withCtx(func(m map[string]string) { m["backend"] = "nfs" }), codes.InvalidArgument, "unknown backend"},
 		{"bad mode", withCtx(func(m map[string]string) { m["mode"] = "rwx" }), codes.InvalidArgument, "octal mode"},
