@@ -19,7 +19,7 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 	const budget = 10 << 20
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
 		o.Capacity = map[string]int64{"tmpfs": budget}
-		o.MaxVolumeSize = 0 // no per-volume cap: the budget is the only limit
+		o.MaxVolumeSize = framework.NoMaxVolumeSize // the budget is the only limit
 	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	vol := func(name, size string) drivertest.InlineVolume {

@@ -269,6 +269,7 @@ func TestOptionsValidation(t *testing.T) {
 		"unknown default":      func(o *framework.Options) { o.DefaultBackend = "z" },
 		"timeout over kubelet": func(o *framework.Options) { o.OperationTimeout = 3 * time.Minute },
 		"long socket path":     func(o *framework.Options) { o.Endpoint = "unix:///" + string(make([]byte, 120)) },
+		"negative size cap":    func(o *framework.Options) { o.MaxVolumeSize = -2 },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -286,7 +287,8 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	got := d.Options()
 	if got.KubeletRootDir != "/var/lib/kubelet" || got.StateDir != "/var/lib/ephemera/a.b" ||
-		got.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.DefaultBackend != "x" || got.MaxInFlight != 64 {
+		got.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.DefaultBackend != "x" || got.MaxInFlight != 64 ||
+		got.MaxVolumeSize != framework.DefaultMaxVolumeSize {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 }
@@ -446,5 +448,31 @@ func TestFailedRepairLeavesNoHalfFinishedMount(t *testing.T) {
 	}
 	if n := fake.MountCount(target); n != 1 {
 		t.Fatalf("%d mounts at the target after the repair, want 1", n)
+	}
+}
+
+// A pod chooses its volume's size: without a cap set, the default (1Gi)
+// applies; NoMaxVolumeSize lifts it.
+func TestPodChosenSizeIsCappedByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		max  int64
+		want codes.Code
+	}{
+		{"default", 0, codes.InvalidArgument},
+		{"no cap", framework.NoMaxVolumeSize, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MaxVolumeSize = tc.max })
+			pod := h.Kubelet.NewPod("ns", "p")
+			err := publishFake(t, h, fake, pod, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "50Gi"}})
+			if status.Code(err) != tc.want {
+				t.Fatalf("publish of 50Gi: %v, want %v", err, tc.want)
+			}
+			const msg = `invalid volume attributes: attribute "size": 50Gi is more than this driver's maximum volume size of 1Gi; ask for at most 1Gi`
+			if tc.want != codes.OK && status.Convert(err).Message() != msg {
+				t.Errorf("message %q, want %q", status.Convert(err).Message(), msg)
+			}
+		})
 	}
 }

@@ -91,8 +91,11 @@ type Options struct {
 	// are summed without overflow. Backends not listed are unlimited. Defaults to
 	// no budgets.
 	Capacity map[string]int64
-	// MaxVolumeSize caps the "size" attribute in bytes. Defaults to 0: no cap
-	// beyond the backend's own.
+	// MaxVolumeSize caps the "size" attribute, and the size a backend makes of
+	// it, in bytes: a pod chooses its size, and an unbounded one is a pod
+	// taking the node's memory or disk. Defaults to DefaultMaxVolumeSize (1Gi);
+	// NoMaxVolumeSize (-1) lifts the cap, leaving only the backends' own and
+	// the Capacity budgets.
 	MaxVolumeSize int64
 	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
 	// get ResourceExhausted and the kubelet retries. Defaults to 64.
@@ -141,6 +144,12 @@ type Options struct {
 	Store store.Store
 }
 
+// Options.MaxVolumeSize's default, and its value for no cap.
+const (
+	DefaultMaxVolumeSize int64 = 1 << 30
+	NoMaxVolumeSize      int64 = -1
+)
+
 // Defaults of the orphan GC, shared by setDefaults and BindFlags.
 const (
 	defaultGCInterval        = time.Minute
@@ -175,6 +184,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = 64
+	}
+	if o.MaxVolumeSize == 0 {
+		o.MaxVolumeSize = DefaultMaxVolumeSize
 	}
 	if o.OperationTimeout == 0 {
 		o.OperationTimeout = 90 * time.Second
@@ -243,8 +255,11 @@ func (o *Options) validate() error {
 	if err := validateCapacity(o.Capacity, o.Backends); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxVolumesPerNode < 0 || o.MaxVolumeSize < 0 || o.MaxInFlight < 0 {
-		errs = append(errs, errors.New("MaxVolumesPerNode, MaxVolumeSize and MaxInFlight must not be negative"))
+	if o.MaxVolumesPerNode < 0 || o.MaxInFlight < 0 {
+		errs = append(errs, errors.New("MaxVolumesPerNode and MaxInFlight must not be negative"))
+	}
+	if o.MaxVolumeSize < NoMaxVolumeSize {
+		errs = append(errs, fmt.Errorf("MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.MaxVolumeSize))
 	}
 	if o.ContentTimeout < 0 || o.ContentTimeout >= o.OperationTimeout {
 		errs = append(errs, fmt.Errorf("ContentTimeout %s must be positive and below OperationTimeout %s", o.ContentTimeout, o.OperationTimeout))

@@ -301,7 +301,7 @@ func TestLoopFilesystemsStats(t *testing.T) {
 // blocks of 4KiB, 2^63 bytes: one more than int64 holds. The stats saturate
 // instead of wrapping negative.
 func TestVolumeStatsHugeTmpfs(t *testing.T) {
-	h := realHarness(t, nil)
+	h := realHarness(t, func(o *framework.Options) { o.MaxVolumeSize = framework.NoMaxVolumeSize })
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "p")
 	if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "t", Attributes: map[string]string{"size": "9223372036854775806"}}); err != nil {

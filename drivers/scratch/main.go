@@ -147,7 +147,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.loop.preallocate, "loop-preallocate", false, "Allocate loop backing files in full at publish (a full node disk then fails the publish, not the pod's writes).")
 	fs.StringVar(&c.tmpfs.defaultSize, "default-size", "", "Size of tmpfs volumes without a \"size\" attribute, e.g. 64Mi. Empty: \"size\" is required.")
 	fs.Int64Var(&c.tmpfs.maxInodes, "tmpfs-max-inodes", tmpfs.DefaultMaxInodes, "Largest \"nr_inodes\" a pod may request for a tmpfs volume, and the most a volume without it gets (one inode per 4KiB of size, at least 1024). Each inode (an empty file, a directory) costs about 1KiB of kernel memory that \"size\" does not limit. At least 1: there is no unlimited.")
-	fs.StringVar(&c.maxVolumeSize, "max-volume-size", "", "Largest \"size\" a pod may request, e.g. 4Gi. Empty: no limit.")
+	fs.StringVar(&c.maxVolumeSize, "max-volume-size", "4Gi", "Largest \"size\" a pod may request (and a backend may make of it), e.g. 4Gi; \"none\" for no limit beyond --capacity.")
 	fs.BoolVar(&c.dir.softSize, "dir-soft-size", false, "Accept \"size\" on dir volumes without enforcing it.")
 	fs.StringVar(&c.capacity, "capacity", "", "Per-backend budget for the sizes of all volumes on this node, e.g. tmpfs=4Gi,loop=200Gi. Empty: no budget.")
 	fs.BoolVar(&c.api.events, "events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
@@ -194,7 +194,9 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	if opts.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
+	if c.maxVolumeSize == "none" {
+		opts.MaxVolumeSize = framework.NoMaxVolumeSize
+	} else if opts.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
 		return err
 	}
 	opts.Backends = map[string]framework.Backend{}
@@ -206,9 +208,9 @@ func run(c config) error {
 		case "dir":
 			b, err = c.dir.backend(filepath.Join(opts.StateDir, "volumes"))
 		case "loop":
-			b, err = c.loop.backend(filepath.Join(opts.StateDir, "loop"), opts.MaxVolumeSize)
+			b, err = c.loop.backend(filepath.Join(opts.StateDir, "loop"), max(opts.MaxVolumeSize, 0))
 		case "vhdx":
-			b, err = c.vhdx.backend(filepath.Join(opts.StateDir, "vhdx"), opts.MaxVolumeSize)
+			b, err = c.vhdx.backend(filepath.Join(opts.StateDir, "vhdx"), max(opts.MaxVolumeSize, 0))
 		case "":
 			continue
 		default:
