@@ -8,6 +8,20 @@ BIN         := $(OUT)/bin
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X main.version=$(VERSION)
 GOTESTFLAGS ?=
+# GOTAGS: build tags of every build, vet and test of the module (comma-separated), e.g.
+# GOTAGS=grpcnotrace. One variable so that all steps, the images and the tests' own
+# `go build`s (exported as EPHEMERA_GOTAGS) compile with the same tags: the same flags
+# are what make the Go build cache hit.
+GOTAGS      ?=
+comma       := ,
+taglist      = $(subst $(eval) ,$(comma),$(strip $(subst $(comma), ,$(GOTAGS) $(1))))
+tags         = $(if $(taglist),-tags '$(taglist)')
+GOBUILDFLAGS = $(call tags)
+# The images' flags (build-static, build-windows). The cross-compiles (cross,
+# cross-test-windows) and the e2e harness's builds use them too, so each platform's
+# package graph is compiled once per cold run, not once per step.
+STATICFLAGS  = -trimpath $(GOBUILDFLAGS)
+export EPHEMERA_GOTAGS := $(GOTAGS)
 PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
@@ -18,8 +32,8 @@ all: build
 
 ## build: the scratch driver and the walkthrough into _output/bin
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
-	$(GO) build -o $(BIN)/walkthrough ./test/walkthrough
+	$(GO) build $(GOBUILDFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+	$(GO) build $(GOBUILDFLAGS) -o $(BIN)/walkthrough ./test/walkthrough
 
 ## run: start the scratch driver on embedded defaults and walk a fake pod through publish/unpublish (root)
 run: build
@@ -32,34 +46,35 @@ test: verify vet lint cross test-unit test-model test-examples manifests image-c
 
 ## test-unit: all Go tests of the module with -race (root tests run when root)
 test-unit:
-	$(GO) test -race -count=1 $(GOTESTFLAGS) $(PKGS)
+	$(GO) test -race -count=1 $(GOBUILDFLAGS) $(GOTESTFLAGS) $(PKGS)
 
 ## test-model: the seeded random walk over publish, unpublish, crashes, restarts, lost state and
 ## the GC, invariants checked after every step (root; EPHEMERA_MODEL_STEPS, EPHEMERA_MODEL_SEED)
 test-model:
-	$(GO) test -tags failpoints -count=1 -timeout 30m -run TestModel -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
+	$(GO) test $(call tags,failpoints) -count=1 -timeout 30m -run TestModel -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
 
 ## test-security: the safety guarantees of docs/security.md, with the model test (root)
 test-security: test-model
-	$(GO) test -race -count=1 -v ./test/security/
+	$(GO) test -race -count=1 $(GOBUILDFLAGS) -v ./test/security/
 
 ## test-crash: kill -9 at every side-effect boundary (root)
 test-crash:
-	$(GO) test -race -count=1 -v ./test/crash/
+	$(GO) test -race -count=1 $(GOBUILDFLAGS) -v ./test/crash/
 
 ## test-sanity: csi-sanity with the node-only skip list (root)
 test-sanity:
-	$(GO) test -count=1 -v ./test/sanity/
+	$(GO) test -count=1 $(GOBUILDFLAGS) -v ./test/sanity/
 
 ## test-examples: the example drivers' own modules
 test-examples:
-	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./... && $(GO) test -race -count=1 ./...) || exit 1; done
+	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet $(GOBUILDFLAGS) ./... && $(GO) test -race -count=1 $(GOBUILDFLAGS) ./...) || exit 1; done
 
-## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached)
+## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached).
+## The harness builds the driver, testbin and the registrar with the images' flags (STATICFLAGS).
 e2e:
 	test/e2e/install-deps.sh
 	test/e2e/build-k8s.sh
-	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GO) test -tags e2e -count=1 -v -timeout 60m ./test/e2e/...
+	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GO) test $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
 TOOLS          := $(CURDIR)/$(OUT)/tools
@@ -78,21 +93,21 @@ $(TOOLS)/goimports:
 ## lint: staticcheck, klog's logcheck (contextual, structured; the keys are checked to come from
 ## framework/internal/logkeys by its test), and import grouping (goimports -local)
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
-	$(TOOLS)/staticcheck $(PKGS)
-	$(TOOLS)/staticcheck -tags e2e ./test/e2e/...
-	$(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
+	$(TOOLS)/staticcheck $(GOBUILDFLAGS) $(PKGS)
+	$(TOOLS)/staticcheck $(call tags,e2e) ./test/e2e/...
+	$(if $(taglist),GOFLAGS="$$($(GO) env GOFLAGS) -tags=$(taglist)") $(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
 	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 
 ## vet: go vet for Linux
 vet:
-	$(GO) vet $(PKGS)
+	$(GO) vet $(GOBUILDFLAGS) $(PKGS)
 
-## cross: the module vets and its tests compile for Windows and macOS
+## cross: the module vets and its tests compile for Windows and macOS (with the images' flags:
+## build-windows then finds the Windows graph compiled)
 cross: cross-test-windows
-	GOOS=windows $(GO) vet $(PKGS)
-	GOOS=darwin $(GO) vet $(PKGS)
-	GOOS=windows $(GO) test -c -o /dev/null ./framework/mount/
-	GOOS=windows $(GO) build -o /dev/null ./drivers/scratch
+	GOOS=windows $(GO) vet $(STATICFLAGS) $(PKGS)
+	GOOS=darwin $(GO) vet $(STATICFLAGS) $(PKGS)
+	CGO_ENABLED=0 GOOS=windows $(GO) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 
 ## verify: gofmt clean and go.mod tidy
 verify:
@@ -118,15 +133,15 @@ CONTAINER_ENGINE ?= docker
 
 ## build-static: the scratch driver as a static Linux binary (CGO_ENABLED=0) for the image
 build-static:
-	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+	CGO_ENABLED=0 GOOS=linux $(GO) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
 
 ## build-windows: the scratch driver for Windows (HostProcess image) as _output/bin/ephemera-scratch.exe, and
 ## _output/bin/windows/ with the driver, the real-node test client and test/windows/run.ps1 (copy it to a node)
 build-windows:
-	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch.exe ./drivers/scratch
+	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch.exe ./drivers/scratch
 	@mkdir -p $(BIN)/windows
 	cp $(BIN)/ephemera-scratch.exe $(BIN)/windows/ephemera-scratch.exe
-	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build -trimpath -o $(BIN)/windows/ephemera-wintest.exe ./test/windows/client
+	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build $(STATICFLAGS) -o $(BIN)/windows/ephemera-wintest.exe ./test/windows/client
 	cp test/windows/run.ps1 $(BIN)/windows/run.ps1
 
 # Packages with Windows-only files, whose tests must compile for Windows.
@@ -136,7 +151,7 @@ WINDOWS_TEST_PKGS := ./framework/ ./framework/mount/ ./framework/internal/unixso
 ## cross-test-windows: GOOS=windows go test -c of every package with Windows files (nothing runs: no Windows here)
 cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
-	  GOOS=windows GOARCH=amd64 $(GO) test -c -o /dev/null $$p || exit 1; done
+	  CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
 ## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed)
 image-check: build-static build-windows
