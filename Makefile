@@ -17,10 +17,15 @@ comma       := ,
 taglist      = $(subst $(eval) ,$(comma),$(strip $(subst $(comma), ,$(GOTAGS) $(1))))
 tags         = $(if $(taglist),-tags '$(taglist)')
 GOBUILDFLAGS = $(call tags)
-# The images' flags (build-static, build-windows). The cross-compiles (cross,
-# cross-test-windows) and the e2e harness's builds use them too, so each platform's
-# package graph is compiled once per cold run, not once per step.
+# The images' flags (build-static, build-windows: CGO_ENABLED=0, -trimpath). Every step
+# but the -race tests builds with them too (vet, lint, the model test, e2e and its
+# harness's builds, the cross-compiles and vets), so that each platform's package
+# graph is compiled once in a cold run: Linux static, Linux -race, Windows, macOS.
+# (No package of the module uses cgo; -race needs it.)
 STATICFLAGS  = -trimpath $(GOBUILDFLAGS)
+GOSTATIC     = CGO_ENABLED=0 $(GO)
+# The same for the linters, which load packages through `go list -export`.
+LINTENV      = CGO_ENABLED=0 GOFLAGS="$$($(GO) env GOFLAGS) -trimpath$(if $(taglist), -tags=$(taglist))"
 export EPHEMERA_GOTAGS := $(GOTAGS)
 PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
@@ -68,7 +73,7 @@ test-unit:
 ## test-model: the seeded random walk over publish, unpublish, crashes, restarts, lost state and
 ## the GC, invariants checked after every step (root; EPHEMERA_MODEL_STEPS, EPHEMERA_MODEL_SEED)
 test-model:
-	$(GO) test $(call tags,failpoints) -count=1 -timeout 30m -run TestModel -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
+	$(GOSTATIC) test -trimpath $(call tags,failpoints) -count=1 -timeout 30m -run TestModel -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|model_test.go' ; exit $${PIPESTATUS[0]}
 
 ## test-security: the safety guarantees of docs/security.md, with the model test (root)
 test-security: test-model
@@ -80,11 +85,11 @@ test-crash:
 
 ## test-sanity: csi-sanity with the node-only skip list (root)
 test-sanity:
-	$(GO) test -count=1 $(GOBUILDFLAGS) -v ./test/sanity/
+	$(GOSTATIC) test -count=1 $(STATICFLAGS) -v ./test/sanity/
 
 ## test-examples: the example drivers' own modules
 test-examples:
-	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet $(GOBUILDFLAGS) ./... && $(GO) test -race -count=1 $(GOBUILDFLAGS) ./...) || exit 1; done
+	@for d in $(EXAMPLES); do (cd $$d && $(GOSTATIC) vet $(STATICFLAGS) ./... && $(GO) test -race -count=1 $(GOBUILDFLAGS) ./...) || exit 1; done
 
 ## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached).
 ## The harness builds the driver, testbin and the registrar with the images' flags (STATICFLAGS).
@@ -93,7 +98,7 @@ e2e:
 	@if [ -f $(OUT)/build-k8s.pid ]; then pg=$$(cat $(OUT)/build-k8s.pid); \
 	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; true; fi
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
-	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GO) test $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
+	EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
 TOOLS          := $(CURDIR)/$(OUT)/tools
@@ -112,21 +117,21 @@ $(TOOLS)/goimports:
 ## lint: staticcheck, klog's logcheck (contextual, structured; the keys are checked to come from
 ## framework/internal/logkeys by its test), and import grouping (goimports -local)
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
-	$(TOOLS)/staticcheck $(GOBUILDFLAGS) $(PKGS)
-	$(TOOLS)/staticcheck $(call tags,e2e) ./test/e2e/...
-	$(if $(taglist),GOFLAGS="$$($(GO) env GOFLAGS) -tags=$(taglist)") $(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
+	$(LINTENV) $(TOOLS)/staticcheck $(PKGS)
+	$(LINTENV) $(TOOLS)/staticcheck $(call tags,e2e) ./test/e2e/...
+	$(LINTENV) $(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
 	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 
-## vet: go vet for Linux
+## vet: go vet for Linux (with the images' flags, see STATICFLAGS)
 vet:
-	$(GO) vet $(GOBUILDFLAGS) $(PKGS)
+	$(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
 
 ## cross: the module vets and its tests compile for Windows and macOS (with the images' flags:
 ## build-windows then finds the Windows graph compiled)
 cross: cross-test-windows
-	GOOS=windows $(GO) vet $(STATICFLAGS) $(PKGS)
-	GOOS=darwin $(GO) vet $(STATICFLAGS) $(PKGS)
-	CGO_ENABLED=0 GOOS=windows $(GO) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
+	GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
+	GOOS=darwin $(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
+	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 
 ## verify: gofmt clean and go.mod tidy
 verify:
@@ -152,15 +157,15 @@ CONTAINER_ENGINE ?= docker
 
 ## build-static: the scratch driver as a static Linux binary (CGO_ENABLED=0) for the image
 build-static:
-	CGO_ENABLED=0 GOOS=linux $(GO) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+	GOOS=linux $(GOSTATIC) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
 
 ## build-windows: the scratch driver for Windows (HostProcess image) as _output/bin/ephemera-scratch.exe, and
 ## _output/bin/windows/ with the driver, the real-node test client and test/windows/run.ps1 (copy it to a node)
 build-windows:
-	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch.exe ./drivers/scratch
+	GOOS=windows GOARCH=amd64 $(GOSTATIC) build $(STATICFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch.exe ./drivers/scratch
 	@mkdir -p $(BIN)/windows
 	cp $(BIN)/ephemera-scratch.exe $(BIN)/windows/ephemera-scratch.exe
-	CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) build $(STATICFLAGS) -o $(BIN)/windows/ephemera-wintest.exe ./test/windows/client
+	GOOS=windows GOARCH=amd64 $(GOSTATIC) build $(STATICFLAGS) -o $(BIN)/windows/ephemera-wintest.exe ./test/windows/client
 	cp test/windows/run.ps1 $(BIN)/windows/run.ps1
 
 # Packages with Windows-only files, whose tests must compile for Windows.
@@ -170,7 +175,7 @@ WINDOWS_TEST_PKGS := ./framework/ ./framework/mount/ ./framework/internal/unixso
 ## cross-test-windows: GOOS=windows go test -c of every package with Windows files (nothing runs: no Windows here)
 cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
-	  CGO_ENABLED=0 GOOS=windows GOARCH=amd64 $(GO) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
+	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
 ## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed)
 image-check: build-static build-windows
