@@ -44,8 +44,16 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 	driverBin = filepath.Join(tmp, "scratch")
-	build := exec.Command("go", "build", "-tags", "failpoints", "-o", driverBin, "./drivers/scratch")
+	// Built as make builds everything but the -race tests (CGO_ENABLED=0, -trimpath,
+	// the tags of its GOTAGS, exported as EPHEMERA_GOTAGS), so that the packages the
+	// failpoints tag does not change are build cache hits.
+	tags := "failpoints"
+	if t := os.Getenv("EPHEMERA_GOTAGS"); t != "" {
+		tags = t + ",failpoints"
+	}
+	build := exec.Command("go", "build", "-trimpath", "-tags", tags, "-o", driverBin, "./drivers/scratch")
 	build.Dir = repo
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "crash: building the scratch driver with failpoints: %v\n%s", err, out)
 		return 1

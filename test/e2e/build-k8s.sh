@@ -5,6 +5,9 @@
 #
 #   EPHEMERA_E2E_CACHE     cache base (default /var/cache/ephemera-e2e)
 #   EPHEMERA_E2E_REBUILD=1 forces a rebuild
+#
+# Concurrent calls for the same cache directory build once: the others wait on
+# $out.lock (flock) and then find the binaries cached.
 set -euo pipefail
 
 K8S_VERSION=v1.34.4
@@ -27,8 +30,22 @@ if [[ "${EPHEMERA_E2E_REBUILD:-0}" != 1 ]] && have_all; then
 fi
 
 mkdir -p "$cache"
+# One build per cache directory at a time: make test starts this script in the
+# background at its beginning, and make e2e's call then waits here for it.
+exec 9>"$out.lock"
+if ! flock -n 9; then
+	echo "build-k8s: another build-k8s.sh is building $out; waiting for it" >&2
+	wait_start=$(date +%s)
+	flock 9
+	echo "build-k8s: waited $(( $(date +%s) - wait_start ))s" >&2
+	if [[ "${EPHEMERA_E2E_REBUILD:-0}" != 1 ]] && have_all; then
+		echo "$out"
+		exit 0
+	fi
+fi
 tmp="$(mktemp -d "$cache/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 143' TERM INT
 
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION}"
