@@ -24,9 +24,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
@@ -162,9 +162,9 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 // recorder (--events) as its Events, the orphan GC's pod informer
 // (--gc-confirm-with-api) as its Pods, both among its Runnables, so that the
 // driver runs them while it serves.
-func (f apiFlags) addComponents(opts *framework.Options, client kubernetes.Interface) error {
+func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error {
 	if f.events {
-		rec, err := events.New(events.Options{Client: client, DriverName: opts.DriverName, NodeName: opts.NodeID})
+		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.NodeID})
 		if err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ func (f apiFlags) addComponents(opts *framework.Options, client kubernetes.Inter
 		opts.Runnables = append(opts.Runnables, rec)
 	}
 	if f.gcConfirm {
-		pods, err := kube.NewPods(kube.PodsOptions{Client: client, NodeName: opts.NodeID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
+		pods, err := kube.NewPods(kube.PodsOptions{Client: client.pods, NodeName: opts.NodeID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
 		if err != nil {
 			return err
 		}
@@ -284,9 +284,17 @@ func quantity(flagName, s string) (int64, error) {
 	return q.Value(), nil
 }
 
+// apiClient is what --events and --gc-confirm-with-api write and read.
+type apiClient struct {
+	events record.EventSink
+	pods   kube.PodsClient
+}
+
 // kubeClient talks to the API server (for --events and --gc-confirm-with-api)
-// with the kubeconfig, or else the in-cluster service account.
-func kubeClient(driverName, kubeconfig string) (kubernetes.Interface, error) {
+// with the kubeconfig, or else the in-cluster service account. It is
+// kube.Client, not a clientset: that would link every API group of
+// Kubernetes.
+func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -295,10 +303,14 @@ func kubeClient(driverName, kubeconfig string) (kubernetes.Interface, error) {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--events/--gc-confirm-with-api need --kubeconfig or the in-cluster service account: %w", err)
+		return apiClient{}, fmt.Errorf("--events/--gc-confirm-with-api need --kubeconfig or the in-cluster service account: %w", err)
 	}
 	cfg.UserAgent = driverName + "/" + version
-	return kubernetes.NewForConfig(cfg)
+	c, err := kube.NewClient(cfg)
+	if err != nil {
+		return apiClient{}, err
+	}
+	return apiClient{events: c.Events(), pods: c.Pods()}, nil
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi".
