@@ -201,7 +201,11 @@ func (r *Recorder) Run(ctx context.Context) error {
 		flushed:   make(chan struct{}),
 	}
 	b.StartRecordingToSink(sink)
-	r.recorder = b.NewRecorder(coreScheme, corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName}).WithLogger(log)
+	// The recorder consults its scheme only to make a reference to an object;
+	// every event here is about a pod given by reference, used as is. So the
+	// scheme is empty (client-go's kubernetes/scheme registers every API
+	// group).
+	r.recorder = b.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName}).WithLogger(log)
 	for _, e := range r.pending {
 		r.recorder.Event(e.ref, e.eventType, e.reason, e.message)
 	}
@@ -227,17 +231,6 @@ func (r *Recorder) Run(ctx context.Context) error {
 	b.Shutdown()
 	return nil
 }
-
-// coreScheme knows core/v1 only: all the recorder needs, since every event is
-// about a pod given by reference (client-go's kubernetes/scheme registers every
-// API group).
-var coreScheme = func() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}()
 
 // The flush marker is an event about an object no real event is about, so
 // the per-pod spam filter always lets it through; the sink swallows it.

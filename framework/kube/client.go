@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,17 +43,16 @@ type Client struct {
 	rest rest.Interface
 }
 
-// coreScheme knows the core/v1 types (with the meta/v1 list and watch types
-// they need) and nothing else.
-var coreScheme = func() *runtime.Scheme {
+// coreCodecs encode and decode the core/v1 types (with the meta/v1 list and
+// watch types they need) and nothing else. Built by the first NewClient, not
+// at start: a driver without API access does not pay for it.
+var coreCodecs = sync.OnceValue(func() serializer.CodecFactory {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
-		panic(err)
+		panic(err) // only on a duplicate registration, which a new scheme cannot have
 	}
-	return s
-}()
-
-var coreCodecs = serializer.NewCodecFactory(coreScheme)
+	return serializer.NewCodecFactory(s)
+})
 
 // NewClient returns a Client of the API server cfg points to (a kubeconfig's,
 // clientcmd.BuildConfigFromFlags, or the pod's service account,
@@ -62,7 +62,7 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	c := rest.CopyConfig(cfg)
 	c.APIPath = "/api"
 	c.GroupVersion = &corev1.SchemeGroupVersion
-	c.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	c.NegotiatedSerializer = coreCodecs().WithoutConversion()
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
