@@ -19,7 +19,7 @@ PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
 .PHONY: all build run test lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench clean manifests build-static build-windows image image-check
+        vet cross fmt verify bench bench-memory clean manifests build-static build-windows image image-check
 
 all: build
 
@@ -111,6 +111,11 @@ verify:
 ## bench: publish/unpublish latency table against the raw-syscall floor (root)
 bench:
 	EPHEMERA_BENCH=1 $(GO) test -count=1 -run TestLatencyTable -v ./test/bench/
+
+## bench-memory: RSS of the image's driver binary (build-static) as a subprocess, idle and with 1,000
+## published tmpfs volumes, without and with the API server components (root)
+bench-memory: build-static
+	EPHEMERA_BENCH=1 EPHEMERA_BENCH_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch $(GO) test -count=1 -run TestDriverMemory -v ./test/bench/
 
 ## manifests: test/manifests (own module): tidy check, invariant tests, helm lint, and every
 ## deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
