@@ -140,7 +140,24 @@ func NewPods(opts PodsOptions) (*Pods, error) {
 			}
 			return nil, nil
 		}})
+	// The cache keeps what PodExists needs of a pod, not its spec and status
+	// (a pod with its managed fields is often 10 KiB or more).
+	if err := inf.SetTransform(podIdentity); err != nil {
+		return nil, err
+	}
 	return &Pods{opts: opts, informer: inf}, nil
+}
+
+// podIdentity is the informer's transform: a pod becomes its namespace, name,
+// UID and resource version.
+func podIdentity(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a cache.DeletedFinalStateUnknown, kept as is
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+	}}, nil
 }
 
 // Run starts the informer, waits up to SyncTimeout for its first sync and

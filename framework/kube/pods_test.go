@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -81,7 +82,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestPodsExists(t *testing.T) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1")}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1"), Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
 	client := fake.NewClientset(pod)
 	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1"})
 	if err != nil {
@@ -100,6 +102,11 @@ func TestPodsExists(t *testing.T) {
 	}
 	if ok, err := p.PodExists(t.Context(), "uid-2"); err != nil || ok {
 		t.Fatalf("unknown pod: %v %v", ok, err)
+	}
+	// The cache keeps the pod's identity only.
+	want := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1", ResourceVersion: pod.ResourceVersion}}
+	if objs := p.informer.GetStore().List(); len(objs) != 1 || !equality.Semantic.DeepEqual(objs[0], &want) {
+		t.Errorf("cached %+v, want only %+v", objs, want)
 	}
 	if err := client.CoreV1().Pods("ns").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
