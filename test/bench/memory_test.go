@@ -5,7 +5,8 @@ package bench
 import (
 	"bufio"
 	"context"
-	"encoding/json"
+	"encoding/base64"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -23,8 +24,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -41,7 +46,8 @@ const (
 )
 
 // TestDriverMemory measures the scratch driver's memory as a subprocess: VmRSS,
-// RssAnon, RssFile and VmHWM from /proc/<pid>/status, idle and with 1,000
+// RssAnon, RssFile and VmHWM from /proc/<pid>/status, idle (with --v=2, as the
+// manifests run it) and with 1,000
 // published 1Mi tmpfs volumes, at 8 and 64 concurrent publishes, without and
 // with the API server components (--events, --gc-confirm-with-api against a
 // fake API server that lists 110 pods on the node). /metrics is scraped at
@@ -114,7 +120,7 @@ func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	args := []string{
 		"--endpoint=unix://" + sock, "--nodeid=" + memNode, "--driver-name=" + memDriver,
 		"--kubelet-root=" + filepath.Join(base, "kubelet"), "--state-dir=" + filepath.Join(base, "state"),
-		"--backends=tmpfs", "--metrics-address=" + metrics,
+		"--backends=tmpfs", "--metrics-address=" + metrics, "--v=2", // as deploy/base runs it
 	}
 	if withAPI {
 		args = append(args, "--events", "--gc-confirm-with-api", "--kubeconfig="+fakeAPIServer(t, base))
@@ -148,6 +154,9 @@ func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	t.Cleanup(stop)
 	pid := cmd.Process.Pid
 	waitReady(t, metrics, base)
+	if withAPI {
+		waitLog(t, base, "Pod informer synced")
+	}
 
 	k := drivertest.NewKubelet(drivertest.KubeletOptions{
 		Root: filepath.Join(base, "kubelet"), Endpoint: "unix://" + sock, DriverName: memDriver, NodeName: memNode,
@@ -211,6 +220,25 @@ func waitReady(t *testing.T, addr, base string) {
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(base, "driver.log"))
 			t.Fatalf("driver not ready after 30s: %v\n%s", err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitLog waits until the driver's log has line.
+func waitLog(t *testing.T, base, line string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		log, err := os.ReadFile(filepath.Join(base, "driver.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), line) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the driver's log after 30s:\n%s", line, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -298,33 +326,58 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // fakeAPIServer serves what the driver's API components ask for: the pods of
 // memNode (a list, or a watch that streams them first when asked, as
 // kube-apiserver's WatchList does), a watch that then stays open, and event
-// writes. It returns a kubeconfig for it.
+// writes. Like kube-apiserver it answers in protobuf when the client accepts
+// it (client-go's typed clients do for pods), else in JSON; over TLS and
+// HTTP/2, with a bearer token. It returns a kubeconfig for it.
 func fakeAPIServer(t *testing.T, base string) string {
 	t.Helper()
 	list := corev1.PodList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"}, ListMeta: metav1.ListMeta{ResourceVersion: "1000"}}
 	for i := range memNodePods {
 		list.Items = append(list.Items, nodePod(i))
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
+	bookmark := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{ResourceVersion: list.ResourceVersion,
+			Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	codecs := serializer.NewCodecFactory(scheme)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+		if strings.Contains(r.Header.Get("Accept"), runtime.ContentTypeProtobuf) {
+			info, _ = runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+		}
 		q := r.URL.Query()
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && q.Get("watch") == "true":
-			enc := json.NewEncoder(w)
-			if q.Get("sendInitialEvents") == "true" {
-				for _, p := range list.Items {
-					_ = enc.Encode(watchEvent("ADDED", &p))
+			w.Header().Set("Content-Type", info.MediaType+";stream=watch")
+			enc := streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
+			send := func(typ watch.EventType, p *corev1.Pod) {
+				raw, err := runtime.Encode(info.Serializer, p)
+				if err == nil {
+					err = enc.Encode(&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: raw}})
 				}
-				_ = enc.Encode(watchEvent("BOOKMARK", &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-					ObjectMeta: metav1.ObjectMeta{ResourceVersion: list.ResourceVersion,
-						Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}))
+				if err != nil {
+					t.Errorf("fake API server: watch event: %v", err)
+				}
+			}
+			if q.Get("sendInitialEvents") == "true" {
+				for i := range list.Items {
+					send(watch.Added, &list.Items[i])
+				}
+				send(watch.Bookmark, bookmark)
 			}
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods":
-			_ = json.NewEncoder(w).Encode(list)
+			w.Header().Set("Content-Type", info.MediaType)
+			if err := info.Serializer.Encode(&list, w); err != nil {
+				t.Errorf("fake API server: list: %v", err)
+			}
 		case strings.HasSuffix(r.URL.Path, "/events") || strings.Contains(r.URL.Path, "/events/"):
 			b, _ := io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", r.Header.Get("Content-Type"))
 			if r.Method == http.MethodPost {
 				w.WriteHeader(http.StatusCreated)
 			}
@@ -333,23 +386,23 @@ func fakeAPIServer(t *testing.T, base string) string {
 			http.NotFound(w, r)
 		}
 	}))
+	// TLS and HTTP/2, as kube-apiserver serves.
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	kubeconfig := filepath.Join(base, "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config
-clusters: [{name: fake, cluster: {server: %q}}]
-users: [{name: driver, user: {}}]
+clusters: [{name: fake, cluster: {server: %q, certificate-authority-data: %s}}]
+users: [{name: driver, user: {token: fake-token}}]
 contexts: [{name: fake, context: {cluster: fake, user: driver}}]
 current-context: fake
-`, srv.URL)
+`, srv.URL, base64.StdEncoding.EncodeToString(ca))
 	if err := os.WriteFile(kubeconfig, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return kubeconfig
-}
-
-func watchEvent(typ string, p *corev1.Pod) map[string]any {
-	return map[string]any{"type": typ, "object": p}
 }
 
 // nodePod is a pod of the size of a typical workload pod (two containers with
