@@ -74,20 +74,23 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 }
 
 // Pods returns the client of the pods of all namespaces, for
-// PodsOptions.Client.
+// PodsOptions.Client. It asks for JSON.
 func (c *Client) Pods() PodsClient { return podsClient{c.rest} }
 
 // Events returns the client of events, each written in its own namespace, for
 // events.Options.Client (a record.EventSink of client-go).
 func (c *Client) Events() *EventsClient { return &EventsClient{c.rest} }
 
-// podsClient lists and watches pods as client-go's typed client does, in
-// protobuf.
+// podsClient lists and watches pods as client-go's typed client does, but in
+// JSON where that client prefers protobuf: decoding a node's pods in
+// protobuf runs (and so keeps resident) about 1 MiB more of the binary than
+// JSON, which the rest of the client uses anyway, for no gain at a node's
+// scale (docs/operations.md, "Memory and CPU of the driver").
 type podsClient struct{ rest rest.Interface }
 
 func (p podsClient) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
 	l := &corev1.PodList{}
-	err := p.rest.Get().UseProtobufAsDefault().Resource("pods").
+	err := p.rest.Get().Resource("pods").
 		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
 		Do(ctx).Into(l)
 	return l, err
@@ -95,7 +98,7 @@ func (p podsClient) List(ctx context.Context, opts metav1.ListOptions) (*corev1.
 
 func (p podsClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	return p.rest.Get().UseProtobufAsDefault().Resource("pods").
+	return p.rest.Get().Resource("pods").
 		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
 		Watch(ctx)
 }

@@ -91,8 +91,8 @@ func TestClientPods(t *testing.T) {
 		if r.method != http.MethodGet || r.path != "/api/v1/pods" || r.query != wantQuery {
 			t.Errorf("request %d: %s %s?%s, want GET /api/v1/pods?%s", i, r.method, r.path, r.query, wantQuery)
 		}
-		// As client-go's typed client: protobuf preferred, JSON accepted.
-		if r.accept != "application/vnd.kubernetes.protobuf,application/json" || r.userAgent != "test-driver/v1" {
+		// JSON, not protobuf (unlike client-go's typed client).
+		if r.accept != "application/json, */*" || r.userAgent != "test-driver/v1" {
 			t.Errorf("request %d: Accept %q, User-Agent %q", i, r.accept, r.userAgent)
 		}
 	}
