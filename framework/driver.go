@@ -190,7 +190,13 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	// Close removes the socket only if it is still this process's.
 	defer lis.Close()
 
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	// The kubelet dials a new connection for every call, so a burst of
+	// publishes is a burst of connections, each with gRPC's 32 KiB read and
+	// write buffers by default. CSI messages are a few KiB: 4 KiB buffers take
+	// a 64-publish burst from 12 to 9 MiB of anonymous memory
+	// (docs/operations.md, "Memory and CPU of the driver"). gRPC already
+	// returns the write buffer to a pool after each flush.
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
 	csi.RegisterIdentityServer(srv, identityServer{d: d})
 	csi.RegisterNodeServer(srv, nodeServer{d: d})
 	d.mu.Lock()

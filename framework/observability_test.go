@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -373,7 +374,7 @@ func TestRefreshFailureCountedAndReported(t *testing.T) {
 
 func TestProvisioningFailedEvents(t *testing.T) {
 	client := fake.NewClientset()
-	rec, err := events.New(events.Options{Client: client, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", PerPodPerMinute: 3})
+	rec, err := events.New(events.Options{Client: &typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")}, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", PerPodPerMinute: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/events"
@@ -66,7 +67,11 @@ func TestFlags(t *testing.T) {
 // the options, each both where the driver uses it and among the Runnables the
 // driver runs.
 func TestAddComponents(t *testing.T) {
-	client := fake.NewClientset()
+	clientset := fake.NewClientset()
+	client := apiClient{
+		events: &typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")},
+		pods:   clientset.CoreV1().Pods(""),
+	}
 	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}
 	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || len(opts.Runnables) != 0 {
 		t.Fatalf("without flags: %v, %+v", err, opts)
@@ -85,7 +90,7 @@ func TestAddComponents(t *testing.T) {
 	if len(opts.Runnables) != 2 || opts.Runnables[0] != rec || opts.Runnables[1] != pods {
 		t.Errorf("Runnables %v, want the recorder and the pod informer", opts.Runnables)
 	}
-	if n := len(client.Actions()); n != 0 {
+	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)
 	}
 }

@@ -3,9 +3,14 @@
 //
 // The framework itself has no Kubernetes client; a driver that wants events
 // builds a Recorder and passes it both as Options.Events (where events go) and
-// among Options.Runnables (so the driver runs it):
+// among Options.Runnables (so the driver runs it). Its client is kube.Client's
+// (which links core/v1 only), or client-go's typedcorev1.EventSinkImpl:
 //
-//	rec, err := events.New(events.Options{Client: client, DriverName: opts.DriverName, NodeName: opts.NodeID})
+//	client, err := kube.NewClient(cfg)
+//	if err != nil {
+//		return err
+//	}
+//	rec, err := events.New(events.Options{Client: client.Events(), DriverName: opts.DriverName, NodeName: opts.NodeID})
 //	if err != nil {
 //		return err
 //	}
@@ -48,10 +53,8 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -77,8 +80,10 @@ const defaultFlushTimeout = 5 * time.Second
 
 // Options configure a Recorder.
 type Options struct {
-	// Client writes the events. Required.
-	Client kubernetes.Interface
+	// Client writes the events, each in its namespace: kube.Client.Events, or
+	// client-go's &typedcorev1.EventSinkImpl{Interface:
+	// clientset.CoreV1().Events("")}. Required.
+	Client record.EventSink
 	// DriverName is the events' source component and reporting controller:
 	// the CSI driver name. Required.
 	DriverName string
@@ -192,11 +197,15 @@ func (r *Recorder) Run(ctx context.Context) error {
 		}),
 	)
 	sink := &flushSink{
-		EventSink: &typedcorev1.EventSinkImpl{Interface: r.opts.Client.CoreV1().Events("")},
+		EventSink: r.opts.Client,
 		flushed:   make(chan struct{}),
 	}
 	b.StartRecordingToSink(sink)
-	r.recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName}).WithLogger(log)
+	// The recorder consults its scheme only to make a reference to an object;
+	// every event here is about a pod given by reference, used as is. So the
+	// scheme is empty (client-go's kubernetes/scheme registers every API
+	// group).
+	r.recorder = b.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName}).WithLogger(log)
 	for _, e := range r.pending {
 		r.recorder.Event(e.ref, e.eventType, e.reason, e.message)
 	}

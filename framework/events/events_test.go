@@ -13,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -25,15 +27,19 @@ var (
 	_ framework.Runnable  = (*Recorder)(nil)
 )
 
-// newRecorder returns a Recorder of opts writing to a fake clientset (unless
-// opts has a Client), with DriverName and NodeName set when empty.
-func newRecorder(t *testing.T, opts Options) (*Recorder, *fake.Clientset) {
+// sink is the events client of a fake clientset.
+func sink(c *fake.Clientset) record.EventSink {
+	return &typedcorev1.EventSinkImpl{Interface: c.CoreV1().Events("")}
+}
+
+// newRecorder returns a Recorder of opts writing to client (a new fake
+// clientset when nil), with DriverName and NodeName set when empty.
+func newRecorder(t *testing.T, client *fake.Clientset, opts Options) (*Recorder, *fake.Clientset) {
 	t.Helper()
-	client, _ := opts.Client.(*fake.Clientset)
-	if opts.Client == nil {
+	if client == nil {
 		client = fake.NewClientset()
-		opts.Client = client
 	}
+	opts.Client = sink(client)
 	if opts.DriverName == "" {
 		opts.DriverName = "scratch.csi.ephemera.dev"
 	}
@@ -91,7 +97,7 @@ func waitFor(t *testing.T, client *fake.Clientset, ns, reason string) []corev1.E
 }
 
 func TestEventReferencesPod(t *testing.T) {
-	r, client := newRecorder(t, Options{DriverName: "scratch.csi.ephemera.dev", NodeName: "node-a"})
+	r, client := newRecorder(t, nil, Options{DriverName: "scratch.csi.ephemera.dev", NodeName: "node-a"})
 	start(t, r)
 	pod := api.Pod{Namespace: "team", Name: "web-0", UID: "5d6c0b3e-uid"}
 	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", `volume "scratch": size 8Gi exceeds the maximum 4Gi`)
@@ -117,7 +123,7 @@ func TestEventReferencesPod(t *testing.T) {
 // other pods have their own budget; the budget refills with time.
 func TestRateLimitPerPod(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	r, client := newRecorder(t, Options{DriverName: "d", NodeName: "n", PerPodPerMinute: 3, clock: clk})
+	r, client := newRecorder(t, nil, Options{DriverName: "d", NodeName: "n", PerPodPerMinute: 3, clock: clk})
 	start(t, r)
 	noisy := api.Pod{Namespace: "ns", Name: "noisy", UID: "u1"}
 	quiet := api.Pod{Namespace: "ns", Name: "quiet", UID: "u2"}
@@ -180,7 +186,7 @@ func writes(client *fake.Clientset, pod string) int {
 
 // The default rate limit is DefaultPerPodPerMinute.
 func TestRateLimitDefault(t *testing.T) {
-	r, client := newRecorder(t, Options{clock: clocktesting.NewFakeClock(time.Now())})
+	r, client := newRecorder(t, nil, Options{clock: clocktesting.NewFakeClock(time.Now())})
 	start(t, r)
 	pod := api.Pod{Namespace: "ns", Name: "noisy", UID: "u1"}
 	for i := range 20 {
@@ -200,10 +206,10 @@ func TestNewValidates(t *testing.T) {
 		opts Options
 		want []string // "" for no error
 	}{
-		{name: "complete", opts: Options{Client: client, DriverName: "d", NodeName: "n"}},
+		{name: "complete", opts: Options{Client: sink(client), DriverName: "d", NodeName: "n"}},
 		{name: "empty", opts: Options{}, want: []string{"Client is required", "DriverName is required", "NodeName is required"}},
 		{name: "no client", opts: Options{DriverName: "d", NodeName: "n"}, want: []string{"Client is required"}},
-		{name: "negative rate", opts: Options{Client: client, DriverName: "d", NodeName: "n", PerPodPerMinute: -1},
+		{name: "negative rate", opts: Options{Client: sink(client), DriverName: "d", NodeName: "n", PerPodPerMinute: -1},
 			want: []string{"PerPodPerMinute -1 must not be negative"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -229,7 +235,7 @@ func TestNewValidates(t *testing.T) {
 // New starts nothing and writes nothing; events sent before Run are kept and
 // written once it runs.
 func TestEventBeforeRunIsKept(t *testing.T) {
-	r, client := newRecorder(t, Options{})
+	r, client := newRecorder(t, nil, Options{})
 	pod := api.Pod{Namespace: "ns", Name: "early", UID: "u1"}
 	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "before Run")
 	time.Sleep(50 * time.Millisecond)
@@ -245,7 +251,7 @@ func TestEventBeforeRunIsKept(t *testing.T) {
 
 // Before Run, at most maxPending events are kept; Event never blocks.
 func TestEventsBeforeRunAreBounded(t *testing.T) {
-	r, _ := newRecorder(t, Options{})
+	r, _ := newRecorder(t, nil, Options{})
 	for i := range maxPending + 10 {
 		r.Event(api.Pod{Namespace: "ns", Name: fmt.Sprint("p", i), UID: "u"}, corev1.EventTypeNormal, "R", "")
 	}
@@ -268,7 +274,7 @@ func TestRunFlushesThenDrops(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		return false, nil, nil
 	})
-	r, _ := newRecorder(t, Options{Client: client})
+	r, _ := newRecorder(t, client, Options{})
 	stop := start(t, r)
 	pod := api.Pod{Namespace: "ns", Name: "last", UID: "u1"}
 	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "just before the end")
@@ -309,7 +315,7 @@ func TestRunFlushTimeout(t *testing.T) {
 	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	r, _ := newRecorder(t, Options{Client: client, flushTimeout: 200 * time.Millisecond})
+	r, _ := newRecorder(t, client, Options{flushTimeout: 200 * time.Millisecond})
 	stop := start(t, r)
 	r.Event(api.Pod{Namespace: "ns", Name: "p", UID: "u"}, corev1.EventTypeWarning, "ProvisioningFailed", "unwritable")
 	// Wait for the first attempt: the broadcaster then sleeps before a retry.

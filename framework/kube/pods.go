@@ -1,13 +1,23 @@
 // Package kube connects an Ephemera driver to the Kubernetes API server. It is
 // optional: the framework core needs no API access.
 //
+// Client is a small client of the two resources the optional components use,
+// pods and events, built from a rest.Config (a kubeconfig's, or the pod's
+// service account's). It links core/v1 only, where client-go's typed core/v1
+// client links every API group of Kubernetes: a driver binary 15-20 MB larger,
+// more with the clientset (docs/operations.md, "Binary size").
+//
 // Pods is the orphan GC's confirmation that a pod is gone (framework.PodChecker).
 // Like every component of a driver it is built from options by value and run
 // by the driver: NewPods checks the options and starts nothing; Run runs the
 // informer until its context ends. It goes both in Options.Pods and in
 // Options.Runnables:
 //
-//	pods, err := kube.NewPods(kube.PodsOptions{Client: client, NodeName: opts.NodeID})
+//	client, err := kube.NewClient(cfg)
+//	if err != nil {
+//		return err
+//	}
+//	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: opts.NodeID})
 //	if err != nil {
 //		return err
 //	}
@@ -21,14 +31,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -42,8 +53,9 @@ const defaultSyncTimeout = time.Minute
 
 // PodsOptions configure Pods.
 type PodsOptions struct {
-	// Client lists and watches the pods. Required.
-	Client kubernetes.Interface
+	// Client lists and watches the pods of all namespaces: Client.Pods, or
+	// client-go's clientset.CoreV1().Pods(""). Required.
+	Client PodsClient
 	// NodeName is the Kubernetes node whose pods are watched (field selector
 	// spec.nodeName): the node the driver runs on, framework.Options.NodeID.
 	// Required.
@@ -96,7 +108,6 @@ func (o *PodsOptions) setDefaults() {
 // driver's Options.Runnables).
 type Pods struct {
 	opts     PodsOptions
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	ran      atomic.Bool
 }
@@ -108,20 +119,45 @@ func NewPods(opts PodsOptions) (*Pods, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	f := informers.NewSharedInformerFactoryWithOptions(opts.Client, opts.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
-		}))
-	inf := f.Core().V1().Pods().Informer()
-	if err := inf.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
-		if p, ok := obj.(*corev1.Pod); ok {
-			return []string{string(p.UID)}, nil
-		}
-		return nil, nil
-	}}); err != nil {
+	selector := fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+	pods := opts.Client
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	// As client-go's informer factory does: the client may say it cannot
+	// stream the initial list in a watch (see PodsClient).
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, opts.Client), &corev1.Pod{}, opts.Resync,
+		cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				return []string{string(p.UID)}, nil
+			}
+			return nil, nil
+		}})
+	// The cache keeps what PodExists needs of a pod, not its spec and status
+	// (a pod with its managed fields is often 10 KiB or more).
+	if err := inf.SetTransform(podIdentity); err != nil {
 		return nil, err
 	}
-	return &Pods{opts: opts, factory: f, informer: inf}, nil
+	return &Pods{opts: opts, informer: inf}, nil
+}
+
+// podIdentity is the informer's transform: a pod becomes its namespace, name,
+// UID and resource version.
+func podIdentity(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a cache.DeletedFinalStateUnknown, kept as is
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+	}}, nil
 }
 
 // Run starts the informer, waits up to SyncTimeout for its first sync and
@@ -135,8 +171,9 @@ func (p *Pods) Run(ctx context.Context) error {
 		return errors.New("kube: Pods has already run")
 	}
 	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
-	p.factory.Start(ctx.Done())
-	defer p.factory.Shutdown() // after ctx ended: waits for the informer's goroutines
+	var wg sync.WaitGroup
+	wg.Go(func() { p.informer.RunWithContext(ctx) })
+	defer wg.Wait() // after ctx ended: waits for the informer's goroutines
 
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, p.opts.SyncTimeout)

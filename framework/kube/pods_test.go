@@ -11,11 +11,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/textlogger"
 
@@ -26,6 +28,22 @@ var (
 	_ framework.PodChecker = (*Pods)(nil)
 	_ framework.Runnable   = (*Pods)(nil)
 )
+
+// fakePods is the pods client of a fake clientset. Like the clientset, it
+// says that it cannot stream the initial list in a watch (the fake's watch
+// would never end that list), so the informer lists, then watches.
+func fakePods(c *fake.Clientset) PodsClient {
+	return fakePodsClient{c.CoreV1().Pods(metav1.NamespaceAll), c}
+}
+
+type fakePodsClient struct {
+	typedcorev1.PodInterface
+	clientset *fake.Clientset
+}
+
+func (f fakePodsClient) IsWatchListSemanticsUnSupported() bool {
+	return f.clientset.IsWatchListSemanticsUnSupported()
+}
 
 // run runs p until the returned stop is called (or the test ends); stop
 // returns Run's error, and fails the test if Run does not return promptly.
@@ -64,9 +82,10 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestPodsExists(t *testing.T) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1")}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1"), Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
 	client := fake.NewClientset(pod)
-	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1"})
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +102,11 @@ func TestPodsExists(t *testing.T) {
 	}
 	if ok, err := p.PodExists(t.Context(), "uid-2"); err != nil || ok {
 		t.Fatalf("unknown pod: %v %v", ok, err)
+	}
+	// The cache keeps the pod's identity only.
+	want := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1", ResourceVersion: pod.ResourceVersion}}
+	if objs := p.informer.GetStore().List(); len(objs) != 1 || !equality.Semantic.DeepEqual(objs[0], &want) {
+		t.Errorf("cached %+v, want only %+v", objs, want)
 	}
 	if err := client.CoreV1().Pods("ns").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -106,11 +130,11 @@ func TestNewPodsValidates(t *testing.T) {
 		opts PodsOptions
 		want []string // nil for no error
 	}{
-		{name: "complete", opts: PodsOptions{Client: client, NodeName: "n", Resync: time.Minute, SyncTimeout: time.Second}},
+		{name: "complete", opts: PodsOptions{Client: fakePods(client), NodeName: "n", Resync: time.Minute, SyncTimeout: time.Second}},
 		{name: "empty", opts: PodsOptions{}, want: []string{"Client is required", "NodeName is required"}},
-		{name: "no node", opts: PodsOptions{Client: client}, want: []string{"NodeName is required"}},
-		{name: "negative resync", opts: PodsOptions{Client: client, NodeName: "n", Resync: -time.Second}, want: []string{"Resync -1s must not be negative"}},
-		{name: "negative timeout", opts: PodsOptions{Client: client, NodeName: "n", SyncTimeout: -1}, want: []string{"SyncTimeout -1ns must not be negative"}},
+		{name: "no node", opts: PodsOptions{Client: fakePods(client)}, want: []string{"NodeName is required"}},
+		{name: "negative resync", opts: PodsOptions{Client: fakePods(client), NodeName: "n", Resync: -time.Second}, want: []string{"Resync -1s must not be negative"}},
+		{name: "negative timeout", opts: PodsOptions{Client: fakePods(client), NodeName: "n", SyncTimeout: -1}, want: []string{"SyncTimeout -1ns must not be negative"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, err := NewPods(c.opts)
@@ -166,7 +190,7 @@ func TestRunSyncTimeout(t *testing.T) {
 		return down.Load(), nil, unreachable
 	})
 	var log syncBuffer
-	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1", SyncTimeout: 100 * time.Millisecond,
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", SyncTimeout: 100 * time.Millisecond,
 		Logger: textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log)))})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +216,7 @@ func TestRunStopsBeforeSync(t *testing.T) {
 	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	p, err := NewPods(PodsOptions{Client: client, NodeName: "node-1"})
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,5 +7,12 @@
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestLatencyTable -v
 //	go test ./test/bench -run '^$' -bench . -benchtime 400x
 //
-// The measurements are Linux-only (bench_test.go, load_test.go) and need root.
+// TestDriverMemory (memory_test.go, make bench-memory) measures the scratch
+// driver's resident memory as a subprocess, idle and with 1,000 published
+// volumes:
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverMemory -v
+//
+// The measurements are Linux-only (bench_test.go, load_test.go,
+// memory_test.go) and need root.
 package bench

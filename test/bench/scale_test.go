@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -80,7 +79,7 @@ func TestScale(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitReady(t, sock)
+		waitProbeReady(t, sock)
 		return time.Since(t0)
 	}
 	stop := func() {
@@ -157,17 +156,8 @@ func TestScale(t *testing.T) {
 	t.Log("\n" + b.String())
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// waitReady waits until the driver's Probe answers ready.
-func waitReady(t *testing.T, sock string) {
+// waitProbeReady waits until the driver's Probe answers ready.
+func waitProbeReady(t *testing.T, sock string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {

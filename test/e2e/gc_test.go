@@ -16,15 +16,19 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/kube"
 )
 
-// TestOrphanGCPodInformer runs the orphan GC's API confirmation (framework/kube)
-// against the real API server: the informer sees only this node's pods (the
-// fake clientset ignores field selectors; the API server does not), by UID, and
-// notices deletions.
+// TestOrphanGCPodInformer runs the orphan GC's API confirmation (framework/kube,
+// over its own core/v1 client, kube.Client) against the real API server: the
+// informer sees only this node's pods (the fake clientset ignores field
+// selectors; the API server does not), by UID, and notices deletions.
 func TestOrphanGCPodInformer(t *testing.T) {
 	c := clu
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pods, err := kube.NewPods(kube.PodsOptions{Client: c.cs, NodeName: nodeName})
+	client, err := kube.NewClient(c.restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: nodeName})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,141 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+)
+
+// PodsClient lists and watches pods: what Pods needs of the API server.
+// Client.Pods is one; so is client-go's typed client, clientset.CoreV1().Pods("").
+//
+// Pods's informer asks for the initial list as a stream of watch events
+// (client-go's WatchListClient, on by default) unless the client has a method
+// IsWatchListSemanticsUnSupported() bool that returns true, as client-go's fake
+// clientset has: wrap the fake's pods client with that method in tests, or the
+// informer never syncs.
+type PodsClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// Client talks to the two core/v1 resources a driver's optional components
+// use: pods, which Pods lists and watches, and events, which package events
+// writes. It is a REST client whose scheme knows core/v1 only. client-go's
+// typed core/v1 client imports client-go's kubernetes/scheme, which registers
+// every API group of Kubernetes: it makes a driver binary 15-20 MB larger, the
+// clientset more (docs/operations.md, "Binary size").
+//
+// A driver that has a clientset anyway may use it instead:
+// clientset.CoreV1().Pods("") is a PodsClient, and
+// &typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")} is an
+// events client.
+type Client struct {
+	rest rest.Interface
+}
+
+// coreCodecs encode and decode the core/v1 types (with the meta/v1 list and
+// watch types they need) and nothing else. Built by the first NewClient, not
+// at start: a driver without API access does not pay for it.
+var coreCodecs = sync.OnceValue(func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		panic(err) // only on a duplicate registration, which a new scheme cannot have
+	}
+	return serializer.NewCodecFactory(s)
+})
+
+// NewClient returns a Client of the API server cfg points to (a kubeconfig's,
+// clientcmd.BuildConfigFromFlags, or the pod's service account,
+// rest.InClusterConfig). It makes no API call. cfg's rate limits apply (by
+// default 5 requests per second, bursts of 10), as with client-go's clients.
+func NewClient(cfg *rest.Config) (*Client, error) {
+	c := rest.CopyConfig(cfg)
+	c.APIPath = "/api"
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.NegotiatedSerializer = coreCodecs().WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("kube: %w", err)
+	}
+	return &Client{rest: rc}, nil
+}
+
+// Pods returns the client of the pods of all namespaces, for
+// PodsOptions.Client. It asks for JSON.
+func (c *Client) Pods() PodsClient { return podsClient{c.rest} }
+
+// Events returns the client of events, each written in its own namespace, for
+// events.Options.Client (a record.EventSink of client-go).
+func (c *Client) Events() *EventsClient { return &EventsClient{c.rest} }
+
+// podsClient lists and watches pods as client-go's typed client does, but in
+// JSON where that client prefers protobuf: decoding a node's pods in
+// protobuf runs (and so keeps resident) about 1 MiB more of the binary than
+// JSON, which the rest of the client uses anyway, for no gain at a node's
+// scale (docs/operations.md, "Memory and CPU of the driver").
+type podsClient struct{ rest rest.Interface }
+
+func (p podsClient) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	l := &corev1.PodList{}
+	err := p.rest.Get().Resource("pods").
+		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
+		Do(ctx).Into(l)
+	return l, err
+}
+
+func (p podsClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return p.rest.Get().Resource("pods").
+		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
+		Watch(ctx)
+}
+
+func timeout(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+// EventsClient writes core/v1 events in the namespace of each, in JSON, as
+// client-go's typedcorev1.EventSinkImpl does. It is a record.EventSink of
+// client-go (events.Options.Client). Its methods take no context (that
+// interface has none): a call is bounded by the rest.Config's Timeout, if any.
+type EventsClient struct{ rest rest.Interface }
+
+// Create creates e.
+func (c *EventsClient) Create(e *corev1.Event) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	err := c.rest.Post().NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").
+		Body(e).Do(context.Background()).Into(out)
+	return out, err
+}
+
+// Update replaces e.
+func (c *EventsClient) Update(e *corev1.Event) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	err := c.rest.Put().NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").Name(e.Name).
+		Body(e).Do(context.Background()).Into(out)
+	return out, err
+}
+
+// Patch applies the strategic merge patch data to e.
+func (c *EventsClient) Patch(e *corev1.Event, data []byte) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	err := c.rest.Patch(types.StrategicMergePatchType).NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").Name(e.Name).
+		Body(data).Do(context.Background()).Into(out)
+	return out, err
+}
