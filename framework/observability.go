@@ -12,6 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -55,10 +56,7 @@ func (d *Driver) initObservability() {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
+	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
 	d.http.handler = mux
 }
@@ -75,7 +73,12 @@ func methodNames(ms []grpc.MethodDesc) []string {
 // own HTTP server instead of setting Options.MetricsAddress:
 //
 //   - /metrics: Prometheus metrics (see package framework/metrics);
-//   - /healthz: 200 while the process serves HTTP (liveness);
+//   - /healthz: liveness. 200 before the driver serves (a startup reconcile
+//     on a full node may take long) and, once it serves, when a CSI Probe
+//     sent through the driver's own socket answers ready within 4 seconds (as
+//     the livenessprobe sidecar judges): the listener, the gRPC server, the
+//     interceptor and the state store all take part, so a wedged server, a
+//     hung or a failing store fails it; 503 with the reason otherwise;
 //   - /readyz: 200 once the startup reconcile is done and while the state store
 //     answers, 503 with the reason otherwise (readiness; the same condition as
 //     a ready CSI Probe).
@@ -107,6 +110,54 @@ func (d *Driver) readiness(ctx context.Context) error {
 		return fmt.Errorf("not serving: the startup reconcile has not finished, or the driver is stopping")
 	}
 	return d.healthy(ctx)
+}
+
+// livenessTimeout bounds the Probe of /healthz; below the deploy's
+// livenessProbe timeoutSeconds (5), so the kubelet gets the reason.
+var livenessTimeout = 4 * time.Second
+
+// liveness probes the driver through its own CSI socket, as the kubelet and
+// the registrar reach it. It is nil before the driver serves.
+func (d *Driver) liveness(ctx context.Context) error {
+	if !d.ready.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, livenessTimeout)
+	defer cancel()
+	path, err := socketPath(d.opts.Endpoint)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient("passthrough:///csi",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", path)
+		}))
+	if err != nil {
+		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
+	}
+	defer conn.Close()
+	// Judged as the livenessprobe sidecar judges: an error or "not ready"
+	// (a store that fails) is unhealthy; a restart reopens the store.
+	resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
+	}
+	if !resp.GetReady().GetValue() && d.ready.Load() {
+		return fmt.Errorf("CSI Probe over %s: not ready", d.opts.Endpoint)
+	}
+	return nil
+}
+
+func (d *Driver) serveHealthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := d.liveness(r.Context()); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, err)
+		return
+	}
+	fmt.Fprintln(w, "ok")
 }
 
 func (d *Driver) serveReadyz(w http.ResponseWriter, r *http.Request) {
