@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,8 +147,8 @@ func ModeBits(m fs.FileMode) uint32 {
 	return n
 }
 
-// Only returns an error naming every attribute not in known, so that a typo in a pod
-// spec fails loudly instead of being ignored.
+// Only returns an *UnknownAttributesError naming every attribute not in known,
+// so that a typo in a pod spec fails loudly instead of being ignored.
 func (p Params) Only(known ...string) error {
 	var unknown []string
 	for k := range p {
@@ -166,9 +167,9 @@ func (p Params) Only(known ...string) error {
 		return nil
 	}
 	sort.Strings(unknown)
-	sort.Strings(known)
-	return InvalidParamf("unknown attribute(s) %s; this driver accepts %s",
-		quoteAll(unknown), quoteAll(known))
+	accepted := slices.Clone(known)
+	sort.Strings(accepted)
+	return &UnknownAttributesError{Unknown: unknown, Accepted: accepted}
 }
 
 func quoteAll(s []string) string {

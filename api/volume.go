@@ -63,8 +63,13 @@ type Volume struct {
 	// Size is the requested size in bytes (the "size" attribute, or the backend's
 	// default); 0 when unset.
 	Size int64
-	// Params are the user's volumeAttributes without kubelet-owned keys.
+	// Params are the user's volumeAttributes without kubelet-owned keys, the
+	// framework's ("size", "backend") and the driver's declared ones
+	// (framework.Options.Attributes): what is left for the backend.
 	Params Params
+	// Attributes are the driver's declared attributes, parsed, with their
+	// defaults (framework.Options.Attributes); nil when it declares none.
+	Attributes Values
 	// Secrets are the contents of nodePublishSecretRef. They are only set while a
 	// publish or refresh is in progress, are never persisted and never logged.
 	Secrets Secrets

@@ -417,7 +417,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return err
 	}
 	if b, ok := d.opts.Backends[rec.Backend]; ok {
-		v := volume.FromRecord(rec)
+		v := d.fromRecord(rec)
 		if err := d.refuseIfMounted(ctx, b, v, rec.Source); err != nil {
 			return err
 		}

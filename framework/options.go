@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -91,6 +92,16 @@ type Options struct {
 	// are summed without overflow. Backends not listed are unlimited. Defaults to
 	// no budgets.
 	Capacity map[string]int64
+	// Attributes are the volume attributes the driver itself accepts, beside
+	// the framework's ("size", "backend") and its backends'. Each publish parses
+	// them once (required keys, defaults, enums, patterns, DNS labels,
+	// quantities and integers within bounds; every problem reported at once,
+	// InvalidArgument), hands their values to the backend and the content
+	// provider as Volume.Attributes, and the backend the remaining attributes in
+	// Volume.Params. An attribute nobody accepts is refused with the list of
+	// every accepted key. Do not declare a backend's key: the backend would no
+	// longer see it.
+	Attributes api.Attributes
 	// MaxVolumeSize caps the "size" attribute, and the size a backend makes of
 	// it, in bytes: a pod chooses its size, and an unbounded one is a pod
 	// taking the node's memory or disk. Defaults to DefaultMaxVolumeSize (1Gi);
@@ -251,6 +262,9 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
 	} else if _, ok := o.Backends[o.DefaultBackend]; !ok && len(o.Backends) > 0 {
 		errs = append(errs, fmt.Errorf("DefaultBackend %q is not one of the backends (%s)", o.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
+	}
+	if err := o.Attributes.Check(); err != nil {
+		errs = append(errs, fmt.Errorf("option Attributes: %w", err))
 	}
 	if err := validateCapacity(o.Capacity, o.Backends); err != nil {
 		errs = append(errs, err)

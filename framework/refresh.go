@@ -13,7 +13,6 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
-	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -251,7 +250,7 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 	if mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
 		return // the next republish repairs it, with fresh content
 	}
-	v := volume.FromRecord(rec)
+	v := d.fromRecord(rec)
 	c := d.refresher.credsOf(id)
 	v.Secrets, v.Tokens = c.secrets, c.tokens
 	if err := d.refreshContent(klog.NewContext(ctx, log), v); err != nil {

@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
+	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // publishRequest is a validated NodePublishVolumeRequest.
@@ -130,6 +133,14 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	}
 
 	backendParams := volume.BackendParams(params)
+	// A refusal of the driver's attributes waits for the backend's check, so
+	// that a typo is named with the required key it misses.
+	attrs, attrErr := d.opts.Attributes.Parse(backendParams)
+	if len(d.opts.Attributes) > 0 {
+		backendParams = d.opts.Attributes.Split(backendParams)
+	} else {
+		attrs = nil
+	}
 	v := &api.Volume{
 		ID:         req.GetVolumeId(),
 		Name:       t.VolumeName,
@@ -140,14 +151,15 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 			UID:            uid,
 			ServiceAccount: vc[api.KeyServiceAccountName],
 		},
-		Backend:  backendName,
-		ReadOnly: req.GetReadonly(),
-		FSType:   mnt.GetFsType(),
-		FSGroup:  fsGroup,
-		Size:     size,
-		Params:   backendParams,
-		Secrets:  secrets,
-		Tokens:   tokens,
+		Backend:    backendName,
+		ReadOnly:   req.GetReadonly(),
+		FSType:     mnt.GetFsType(),
+		FSGroup:    fsGroup,
+		Size:       size,
+		Params:     backendParams,
+		Attributes: attrs,
+		Secrets:    secrets,
+		Tokens:     tokens,
 	}
 	// The hash covers what the pod asked for, not the defaults a backend fills in
 	// below, so an operator changing a default does not turn the republish of a
@@ -157,8 +169,8 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	if val, ok := backend.(Validator); ok {
 		check = val.Validate
 	}
-	if err := check(v); err != nil {
-		return nil, err // api.ErrInvalidParams: InvalidArgument
+	if err := d.allAccepted(check(v)); err != nil || attrErr != nil {
+		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
 	}
 	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
 		return nil, invalidArgf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.MaxVolumeSize))
@@ -189,4 +201,53 @@ func requestHash(v *api.Volume, params api.Params) string {
 	}{v.Backend, kv, v.ReadOnly, v.FSType, v.FSGroup, v.Size})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:16])
+}
+
+// joinInvalid is the first of errs that is not nil, or, when both refuse
+// attributes, one refusal with both messages.
+func joinInvalid(backendErr, attrErr error) error {
+	if backendErr == nil || attrErr == nil || !errors.Is(backendErr, api.ErrInvalidParams) {
+		if backendErr != nil {
+			return backendErr
+		}
+		return attrErr
+	}
+	prefix := api.ErrInvalidParams.Error() + ": "
+	return api.InvalidParamf("%s; %s", strings.TrimPrefix(backendErr.Error(), prefix), strings.TrimPrefix(attrErr.Error(), prefix))
+}
+
+// allAccepted completes a backend's refusal of unknown attributes with every
+// key the pod may set: the backend's, the driver's declared ones and the
+// framework's. Other errors pass through.
+func (d *Driver) allAccepted(err error) error {
+	var ue *api.UnknownAttributesError
+	if err == nil {
+		return nil
+	}
+	if !errors.As(err, &ue) {
+		return err
+	}
+	accepted := slices.Concat(ue.Accepted, d.opts.Attributes.Keys(), volume.FrameworkParams)
+	slices.Sort(accepted)
+	return &api.UnknownAttributesError{Unknown: ue.Unknown, Accepted: slices.Compact(accepted)}
+}
+
+// fromRecord is the backend's and content provider's view of a persisted
+// volume (volume.FromRecord), with the driver's declared attributes parsed
+// again from the record's and taken out of Params. Should the declaration have
+// changed since the publish so that they no longer parse, Attributes hold what
+// still does.
+func (d *Driver) fromRecord(rec *store.Record) *api.Volume {
+	v := volume.FromRecord(rec)
+	if len(d.opts.Attributes) == 0 {
+		return v
+	}
+	v.Attributes = make(api.Values, len(d.opts.Attributes))
+	for _, a := range d.opts.Attributes {
+		if vals, err := (api.Attributes{a}).Parse(v.Params); err == nil {
+			maps.Copy(v.Attributes, vals)
+		}
+	}
+	v.Params = d.opts.Attributes.Split(v.Params)
+	return v
 }

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -69,7 +68,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
 	if hc, ok := d.opts.Backends[rec.Backend].(HealthChecker); ok {
-		if err := hc.Check(ctx, volume.FromRecord(rec)); err != nil {
+		if err := hc.Check(ctx, d.fromRecord(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"os/signal"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -33,6 +32,17 @@ const (
 	paramFormat   = "format"   // "raw" (default) or "json"
 )
 
+// attributes are this driver's own volume attributes; the framework parses
+// them once per publish and refuses a pod whose attributes do not parse, or
+// that sets a key neither these nor tmpfs (or "size") accept.
+var attributes = api.Attributes{
+	api.StringAttr(paramAudience).Required().
+		Describe("the audience of the token to mount (listed in the CSIDriver's spec.tokenRequests)"),
+	api.PatternAttr(paramFileName, `[A-Za-z0-9_][A-Za-z0-9._-]{0,252}`).Default("token").
+		Describe("a plain file name (letters, digits, '.', '_', '-'; not starting with '.')"),
+	api.EnumAttr(paramFormat, "raw", "json").Default("raw"),
+}
+
 // Options returns the driver: a 1Mi tmpfs per volume holding one token file.
 // main sets the Authorizer from --allowed-namespaces.
 func Options() (framework.Options, error) {
@@ -42,67 +52,24 @@ func Options() (framework.Options, error) {
 	}
 	return framework.Options{
 		DriverName: driverName,
-		Backends:   map[string]framework.Backend{"tmpfs": backend{mem}},
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
+		Attributes: attributes,
 		Content:    framework.ContentFunc(tokenFile),
 	}, nil
-}
-
-// attrs are a volume's parsed attributes.
-type attrs struct{ audience, fileName, format string }
-
-var fileNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$`)
-
-func parseAttrs(p api.Params) (attrs, error) {
-	a := attrs{audience: p.String(paramAudience, ""), fileName: p.String(paramFileName, "token")}
-	if !p.Has(paramAudience) {
-		return a, api.InvalidParamf("attribute %q is required: the audience of the token to mount (listed in the CSIDriver's spec.tokenRequests)", paramAudience)
-	}
-	if !fileNameRE.MatchString(a.fileName) {
-		return a, api.InvalidParamf("attribute %q: %q must be a plain file name (letters, digits, '.', '_', '-'; not starting with '.')", paramFileName, a.fileName)
-	}
-	var err error
-	a.format, err = p.OneOf(paramFormat, "raw", "raw", "json")
-	return a, err
-}
-
-// backend is the tmpfs backend, also accepting this driver's attributes. (The
-// framework refuses every attribute a backend's Validate does not accept.)
-type backend struct{ *tmpfs.Backend }
-
-func (b backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(paramAudience, paramFileName, paramFormat,
-		tmpfs.ParamMode, tmpfs.ParamUID, tmpfs.ParamGID, tmpfs.ParamNrInodes); err != nil {
-		return err
-	}
-	if _, err := parseAttrs(v.Params); err != nil {
-		return err
-	}
-	rest := *v // tmpfs sees only its own attributes
-	rest.Params = v.Params.Clone()
-	for _, k := range []string{paramAudience, paramFileName, paramFormat} {
-		delete(rest.Params, k)
-	}
-	if err := b.Backend.Validate(&rest); err != nil {
-		return err
-	}
-	v.Size = rest.Size // tmpfs's default size
-	return nil
 }
 
 // tokenFile is the volume's content, built at publish and on every republish.
 // The token text must never be logged: api.Token and api.Tokens redact
 // themselves, but a plain string does not.
 func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
-	a, err := parseAttrs(v.Params)
-	if err != nil {
-		return nil, err
-	}
-	tok, ok := v.Tokens[a.audience]
+	audience := v.Attributes.String(paramAudience)
+	tok, ok := v.Tokens[audience]
 	if !ok {
-		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: CSIDriver %s must list audience %q in spec.tokenRequests", a.audience, driverName, a.audience)
+		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: CSIDriver %s must list audience %q in spec.tokenRequests", audience, driverName, audience)
 	}
 	data := []byte(tok.Token)
-	if a.format == "json" {
+	var err error
+	if v.Attributes.String(paramFormat) == "json" {
 		// Not json.Marshal(tok): api.Token marshals redacted, by design.
 		data, err = json.Marshal(struct {
 			Token               string    `json:"token"`
@@ -112,7 +79,7 @@ func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return nil, err
 		}
 	}
-	return map[string]api.File{a.fileName: {Data: data}}, nil
+	return map[string]api.File{v.Attributes.String(paramFileName): {Data: data}}, nil
 }
 
 // allowNamespaces admits pods of the listed namespaces (comma-separated);
