@@ -50,6 +50,7 @@ func (d *Driver) initObservability() {
 		DriverName: d.opts.DriverName,
 		Version:    d.opts.Version,
 		Backends:   backendNames(d.opts.Backends),
+		Capacity:   d.opts.Capacity,
 		Methods:    methods,
 		Usage:      d.capacity.usage,
 		Inflight:   func() int { return len(d.inflight) },

@@ -94,8 +94,8 @@ func TestObserveRPCAllocs(t *testing.T) {
 			t.Errorf("ObserveRPC(%v) allocates %v times", c, n)
 		}
 	}
-	if lines := metricLines(t, d, `ephemera_errors_total{code="Aborted",method="NodeGetCapabilities"}`); len(lines) != 1 || !strings.HasSuffix(lines[0], " 102") { // 1 + AllocsPerRun's warm-up and 100 runs
-		t.Errorf("errors_total: %q", lines)
+	if lines := metricLines(t, d, `csi_plugin_operations_seconds_count{driver_name="obs.csi.ephemera.dev",grpc_status_code="Aborted",method_name="/csi.v1.Node/NodeGetCapabilities"}`); len(lines) != 1 || !strings.HasSuffix(lines[0], " 102") { // 1 + AllocsPerRun's warm-up and 100 runs
+		t.Errorf("csi_plugin_operations_seconds: %q", lines)
 	}
 }
 

@@ -711,8 +711,8 @@ func publishDelta(t *testing.T, before, after scrape, pods int, podMean time.Dur
 		backend: time.Duration(delta(backend+"_sum", map[string]string{"op": "create"}) * float64(time.Second)),
 		podMean: podMean,
 	}
-	if failed := delta("ephemera_errors_total", pub); failed > 0 {
-		t.Errorf("%v NodePublishVolume calls failed during the inline batch (ephemera_errors_total)", failed)
+	if failed := delta(rpc+"_count", pub) - delta(rpc+"_count", map[string]string{"method": "NodePublishVolume", "code": "OK"}); failed > 0 {
+		t.Errorf("%v NodePublishVolume calls failed during the inline batch (%s_count with a code other than OK)", failed, rpc)
 	}
 	if ok := int(delta(rpc+"_count", map[string]string{"method": "NodePublishVolume", "code": "OK"})); ok < pods {
 		t.Errorf("%d successful NodePublishVolume calls in the driver's metrics for %d Running inline pods", ok, pods)

@@ -9,12 +9,18 @@
 //
 // # Metrics
 //
-//   - ephemera_rpc_duration_seconds{method,code} histogram: every CSI call.
-//   - ephemera_errors_total{method,code} counter: calls that returned an error.
+//   - ephemera_rpc_duration_seconds{method,code} histogram: every CSI call
+//     (errors are its _count with code!="OK"; there is no separate error counter).
+//   - csi_plugin_operations_seconds{driver_name,method_name,grpc_status_code}
+//     histogram: the same calls as csi-lib-utils' metrics manager records them
+//     for a CSI plugin (full method name, its buckets), for kubernetes-csi
+//     dashboards. Not through csi-lib-utils itself: its metrics package links
+//     k8s.io/component-base/metrics and OpenTelemetry into the binary.
 //   - ephemera_backend_operation_duration_seconds{backend,op,result} histogram:
 //     Backend.Create, Backend.Delete and Lister.List.
 //   - ephemera_volumes{backend}, ephemera_volume_bytes{backend} gauges: read from
-//     the driver's capacity accounting at scrape time.
+//     the driver's capacity accounting at scrape time; ephemera_capacity_bytes{backend}:
+//     the budget of each backend that has one.
 //   - ephemera_reconcile_total{result}, ephemera_gc_total{result},
 //     ephemera_refresh_total{result} counters, ephemera_state_recoveries_total.
 //   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.

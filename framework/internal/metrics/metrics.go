@@ -16,11 +16,15 @@ import (
 // Metric names. Every metric of the framework is listed here and in
 // docs/design.md ("Observability").
 const (
-	RPCDuration     = "ephemera_rpc_duration_seconds"
-	Errors          = "ephemera_errors_total"
+	RPCDuration = "ephemera_rpc_duration_seconds"
+	// CSIOperations is the kubernetes-csi standard operation histogram of a
+	// CSI plugin, as csi-lib-utils' metrics manager names and labels it
+	// (subsystem csi_plugin), so that existing CSI dashboards work.
+	CSIOperations   = "csi_plugin_operations_seconds"
 	BackendDuration = "ephemera_backend_operation_duration_seconds"
 	Volumes         = "ephemera_volumes"
 	VolumeBytes     = "ephemera_volume_bytes"
+	CapacityBytes   = "ephemera_capacity_bytes"
 	Reconcile       = "ephemera_reconcile_total"
 	StateRecoveries = "ephemera_state_recoveries_total"
 	GC              = "ephemera_gc_total"
@@ -37,6 +41,11 @@ const (
 	labelResult  = "result"
 	labelDriver  = "driver"
 	labelVersion = "version"
+
+	// csi-lib-utils' labels of CSIOperations.
+	labelCSIDriver = "driver_name"
+	labelCSIMethod = "method_name"
+	labelCSICode   = "grpc_status_code"
 
 	maxGRPCCode  = codes.Unauthenticated
 	numGRPCCodes = int(maxGRPCCode) + 1
@@ -86,6 +95,10 @@ const (
 // the kubelet's 2 minute deadline (a slow mkfs, an unresponsive backend).
 var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
 
+// csiBuckets are csi-lib-utils' buckets of CSIOperations (kept equal by
+// TestCSIOperationsMatchCSILibUtils).
+var csiBuckets = []float64{.1, .25, .5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600}
+
 // Usage is what one backend's volumes hold on the node.
 type Usage struct {
 	Volumes int64
@@ -100,6 +113,9 @@ type Config struct {
 	// Backends are exported in Volumes and VolumeBytes even while they hold
 	// nothing.
 	Backends []string
+	// Capacity are the budgets of the backends that have one, exported as
+	// CapacityBytes (compare with VolumeBytes).
+	Capacity map[string]int64
 	// Methods are the full gRPC method names ("/csi.v1.Node/NodePublishVolume")
 	// served; their series are looked up without allocating. Others still work.
 	Methods []string
@@ -119,7 +135,8 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	rpcDuration     *prometheus.HistogramVec
-	errors          *prometheus.CounterVec
+	csiOperations   *prometheus.HistogramVec
+	driverName      string
 	backendDuration *prometheus.HistogramVec
 	reconcile       *prometheus.CounterVec
 	stateRecoveries prometheus.Counter
@@ -138,7 +155,7 @@ type methodSeries struct {
 
 type rpcSeries struct {
 	duration prometheus.Observer
-	errors   prometheus.Counter // nil for OK
+	csi      prometheus.Observer
 }
 
 // New creates the metrics of one driver and registers them, with the Go
@@ -151,10 +168,12 @@ func New(c Config) *Metrics {
 			Help:    "Duration of CSI gRPC calls, by method and gRPC status code.",
 			Buckets: durationBuckets,
 		}, []string{labelMethod, labelCode}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: Errors,
-			Help: "CSI gRPC calls that returned an error, by method and gRPC status code.",
-		}, []string{labelMethod, labelCode}),
+		csiOperations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    CSIOperations,
+			Help:    "Container Storage Interface operation duration with gRPC error code status total",
+			Buckets: csiBuckets,
+		}, []string{labelCSIDriver, labelCSIMethod, labelCSICode}),
+		driverName: c.DriverName,
 		backendDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    BackendDuration,
 			Help:    "Duration of backend operations (create, delete, list), by backend, operation and result (ok, error).",
@@ -198,12 +217,12 @@ func New(c Config) *Metrics {
 	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
 
 	m.reg.MustRegister(
-		m.rpcDuration, m.errors, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, buildInfo,
+		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	if c.Usage != nil {
-		m.reg.MustRegister(newUsageCollector(c.Backends, c.Usage))
+		m.reg.MustRegister(newUsageCollector(c.Backends, c.Capacity, c.Usage))
 	}
 	if c.Inflight != nil {
 		inflight := c.Inflight
@@ -228,37 +247,35 @@ func (m *Metrics) Handler() http.Handler {
 	})
 }
 
-// ObserveRPC records one gRPC call: its duration, and an error when code is
-// not OK. fullMethod is the gRPC method ("/csi.v1.Node/NodePublishVolume"); the
-// method label is its last element.
+// ObserveRPC records one gRPC call's duration by method and code, in
+// RPCDuration (whose method label is the last element of fullMethod) and in
+// CSIOperations (whose method_name is fullMethod, "/csi.v1.Node/NodePublishVolume",
+// as csi-lib-utils records it).
 func (m *Metrics) ObserveRPC(fullMethod string, code codes.Code, d time.Duration) {
 	s := m.rpcSeries(fullMethod, code)
 	s.duration.Observe(d.Seconds())
-	if s.errors != nil {
-		s.errors.Inc()
-	}
+	s.csi.Observe(d.Seconds())
 }
 
 func (m *Metrics) rpcSeries(fullMethod string, code codes.Code) *rpcSeries {
 	ms := m.methods[fullMethod]
 	if ms == nil || code > maxGRPCCode {
-		return m.newRPCSeries(shortMethod(fullMethod), code)
+		return m.newRPCSeries(fullMethod, code)
 	}
 	if s := ms.byCode[code].Load(); s != nil {
 		return s
 	}
 	// Two callers may race here; both get the same underlying series.
-	s := m.newRPCSeries(ms.name, code)
+	s := m.newRPCSeries(fullMethod, code)
 	ms.byCode[code].Store(s)
 	return s
 }
 
-func (m *Metrics) newRPCSeries(method string, code codes.Code) *rpcSeries {
-	s := &rpcSeries{duration: m.rpcDuration.WithLabelValues(method, code.String())}
-	if code != codes.OK {
-		s.errors = m.errors.WithLabelValues(method, code.String())
+func (m *Metrics) newRPCSeries(fullMethod string, code codes.Code) *rpcSeries {
+	return &rpcSeries{
+		duration: m.rpcDuration.WithLabelValues(shortMethod(fullMethod), code.String()),
+		csi:      m.csiOperations.WithLabelValues(m.driverName, fullMethod, code.String()),
 	}
-	return s
 }
 
 func shortMethod(full string) string {
@@ -299,15 +316,21 @@ func (m *Metrics) Refreshed(err error) {
 // scrape time, so they can never drift from it.
 type usageCollector struct {
 	backends []string
+	capacity map[string]int64
 	usage    func() map[string]Usage
 	volumes  *prometheus.Desc
 	bytes    *prometheus.Desc
+	budget   *prometheus.Desc
 }
 
-func newUsageCollector(backends []string, usage func() map[string]Usage) *usageCollector {
+func newUsageCollector(backends []string, capacity map[string]int64, usage func() map[string]Usage) *usageCollector {
 	return &usageCollector{
 		backends: backends,
+		capacity: capacity,
 		usage:    usage,
+		budget: prometheus.NewDesc(CapacityBytes,
+			"The budget of a backend's volume sizes on this node (Options.Capacity, --capacity), for backends that have one; alert on ephemera_volume_bytes / ephemera_capacity_bytes.",
+			[]string{labelBackend}, nil),
 		volumes: prometheus.NewDesc(Volumes,
 			"Volumes on this node (published, or being published or torn down), by backend.",
 			[]string{labelBackend}, nil),
@@ -320,6 +343,7 @@ func newUsageCollector(backends []string, usage func() map[string]Usage) *usageC
 func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.volumes
 	ch <- c.bytes
+	ch <- c.budget
 }
 
 func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
@@ -330,6 +354,9 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, b := range c.backends {
 		emit(b, u[b])
+	}
+	for b, n := range c.capacity {
+		ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, float64(n), b)
 	}
 	// Volumes of a backend the driver no longer has (kept for cleanup).
 	for b, n := range u {
