@@ -24,6 +24,20 @@ app.kubernetes.io/name: {{ include "ephemera-scratch.name" . }}
 app.kubernetes.io/component: node
 {{- end -}}
 
+{{/*
+An image reference from {repository, tag, digest} and the tag to use when tag is
+empty: repository@digest when a digest is set (the tag is ignored), else
+repository:tag.
+*/}}
+{{- define "ephemera-scratch.image" -}}
+{{- $img := index . 0 -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository ($img.tag | default (index . 1)) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Host path of the plugin directory and the CSI socket. */}}
 {{- define "ephemera-scratch.pluginDir" -}}
 {{- printf "%s/plugins/%s" .Values.kubeletRoot .Values.driverName -}}
