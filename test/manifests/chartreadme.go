@@ -34,7 +34,7 @@ func ChartReadme(chartDir string) ([]byte, error) {
 		return nil, err
 	}
 	if err := yaml.Unmarshal(b, &chart); err != nil {
-		return nil, fmt.Errorf("Chart.yaml: %w", err)
+		return nil, fmt.Errorf("parse Chart.yaml: %w", err)
 	}
 	b, err = os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
 	if err != nil {
