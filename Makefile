@@ -37,7 +37,7 @@ PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
 .PHONY: all build run test lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench bench-memory clean manifests build-static build-windows image image-check
+        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
 
 all: build
 
@@ -157,11 +157,16 @@ bench:
 bench-memory: build-static
 	EPHEMERA_BENCH=1 EPHEMERA_BENCH_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch $(GO) test -count=1 $(GOBUILDFLAGS) -run TestDriverMemory -v ./test/bench/
 
-## manifests: test/manifests (own module): tidy check, invariant tests, helm lint, and every
-## deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
+## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
+## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
 manifests:
 	cd test/manifests && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./... && \
 	  $(GO) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
+
+## chart-readme: regenerate deploy/helm/ephemera-scratch/README.md from the chart's values.yaml (every value
+## and its comment), values.schema.json and Chart.yaml; make manifests fails when it is not current
+chart-readme:
+	cd test/manifests && $(GO) run ./cmd/chart-readme
 
 IMAGE_REPO       ?= ghcr.io/ephemera-csi/ephemera-scratch
 IMAGE_TAG        ?= $(VERSION)

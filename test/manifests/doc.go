@@ -8,6 +8,7 @@
 //
 //	go test ./...                       # invariants
 //	go run ./cmd/render -out DIR        # one YAML file per target, plus helm lint
+//	go run ./cmd/chart-readme           # the chart's README.md from values.yaml (make chart-readme)
 //
 // The rendered files are what test/e2e/deploy_test.go dry-runs against a real
 // kube-apiserver (make manifests renders them into _output/manifests).

@@ -85,10 +85,20 @@ func Kustomize(dir string) ([]byte, error) {
 	return m.AsYaml()
 }
 
-// Helm is `helm template ephemera-scratch chartDir --namespace ns` with values
-// (validated against values.schema.json): the rendered templates in file-name
-// order, NOTES.txt left out.
+// Helm is `helm template ephemera-scratch chartDir --namespace ns --skip-tests`
+// with values (validated against values.schema.json): the rendered templates in
+// file-name order, NOTES.txt and the `helm test` hooks (templates/tests/) left out.
+// That is what `helm install` applies.
 func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
+	return helm(chartDir, values, ns, false)
+}
+
+// HelmTests renders only the chart's `helm test` hooks (templates/tests/).
+func HelmTests(chartDir string, values map[string]any, ns string) ([]byte, error) {
+	return helm(chartDir, values, ns, true)
+}
+
+func helm(chartDir string, values map[string]any, ns string, tests bool) ([]byte, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
@@ -105,7 +115,8 @@ func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
 	}
 	names := make([]string, 0, len(files))
 	for n := range files {
-		if strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml") {
+		isTest := strings.Contains(n, "/templates/tests/")
+		if (strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) && isTest == tests {
 			names = append(names, n)
 		}
 	}
