@@ -25,8 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ephemera-csi/ephemera/framework/events/eventstest"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
@@ -374,7 +375,7 @@ func TestRefreshFailureCountedAndReported(t *testing.T) {
 
 func TestProvisioningFailedEvents(t *testing.T) {
 	client := fake.NewClientset()
-	rec, err := events.New(events.Options{Client: &typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")}, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", PerPodPerMinute: 3})
+	rec, err := events.New(events.Options{Client: eventstest.Client{C: client}, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", PerPodPerMinute: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
@@ -299,7 +298,7 @@ func quantity(flagName, s string) (int64, error) {
 
 // apiClient is what --events and --gc-confirm-with-api write and read.
 type apiClient struct {
-	events record.EventSink
+	events events.Client
 	pods   kube.PodsClient
 }
 

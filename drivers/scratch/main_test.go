@@ -7,7 +7,8 @@ import (
 	"testing"
 
 	"k8s.io/client-go/kubernetes/fake"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/ephemera-csi/ephemera/framework/events/eventstest"
 
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/events"
@@ -69,7 +70,7 @@ func TestFlags(t *testing.T) {
 func TestAddComponents(t *testing.T) {
 	clientset := fake.NewClientset()
 	client := apiClient{
-		events: &typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")},
+		events: eventstest.Client{C: clientset},
 		pods:   clientset.CoreV1().Pods(""),
 	}
 	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}

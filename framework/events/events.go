@@ -1,10 +1,10 @@
 // Package events posts the framework's pod events (framework.EventSink) to the
-// Kubernetes API as core/v1 Events, through client-go's event broadcaster.
+// Kubernetes API as core/v1 Events.
 //
 // The framework itself has no Kubernetes client; a driver that wants events
 // builds a Recorder and passes it both as Options.Events (where events go) and
 // among Options.Runnables (so the driver runs it). Its client is kube.Client's
-// (which links core/v1 only), or client-go's typedcorev1.EventSinkImpl:
+// (which links core/v1 only):
 //
 //	client, err := kube.NewClient(cfg)
 //	if err != nil {
@@ -17,45 +17,53 @@
 //	opts.Events = rec
 //	opts.Runnables = append(opts.Runnables, rec)
 //
-// New only checks the options; Run starts the broadcaster, writes events until
-// its context ends, then flushes what it can and stops. Without the driver,
-// run it yourself: go rec.Run(ctx).
+// New only checks the options; Run writes events until its context ends, then
+// flushes what it can and stops. Without the driver, run it yourself: go
+// rec.Run(ctx).
 //
 // The driver's service account needs create and patch on events (core group).
 //
-// # Rate limiting
+// The Recorder writes events itself rather than through client-go's
+// broadcaster (tools/record), which links strategic merge patch, OpenAPI
+// models and YAML parsers (49 packages, a larger binary and more of it
+// resident) for what a node plugin's few events need: a create, and a JSON
+// merge patch of the count.
+//
+// # Rate limiting and aggregation
 //
 // A pod whose volume keeps failing is retried by the kubelet with backoff, and
-// each attempt would be an event. The broadcaster's spam filter, keyed here by
-// pod (whatever the event's type or reason), lets through a burst of
-// Options.PerPodPerMinute events (DefaultPerPodPerMinute) and then as many per
-// minute; the rest are dropped. Identical events within the window are merged
-// into one Event with a count, as kubectl shows them.
+// each attempt would be an event. Events about one pod (whatever their type or
+// reason) are written at Options.PerPodPerMinute (DefaultPerPodPerMinute) per
+// minute after a burst of as many; the rest are dropped. An event identical to
+// one written in the last 10 minutes (same pod, type, reason and message) is
+// merged into it: its count and last timestamp are patched, as kubectl shows
+// them.
 //
 // # When events are written
 //
 // Event never blocks and never fails. While Run runs, events are queued and
-// written by the broadcaster's goroutine (dropped when its queue of 1000 is
-// full, or after retries when the API server stays unreachable). Events sent
-// before Run starts are kept, up to 1000, and handed to the broadcaster when it
-// does: the driver starts its runnables only after its startup reconcile, and
-// a publish may race with Run's start. Events sent after Run returned are
-// dropped (logged at V(4)): nothing would write them.
+// written by its goroutine (dropped when the queue of 1000 is full; each write
+// is tried three times). Events sent before Run starts are kept, up to 1000,
+// and written when it does: the driver starts its runnables only after its
+// startup reconcile, and a publish may race with Run's start. Events sent
+// after Run returned are dropped (logged at V(4)): nothing would write them.
 package events
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -70,20 +78,41 @@ const DefaultPerPodPerMinute = 5
 // maxMessage is the longest event message the API server stores in full.
 const maxMessage = 1024
 
-// maxPending is how many events sent before Run are kept for it: as many as
-// the broadcaster itself queues.
+// maxPending is how many events are queued, before Run and while it runs.
 const maxPending = 1000
 
 // defaultFlushTimeout bounds how long Run waits, once its context ended, for
 // the events queued before to be written.
 const defaultFlushTimeout = 5 * time.Second
 
+// aggregateWindow is how long a written event takes repeats into its count;
+// maxTracked bounds the events and pods remembered for that and for the rate
+// limit (the oldest are forgotten first).
+const (
+	aggregateWindow = 10 * time.Minute
+	maxTracked      = 4096
+)
+
+// attempts and retryDelay: each write is tried this often, this far apart.
+var (
+	attempts   = 3
+	retryDelay = time.Second
+)
+
+// Client writes core/v1 Events, each in its own namespace. kube.Client.Events
+// is one; with a client-go clientset, wrap clientset.CoreV1().Events(ns)'s
+// Create and Patch (types.MergePatchType).
+type Client interface {
+	// Create creates e in e.Namespace.
+	Create(ctx context.Context, e *corev1.Event) (*corev1.Event, error)
+	// Patch applies the JSON merge patch data to the event namespace/name.
+	Patch(ctx context.Context, namespace, name string, data []byte) (*corev1.Event, error)
+}
+
 // Options configure a Recorder.
 type Options struct {
-	// Client writes the events, each in its namespace: kube.Client.Events, or
-	// client-go's &typedcorev1.EventSinkImpl{Interface:
-	// clientset.CoreV1().Events("")}. Required.
-	Client record.EventSink
+	// Client writes the events: kube.Client.Events. Required.
+	Client Client
 	// DriverName is the events' source component and reporting controller:
 	// the CSI driver name. Required.
 	DriverName string
@@ -98,7 +127,8 @@ type Options struct {
 	// klog.Background().
 	Logger klog.Logger
 
-	// clock drives the rate limiter in tests. Defaults to the real clock.
+	// clock drives the rate limiter and timestamps in tests. Defaults to the
+	// real clock.
 	clock clock.PassiveClock
 	// flushTimeout overrides defaultFlushTimeout in tests.
 	flushTimeout time.Duration
@@ -143,26 +173,44 @@ func (o *Options) setDefaults() {
 // Create it with New and run it with Run (normally as one of the driver's
 // Options.Runnables).
 type Recorder struct {
-	opts Options
+	opts  Options
+	queue chan event
 
-	mu       sync.Mutex
-	phase    phase
-	pending  []event              // sent before Run; at most maxPending
-	recorder record.EventRecorder // while running
+	mu      sync.Mutex
+	phase   phase
+	pending []event // sent before Run; at most maxPending
+
+	// Used by Run's goroutine only.
+	buckets map[string]*bucket  // rate limit per pod
+	written map[string]*written // aggregation per event
+	seq     uint64              // events created, for unique names
 }
 
 type phase int
 
 const (
 	idle    phase = iota // before Run: events are kept in pending
-	running              // events go to the broadcaster
+	running              // events go to the queue
 	stopped              // Run returned: events are dropped
 )
 
-// event is one call of Event, kept until Run starts.
+// event is one call of Event.
 type event struct {
-	ref                        *corev1.ObjectReference
+	pod                        api.Pod
 	eventType, reason, message string
+}
+
+// bucket is a token bucket: tokens refill at the per-minute rate up to burst.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// written is an event written recently, for merging repeats into it.
+type written struct {
+	namespace, name string
+	count           int32
+	last            time.Time
 }
 
 // New checks opts and returns a Recorder. It starts nothing: Run does.
@@ -171,144 +219,213 @@ func New(opts Options) (*Recorder, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	return &Recorder{opts: opts}, nil
+	return &Recorder{
+		opts:    opts,
+		queue:   make(chan event, maxPending),
+		buckets: map[string]*bucket{},
+		written: map[string]*written{},
+	}, nil
 }
 
-// Run starts the broadcaster, hands it the events sent so far and writes
-// events until ctx ends. It then stops taking events, waits a few seconds at
-// most for those queued to be written, shuts the broadcaster down and returns
-// nil. A Recorder runs once: a second Run returns an error at once.
+// Run writes the events sent so far and then each event as it comes, until
+// ctx ends. It then stops taking events, writes those still queued for a few
+// seconds at most and returns nil. A Recorder runs once: a second Run returns
+// an error at once.
 func (r *Recorder) Run(ctx context.Context) error {
-	log := r.opts.Logger
 	r.mu.Lock()
 	if r.phase != idle {
 		r.mu.Unlock()
 		return errors.New("events: the Recorder has already run")
 	}
-	// The broadcaster's context only carries the logger: Run shuts it down
-	// itself, after the flush.
-	b := record.NewBroadcaster(
-		record.WithContext(klog.NewContext(context.WithoutCancel(ctx), log)),
-		record.WithCorrelatorOptions(record.CorrelatorOptions{
-			BurstSize:   r.opts.PerPodPerMinute,
-			QPS:         float32(r.opts.PerPodPerMinute) / 60,
-			SpamKeyFunc: podKey,
-			Clock:       r.opts.clock,
-		}),
-	)
-	sink := &flushSink{
-		EventSink: r.opts.Client,
-		flushed:   make(chan struct{}),
-	}
-	b.StartRecordingToSink(sink)
-	// The recorder consults its scheme only to make a reference to an object;
-	// every event here is about a pod given by reference, used as is. So the
-	// scheme is empty (client-go's kubernetes/scheme registers every API
-	// group).
-	r.recorder = b.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName}).WithLogger(log)
 	for _, e := range r.pending {
-		r.recorder.Event(e.ref, e.eventType, e.reason, e.message)
+		r.queue <- e // the queue holds maxPending: never blocks
 	}
 	r.pending = nil
 	r.phase = running
 	r.mu.Unlock()
 
-	<-ctx.Done()
+	// Writes outlive ctx by the flush timeout: the events queued when the
+	// driver stops are worth writing (a failure at shutdown).
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	for {
+		select {
+		case e := <-r.queue:
+			r.write(wctx, e)
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
 
-	// The broadcaster writes in order: once the flush marker, sent after
-	// every other event, reaches the sink, they were all written (or given up
-	// on, or rate limited).
 	r.mu.Lock()
 	r.phase = stopped
-	r.recorder.Event(flushMarker, corev1.EventTypeNormal, flushReason, "")
-	r.recorder = nil
 	r.mu.Unlock()
-	select {
-	case <-sink.flushed:
-	case <-time.After(r.opts.flushTimeout):
-		log.Info("Stopping with events not yet written; they are dropped", logkeys.Timeout, r.opts.flushTimeout)
+	timer := time.AfterFunc(r.opts.flushTimeout, cancel)
+	defer timer.Stop()
+	for {
+		select {
+		case e := <-r.queue:
+			if wctx.Err() != nil {
+				r.opts.Logger.Info("Stopping with events not yet written; they are dropped", logkeys.Timeout, r.opts.flushTimeout, logkeys.Count, len(r.queue)+1)
+				return nil
+			}
+			r.write(wctx, e)
+		default:
+			return nil
+		}
 	}
-	b.Shutdown()
-	return nil
-}
-
-// The flush marker is an event about an object no real event is about, so
-// the per-pod spam filter always lets it through; the sink swallows it.
-const flushReason = "EphemeraEventsFlush"
-
-var flushMarker = &corev1.ObjectReference{
-	APIVersion: "v1",
-	Kind:       "Pod",
-	Namespace:  "ephemera-events-flush",
-	Name:       "flush",
-	UID:        "ephemera-events-flush",
-}
-
-// flushSink writes events to the API server, except the flush marker, whose
-// arrival it signals instead.
-type flushSink struct {
-	record.EventSink
-	flushed chan struct{}
-	once    sync.Once
-}
-
-func (s *flushSink) isMarker(e *corev1.Event) bool {
-	return e.InvolvedObject.UID == flushMarker.UID && e.Reason == flushReason
-}
-
-func (s *flushSink) Create(e *corev1.Event) (*corev1.Event, error) {
-	if s.isMarker(e) {
-		s.once.Do(func() { close(s.flushed) })
-		return e, nil
-	}
-	return s.EventSink.Create(e)
-}
-
-func (s *flushSink) Update(e *corev1.Event) (*corev1.Event, error) {
-	if s.isMarker(e) {
-		return e, nil
-	}
-	return s.EventSink.Update(e)
-}
-
-func (s *flushSink) Patch(e *corev1.Event, data []byte) (*corev1.Event, error) {
-	if s.isMarker(e) {
-		return e, nil
-	}
-	return s.EventSink.Patch(e, data)
-}
-
-// podKey makes the spam filter count all events about one pod together.
-func podKey(e *corev1.Event) string {
-	o := e.InvolvedObject
-	return strings.Join([]string{e.Source.Component, e.Source.Host, o.Namespace, o.Name, string(o.UID)}, "/")
 }
 
 // Event implements framework.EventSink: it queues an event about pod. It never
 // blocks; see the package documentation for when the event is written.
 func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
-	ref := &corev1.ObjectReference{
-		APIVersion: "v1",
-		Kind:       "Pod",
-		Namespace:  pod.Namespace,
-		Name:       pod.Name,
-		UID:        types.UID(pod.UID),
-	}
-	message = truncate(message, maxMessage)
+	e := event{pod: pod, eventType: eventType, reason: reason, message: truncate(message, maxMessage)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch r.phase {
 	case running:
-		// Never blocks: the broadcaster drops events when its queue is full.
-		r.recorder.Event(ref, eventType, reason, message)
+		select {
+		case r.queue <- e:
+		default:
+			r.opts.Logger.V(4).Info("Dropping an event: the queue is full", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+		}
 	case idle:
 		if len(r.pending) < maxPending {
-			r.pending = append(r.pending, event{ref, eventType, reason, message})
+			r.pending = append(r.pending, e)
 			return
 		}
 		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
 	case stopped:
 		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+	}
+}
+
+// write writes e: dropped when its pod is over its rate, merged into an
+// identical event written in the last aggregateWindow, created otherwise.
+func (r *Recorder) write(ctx context.Context, e event) {
+	log := r.opts.Logger.WithValues(logkeys.Pod, klog.KRef(e.pod.Namespace, e.pod.Name), logkeys.Reason, e.reason)
+	now := r.opts.clock.Now()
+	if !r.allow(e.pod, now) {
+		log.V(4).Info("Dropping an event: the pod is over its rate", "perPodPerMinute", r.opts.PerPodPerMinute)
+		return
+	}
+	key := string(e.pod.UID) + "\x00" + e.pod.Namespace + "\x00" + e.pod.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + e.message
+	if w := r.written[key]; w != nil && now.Sub(w.last) < aggregateWindow {
+		patch, _ := json.Marshal(map[string]any{"count": w.count + 1, "lastTimestamp": metav1.NewTime(now)})
+		err := r.retry(ctx, func() error {
+			_, err := r.opts.Client.Patch(ctx, w.namespace, w.name, patch)
+			return err
+		})
+		if err == nil {
+			w.count++
+			w.last = now
+			return
+		}
+		if !apierrors.IsNotFound(err) {
+			log.Info("Could not update an event", logkeys.Err, err.Error())
+			return
+		}
+		// Expired or deleted meanwhile: create it anew.
+	}
+	r.seq++
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			// As client-go names them, the object's name and the time, here
+			// with a sequence number: two events of one pod in the same
+			// nanosecond (a coarse clock) must not collide.
+			Name:      e.pod.Name + "." + strconv.FormatInt(now.UnixNano(), 16) + strconv.FormatUint(uint64(0x1000+r.seq%0x1000), 16)[1:],
+			Namespace: e.pod.Namespace,
+		},
+		InvolvedObject: corev1.ObjectReference{
+			APIVersion: "v1",
+			Kind:       "Pod",
+			Namespace:  e.pod.Namespace,
+			Name:       e.pod.Name,
+			UID:        types.UID(e.pod.UID),
+		},
+		Reason:              e.reason,
+		Message:             e.message,
+		Type:                e.eventType,
+		Source:              corev1.EventSource{Component: r.opts.DriverName, Host: r.opts.NodeName},
+		FirstTimestamp:      metav1.NewTime(now),
+		LastTimestamp:       metav1.NewTime(now),
+		Count:               1,
+		ReportingController: r.opts.DriverName,
+		ReportingInstance:   r.opts.NodeName,
+	}
+	if err := r.retry(ctx, func() error {
+		_, err := r.opts.Client.Create(ctx, ev)
+		return err
+	}); err != nil {
+		log.Info("Could not write an event", logkeys.Err, err.Error())
+		return
+	}
+	if len(r.written) >= maxTracked {
+		forgetOldest(r.written, func(w *written) time.Time { return w.last })
+	}
+	r.written[key] = &written{namespace: ev.Namespace, name: ev.Name, count: 1, last: now}
+}
+
+// retry calls f up to attempts times, retryDelay apart, until it succeeds, ctx
+// ends, or the error is one a retry cannot change (the API server refused the
+// event itself, or it no longer exists).
+func (r *Recorder) retry(ctx context.Context, f func() error) error {
+	var err error
+	for i := range attempts {
+		if err = f(); err == nil || apierrors.IsNotFound(err) || apierrors.IsInvalid(err) ||
+			apierrors.IsForbidden(err) || apierrors.IsAlreadyExists(err) || apierrors.IsBadRequest(err) {
+			return err
+		}
+		if i == attempts-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(retryDelay):
+		}
+	}
+	return err
+}
+
+// allow takes a token of pod's bucket: PerPodPerMinute per minute after a
+// burst of as many.
+func (r *Recorder) allow(pod api.Pod, now time.Time) bool {
+	key := pod.Namespace + "/" + pod.Name + "/" + string(pod.UID)
+	burst := float64(r.opts.PerPodPerMinute)
+	b := r.buckets[key]
+	if b == nil {
+		if len(r.buckets) >= maxTracked {
+			forgetOldest(r.buckets, func(b *bucket) time.Time { return b.last })
+		}
+		b = &bucket{tokens: burst, last: now}
+		r.buckets[key] = b
+	}
+	if d := now.Sub(b.last); d > 0 {
+		b.tokens = min(burst, b.tokens+d.Minutes()*burst)
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// forgetOldest drops the eighth of m used longest ago, so that a full map is
+// trimmed once per many additions.
+func forgetOldest[V any](m map[string]V, last func(V) time.Time) {
+	times := make([]time.Time, 0, len(m))
+	for _, v := range m {
+		times = append(times, last(v))
+	}
+	slices.SortFunc(times, time.Time.Compare)
+	cut := times[len(times)/8]
+	for k, v := range m {
+		if !last(v).After(cut) {
+			delete(m, k)
+		}
 	}
 }
 

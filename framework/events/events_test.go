@@ -13,10 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/ephemera-csi/ephemera/framework/events/eventstest"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
@@ -28,9 +28,7 @@ var (
 )
 
 // sink is the events client of a fake clientset.
-func sink(c *fake.Clientset) record.EventSink {
-	return &typedcorev1.EventSinkImpl{Interface: c.CoreV1().Events("")}
-}
+func sink(c *fake.Clientset) Client { return eventstest.Client{C: c} }
 
 // newRecorder returns a Recorder of opts writing to client (a new fake
 // clientset when nil), with DriverName and NodeName set when empty.
@@ -343,5 +341,45 @@ func TestTruncate(t *testing.T) {
 	}
 	if truncate("short", maxMessage) != "short" {
 		t.Error("short message changed")
+	}
+}
+
+// An event identical to one written in the last 10 minutes is merged into it:
+// one Event with a count, as kubectl shows repeats. After the window, or with
+// another message, it is a new Event.
+func TestRepeatsAreCounted(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	r, client := newRecorder(t, nil, Options{PerPodPerMinute: 100, clock: clk})
+	start(t, r)
+	pod := api.Pod{Namespace: "ns", Name: "web", UID: "u1"}
+	for range 3 {
+		r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "size too large")
+	}
+	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "another message")
+	r.Event(api.Pod{Namespace: "ns", Name: "s", UID: "s"}, corev1.EventTypeNormal, "Sentinel1", "")
+	evs := waitFor(t, client, "ns", "Sentinel1")
+	counts := map[string]int32{}
+	for _, e := range evs {
+		counts[e.Message] += e.Count
+		if e.Message == "size too large" && e.Count != 3 {
+			t.Errorf("repeated event has count %d in one Event, want 3", e.Count)
+		}
+	}
+	if len(evs) != 3 || counts["size too large"] != 3 || counts["another message"] != 1 {
+		t.Errorf("events %+v, want 3 Events (the repeats merged)", evs)
+	}
+
+	clk.Step(11 * time.Minute)
+	r.Event(pod, corev1.EventTypeWarning, "ProvisioningFailed", "size too large")
+	r.Event(api.Pod{Namespace: "ns", Name: "s", UID: "s"}, corev1.EventTypeNormal, "Sentinel2", "")
+	evs = waitFor(t, client, "ns", "Sentinel2")
+	n := 0
+	for _, e := range evs {
+		if e.Message == "size too large" {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d Events with the repeated message after the window, want a new one (2)", n)
 	}
 }

@@ -37,8 +37,7 @@ type PodsClient interface {
 //
 // A driver that has a clientset anyway may use it instead:
 // clientset.CoreV1().Pods("") is a PodsClient, and
-// &typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")} is an
-// events client.
+// eventstest.Client{C: clientset} an events.Client.
 type Client struct {
 	rest rest.Interface
 }
@@ -78,7 +77,7 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 func (c *Client) Pods() PodsClient { return podsClient{c.rest} }
 
 // Events returns the client of events, each written in its own namespace, for
-// events.Options.Client (a record.EventSink of client-go).
+// events.Options.Client.
 func (c *Client) Events() *EventsClient { return &EventsClient{c.rest} }
 
 // podsClient lists and watches pods as client-go's typed client does, but in
@@ -110,32 +109,22 @@ func timeout(opts metav1.ListOptions) time.Duration {
 	return time.Duration(*opts.TimeoutSeconds) * time.Second
 }
 
-// EventsClient writes core/v1 events in the namespace of each, in JSON, as
-// client-go's typedcorev1.EventSinkImpl does. It is a record.EventSink of
-// client-go (events.Options.Client). Its methods take no context (that
-// interface has none): a call is bounded by the rest.Config's Timeout, if any.
+// EventsClient writes core/v1 events in the namespace of each, in JSON. It is
+// the events.Client of events.Options.
 type EventsClient struct{ rest rest.Interface }
 
 // Create creates e.
-func (c *EventsClient) Create(e *corev1.Event) (*corev1.Event, error) {
+func (c *EventsClient) Create(ctx context.Context, e *corev1.Event) (*corev1.Event, error) {
 	out := &corev1.Event{}
 	err := c.rest.Post().NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").
-		Body(e).Do(context.Background()).Into(out)
+		Body(e).Do(ctx).Into(out)
 	return out, err
 }
 
-// Update replaces e.
-func (c *EventsClient) Update(e *corev1.Event) (*corev1.Event, error) {
+// Patch applies the JSON merge patch data to the event namespace/name.
+func (c *EventsClient) Patch(ctx context.Context, namespace, name string, data []byte) (*corev1.Event, error) {
 	out := &corev1.Event{}
-	err := c.rest.Put().NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").Name(e.Name).
-		Body(e).Do(context.Background()).Into(out)
-	return out, err
-}
-
-// Patch applies the strategic merge patch data to e.
-func (c *EventsClient) Patch(e *corev1.Event, data []byte) (*corev1.Event, error) {
-	out := &corev1.Event{}
-	err := c.rest.Patch(types.StrategicMergePatchType).NamespaceIfScoped(e.Namespace, e.Namespace != "").Resource("events").Name(e.Name).
-		Body(data).Do(context.Background()).Into(out)
+	err := c.rest.Patch(types.MergePatchType).NamespaceIfScoped(namespace, namespace != "").Resource("events").Name(name).
+		Body(data).Do(ctx).Into(out)
 	return out, err
 }

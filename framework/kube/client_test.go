@@ -14,12 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
+
+	"github.com/ephemera-csi/ephemera/framework/events"
 )
 
 var (
-	_ PodsClient       = podsClient{}
-	_ record.EventSink = (*EventsClient)(nil)
+	_ PodsClient    = podsClient{}
+	_ events.Client = (*EventsClient)(nil)
 )
 
 // request is what the fake API server saw of one request.
@@ -105,19 +106,15 @@ func TestClientEvents(t *testing.T) {
 	})
 	e := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "web.1", Namespace: "ns"}, Reason: "ProvisioningFailed", Count: 1}
 	s := c.Events()
-	if out, err := s.Create(e); err != nil || out.ResourceVersion != "3" {
+	if out, err := s.Create(t.Context(), e); err != nil || out.ResourceVersion != "3" {
 		t.Fatalf("Create: %+v, %v", out, err)
 	}
-	if _, err := s.Update(e); err != nil {
-		t.Fatalf("Update: %v", err)
-	}
-	if _, err := s.Patch(e, []byte(`{"count":2}`)); err != nil {
+	if _, err := s.Patch(t.Context(), "ns", "web.1", []byte(`{"count":2}`)); err != nil {
 		t.Fatalf("Patch: %v", err)
 	}
 	want := []struct{ method, path, contentType, body string }{
 		{http.MethodPost, "/api/v1/namespaces/ns/events", "application/json", `"reason":"ProvisioningFailed"`},
-		{http.MethodPut, "/api/v1/namespaces/ns/events/web.1", "application/json", `"reason":"ProvisioningFailed"`},
-		{http.MethodPatch, "/api/v1/namespaces/ns/events/web.1", "application/strategic-merge-patch+json", `{"count":2}`},
+		{http.MethodPatch, "/api/v1/namespaces/ns/events/web.1", "application/merge-patch+json", `{"count":2}`},
 	}
 	reqs := seen()
 	if len(reqs) != len(want) {
