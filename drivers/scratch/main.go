@@ -66,6 +66,10 @@ func main() {
 		debug.SetGCPercent(defaultGCPercent)
 	}
 	klog.InitFlags(nil)
+	if len(os.Args) > 1 && os.Args[1] == "version" {
+		printVersion(os.Stdout, readBuildInfo())
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "state" {
 		// ephemera-scratch state check|dump [--state-dir D]: see state.go.
 		// state rebuild takes the driver's own flags and runs below.
@@ -78,6 +82,10 @@ func main() {
 	var c config
 	c.bindFlags(flag.CommandLine)
 	flag.Parse()
+	if c.version {
+		printVersion(os.Stdout, readBuildInfo())
+		return
+	}
 
 	var err error
 	if c.opts.Capacity, err = parseCapacity(c.capacity); err != nil {
@@ -115,6 +123,7 @@ type config struct {
 	loop          loopFlags
 	vhdx          vhdxFlags
 	api           apiFlags
+	version       bool // --version
 }
 
 // tmpfsFlags configure the tmpfs backend.
@@ -166,6 +175,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	framework.BindFlags(fs, &c.opts)
 	fs.StringVar(&c.opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
+	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 }
 

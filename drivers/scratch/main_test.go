@@ -27,7 +27,7 @@ func TestFlags(t *testing.T) {
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "nodeid", "orphan-grace-period", "register", "state-dir", "state-recovery",
-		"tmpfs-max-inodes", "vhdx-default-size", "vhdx-dynamic",
+		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("flags %q, want %q", names, want)
