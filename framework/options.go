@@ -118,7 +118,7 @@ type Options struct {
 	// node-driver-registrar sidecar is needed. Defaults to false.
 	RegisterWithKubelet bool
 	// MetricsAddress, when set ("host:port", e.g. ":9809" or "127.0.0.1:9809"),
-	// serves /metrics, /healthz and /readyz over plain HTTP from before the
+	// serves /metrics, /healthz, /readyz and /volumes over plain HTTP from before the
 	// startup reconcile until Run returns (see Driver.Handler to mount them in
 	// a server of your own instead). Defaults to "": not served.
 	MetricsAddress string

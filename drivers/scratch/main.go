@@ -70,6 +70,10 @@ func main() {
 		printVersion(os.Stdout, readBuildInfo())
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "volumes" {
+		// ephemera-scratch volumes [--address A] [--state-dir D]: see volumes.go.
+		os.Exit(volumesCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "state" {
 		// ephemera-scratch state check|dump [--state-dir D]: see state.go.
 		// state rebuild takes the driver's own flags and runs below.

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
+)
+
+const volumesUsage = `usage: ephemera-scratch volumes [flags]
+
+Lists the volumes this node's driver holds: volume ID, pod, volume name,
+backend, size, usage (mounted volumes with a filesystem of their own), phase and
+age. Read-only, and safe while the driver runs:
+
+  1. it asks the running driver (GET /volumes on its --metrics-address,
+     --address here);
+  2. when no driver answers there, it reads the state file under --state-dir
+     read-only (bbolt's shared lock, which a running driver's exclusive lock
+     excludes: then it gives up after --timeout rather than wait).
+
+`
+
+// volumesCommand runs "ephemera-scratch volumes"; it returns the exit code.
+func volumesCommand(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("volumes", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, volumesUsage)
+		fs.PrintDefaults()
+	}
+	driverName := fs.String("driver-name", DriverName, "CSI driver name (selects the default state dir).")
+	stateDir := fs.String("state-dir", "", "The driver's state dir. Default "+framework.DefaultStateDir("<driver-name>")+".")
+	kubeletRoot := fs.String("kubelet-root", "/var/lib/kubelet", "The kubelet's --root-dir (to check the targets when reading the state file).")
+	address := fs.String("address", "127.0.0.1:9809", "The running driver's --metrics-address (host:port); empty: read the state file only.")
+	output := fs.String("o", "table", "Output: table or json.")
+	timeout := fs.Duration("timeout", 2*time.Second, "How long to wait for the driver's answer, and for the state file's shared lock.")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *output != "table" && *output != "json" {
+		fmt.Fprintf(stderr, "-o %q: want table or json\n", *output)
+		return 2
+	}
+	if *stateDir == "" {
+		*stateDir = framework.DefaultStateDir(*driverName)
+	}
+
+	list, from, err := listVolumes(*address, filepath.Join(*stateDir, framework.StateFile), *kubeletRoot, *timeout)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "from %s\n", from)
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(list); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
+	}
+	if err := printVolumes(stdout, list, time.Now()); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// listVolumes asks the driver at address, and reads the state file at path
+// when nothing answers there. from says which one it used.
+func listVolumes(address, path, kubeletRoot string, timeout time.Duration) (list *framework.VolumeList, from string, err error) {
+	var askErr error
+	if address != "" {
+		list, askErr = askDriver(address, timeout)
+		if askErr == nil {
+			return list, "the running driver at " + address, nil
+		}
+		var unavailable *driverUnavailableError
+		if !errors.As(askErr, &unavailable) {
+			return nil, "", askErr
+		}
+	}
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil, "", fmt.Errorf("no driver answers at %q (%v) and there is no state file at %s (are --address, --state-dir or --driver-name right?)", address, askErr, path)
+	}
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{Timeout: timeout})
+	if errors.Is(err, boltstore.ErrLocked) {
+		return nil, "", fmt.Errorf("a driver holds %s but does not answer at %q (%v): pass its --metrics-address as --address", path, address, askErr)
+	}
+	if rep == nil {
+		return nil, "", err
+	}
+	from = "the state file " + path + " (no driver answers at " + address + ")"
+	if address == "" {
+		from = "the state file " + path
+	}
+	if err != nil {
+		// A damaged file: list what could be read, and say so.
+		from += fmt.Sprintf("; DAMAGED, listing what could be read: %v", err)
+	}
+	return &framework.VolumeList{Volumes: framework.DescribeVolumes(rep.Records, kubeletRoot, mount.New())}, from, nil
+}
+
+// driverUnavailableError is a driver that did not answer at all (nothing
+// listens, or it timed out): the state file is read instead.
+type driverUnavailableError struct{ err error }
+
+func (e *driverUnavailableError) Error() string { return e.err.Error() }
+func (e *driverUnavailableError) Unwrap() error { return e.err }
+
+// askDriver gets GET /volumes from the driver's metrics address.
+func askDriver(address string, timeout time.Duration) (*framework.VolumeList, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/volumes", nil)
+	if err != nil {
+		return nil, fmt.Errorf("--address %q: %v", address, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, &driverUnavailableError{err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, &driverUnavailableError{err}
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, fmt.Errorf("the driver at %s does not serve /volumes (%s): it is older than this binary; use the binary of the running image", address, resp.Status)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("the driver at %s: %s: %s", address, resp.Status, strings.TrimSpace(string(body)))
+	}
+	list := new(framework.VolumeList)
+	if err := json.Unmarshal(body, list); err != nil {
+		return nil, fmt.Errorf("the driver at %s: decoding /volumes: %v", address, err)
+	}
+	return list, nil
+}
+
+// printVolumes writes list as a table.
+func printVolumes(w io.Writer, list *framework.VolumeList, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME ID\tNAMESPACE\tPOD\tPOD UID\tVOLUME\tBACKEND\tSIZE\tUSED\tPHASE\tAGE")
+	for _, v := range list.Volumes {
+		used := ""
+		if v.Usage != nil {
+			used = bytesString(v.Usage.BytesUsed)
+		}
+		size := ""
+		if v.Size > 0 {
+			size = bytesString(v.Size)
+		}
+		phase := string(v.Phase)
+		if v.Phase == "Published" && !v.Mounted && v.Error == "" {
+			phase += " (not mounted)"
+		}
+		if v.Rebuilt {
+			phase += " (rebuilt)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.VolumeID, dash(v.Pod.Namespace), dash(v.Pod.Name), dash(v.Pod.UID),
+			dash(v.VolumeName), v.Backend, size, used, phase, age(now, v.Created))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// bytesString prints n bytes in binary units, as Kubernetes quantities read
+// (64Mi; 1.5Gi rounded to one decimal).
+func bytesString(n int64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%d", n)
+	}
+	f, i := float64(n)/1024, 0
+	for ; f >= 1024 && i < len(units)-1; i++ {
+		f /= 1024
+	}
+	s := fmt.Sprintf("%.1f", f)
+	s = strings.TrimSuffix(s, ".0")
+	return s + string(units[i]) + "i"
+}
+
+// age prints how long ago t was, as kubectl does (45s, 12m, 5h, 3d).
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
