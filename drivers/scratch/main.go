@@ -186,8 +186,12 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 // addComponents adds to opts what talks to the API server: the event
 // recorder (--events) as its Events, the orphan GC's pod informer
 // (--gc-confirm-with-api) as its Pods, both among its Runnables, so that the
-// driver runs them while it serves.
+// driver runs them while it serves; and, with either, the client that reads
+// the CSIDriver object for the startup check (CSIDrivers).
 func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error {
+	if f.events || f.gcConfirm {
+		opts.CSIDrivers = client.csiDrivers
+	}
 	if f.events {
 		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.NodeID})
 		if err != nil {
@@ -311,10 +315,12 @@ func quantity(flagName, s string) (int64, error) {
 	return q.Value(), nil
 }
 
-// apiClient is what --events and --gc-confirm-with-api write and read.
+// apiClient is what --events and --gc-confirm-with-api write and read, and
+// what the startup check of the CSIDriver object reads.
 type apiClient struct {
-	events record.EventSink
-	pods   kube.PodsClient
+	events     record.EventSink
+	pods       kube.PodsClient
+	csiDrivers framework.CSIDriverGetter
 }
 
 // kubeClient talks to the API server (for --events and --gc-confirm-with-api)
@@ -337,7 +343,7 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	if err != nil {
 		return apiClient{}, err
 	}
-	return apiClient{events: c.Events(), pods: c.Pods()}, nil
+	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c}, nil
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi".

@@ -294,6 +294,26 @@ func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
 		Name:       pod.Name,
 		UID:        types.UID(pod.UID),
 	}
+	r.post(ref, eventType, reason, message)
+}
+
+// CSIDriverEvent implements framework.CSIDriverEventSink: it queues an event
+// about the driver's CSIDriver object, as Event does about a pod. The object
+// is cluster-scoped, so the event is written in the "default" namespace (as
+// the kubelet's events about nodes are); kubectl finds it with
+// kubectl get events -A --field-selector involvedObject.kind=CSIDriver.
+func (r *Recorder) CSIDriverEvent(obj api.CSIDriver, eventType, reason, message string) {
+	ref := &corev1.ObjectReference{
+		APIVersion: "storage.k8s.io/v1",
+		Kind:       "CSIDriver",
+		Name:       obj.Name,
+		UID:        types.UID(obj.UID),
+	}
+	r.post(ref, eventType, reason, message)
+}
+
+// post queues an event about ref; see Event.
+func (r *Recorder) post(ref *corev1.ObjectReference, eventType, reason, message string) {
 	message = truncate(message, maxMessage)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -306,9 +326,9 @@ func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
 			r.pending = append(r.pending, event{ref, eventType, reason, message})
 			return
 		}
-		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Object, klog.KRef(ref.Namespace, ref.Name), logkeys.Reason, reason)
 	case stopped:
-		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Object, klog.KRef(ref.Namespace, ref.Name), logkeys.Reason, reason)
 	}
 }
 
