@@ -90,6 +90,10 @@ func main() {
 		printVersion(os.Stdout, readBuildInfo())
 		return
 	}
+	if err := setLogFormat(c.logFormat, os.Stderr); err != nil {
+		klog.ErrorS(err, "Invalid flags")
+		os.Exit(2)
+	}
 
 	var err error
 	if c.opts.Capacity, err = parseCapacity(c.capacity); err != nil {
@@ -127,7 +131,8 @@ type config struct {
 	loop          loopFlags
 	vhdx          vhdxFlags
 	api           apiFlags
-	version       bool // --version
+	version       bool   // --version
+	logFormat     string // --log-format
 }
 
 // tmpfsFlags configure the tmpfs backend.
@@ -179,6 +184,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	framework.BindFlags(fs, &c.opts)
 	fs.StringVar(&c.opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
+	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 }

@@ -24,7 +24,7 @@ func TestFlags(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
 		"backend", "backends", "capacity", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
-		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root",
+		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "nodeid", "orphan-grace-period", "register", "state-dir", "state-recovery",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic",

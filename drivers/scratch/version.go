@@ -19,16 +19,22 @@ type buildInfo struct {
 	Platform  string
 }
 
+// commit is the git commit the Makefile passes with -ldflags "-X
+// main.commit=...", for builds the Go toolchain stamps no VCS information
+// into (-buildvcs=false, or a source tree without .git).
+var commit string
+
 // readBuildInfo reads the version the Makefile set and what the Go toolchain
 // stamped into the binary (runtime/debug.ReadBuildInfo: the VCS revision when
 // built inside the git tree without -buildvcs=false; go version -m shows the
-// same).
+// same), falling back to main.commit.
 func readBuildInfo() buildInfo {
-	b := buildInfo{Version: version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	b := buildInfo{Version: version, Commit: commit, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b
 	}
+	b.Commit = ""
 	b.GoVersion = bi.GoVersion
 	var modified bool
 	for _, s := range bi.Settings {
@@ -43,6 +49,9 @@ func readBuildInfo() buildInfo {
 	}
 	if b.Commit != "" && modified {
 		b.Commit += "-dirty"
+	}
+	if b.Commit == "" {
+		b.Commit = commit
 	}
 	return b
 }

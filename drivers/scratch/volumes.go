@@ -98,12 +98,16 @@ func listVolumes(address, path, kubeletRoot string, timeout time.Duration) (list
 			return nil, "", askErr
 		}
 	}
+	noAnswer := "--address is empty"
+	if address != "" {
+		noAnswer = fmt.Sprintf("no driver answers at %s (%v)", address, askErr)
+	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil, "", fmt.Errorf("no driver answers at %q (%v) and there is no state file at %s (are --address, --state-dir or --driver-name right?)", address, askErr, path)
+		return nil, "", fmt.Errorf("%s and there is no state file at %s (are --address, --state-dir or --driver-name right?)", noAnswer, path)
 	}
 	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{Timeout: timeout})
 	if errors.Is(err, boltstore.ErrLocked) {
-		return nil, "", fmt.Errorf("a driver holds %s but does not answer at %q (%v): pass its --metrics-address as --address", path, address, askErr)
+		return nil, "", fmt.Errorf("a driver holds %s, but %s: pass its --metrics-address as --address", path, noAnswer)
 	}
 	if rep == nil {
 		return nil, "", err
