@@ -44,9 +44,10 @@ EXAMPLES    := examples/hello examples/tokenfile
 
 all: build
 
-## build: the scratch driver and the walkthrough into _output/bin
+## build: the scratch driver, its kubectl plugin and the walkthrough into _output/bin
 build:
 	$(GO) build $(GOBUILDFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+	$(GO) build $(GOBUILDFLAGS) -o $(BIN)/kubectl-ephemera ./drivers/scratch/cmd/kubectl-ephemera
 	$(GO) build $(GOBUILDFLAGS) -o $(BIN)/walkthrough ./test/walkthrough
 
 ## run: start the scratch driver on embedded defaults and walk a fake pod through publish/unpublish (root)

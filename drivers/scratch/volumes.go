@@ -11,9 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/volumetable"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
@@ -162,69 +162,5 @@ func askDriver(address string, timeout time.Duration) (*framework.VolumeList, er
 
 // printVolumes writes list as a table.
 func printVolumes(w io.Writer, list *framework.VolumeList, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME ID\tNAMESPACE\tPOD\tPOD UID\tVOLUME\tBACKEND\tSIZE\tUSED\tPHASE\tAGE")
-	for _, v := range list.Volumes {
-		used := ""
-		if v.Usage != nil {
-			used = bytesString(v.Usage.BytesUsed)
-		}
-		size := ""
-		if v.Size > 0 {
-			size = bytesString(v.Size)
-		}
-		phase := string(v.Phase)
-		if v.Phase == "Published" && !v.Mounted && v.Error == "" {
-			phase += " (not mounted)"
-		}
-		if v.Rebuilt {
-			phase += " (rebuilt)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.VolumeID, dash(v.Pod.Namespace), dash(v.Pod.Name), dash(v.Pod.UID),
-			dash(v.VolumeName), v.Backend, size, used, phase, age(now, v.Created))
-	}
-	return tw.Flush()
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-// bytesString prints n bytes in binary units, as Kubernetes quantities read
-// (64Mi; 1.5Gi rounded to one decimal).
-func bytesString(n int64) string {
-	const units = "KMGTPE"
-	if n < 1024 {
-		return fmt.Sprintf("%d", n)
-	}
-	f, i := float64(n)/1024, 0
-	for ; f >= 1024 && i < len(units)-1; i++ {
-		f /= 1024
-	}
-	s := fmt.Sprintf("%.1f", f)
-	s = strings.TrimSuffix(s, ".0")
-	return s + string(units[i]) + "i"
-}
-
-// age prints how long ago t was, as kubectl does (45s, 12m, 5h, 3d).
-func age(now, t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	d := now.Sub(t)
-	switch {
-	case d < 0:
-		return "0s"
-	case d < 2*time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < 2*time.Hour:
-		return fmt.Sprintf("%dm", int(d.Minutes()))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh", int(d.Hours()))
-	default:
-		return fmt.Sprintf("%dd", int(d.Hours()/24))
-	}
+	return volumetable.Print(w, volumetable.Rows("", list), false, now)
 }

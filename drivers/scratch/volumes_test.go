@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/framework"
@@ -104,21 +103,4 @@ func readFile(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func TestVolumeFormatting(t *testing.T) {
-	for n, want := range map[int64]string{0: "0", 1023: "1023", 1024: "1Ki", 64 << 20: "64Mi", 3 << 29: "1.5Gi", 5 << 40: "5Ti"} {
-		if got := bytesString(n); got != want {
-			t.Errorf("bytesString(%d) = %q, want %q", n, got, want)
-		}
-	}
-	now := time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
-	for d, want := range map[time.Duration]string{45 * time.Second: "45s", 12 * time.Minute: "12m", 5 * time.Hour: "5h", 72 * time.Hour: "3d", -time.Second: "0s"} {
-		if got := age(now, now.Add(-d)); got != want {
-			t.Errorf("age(%s) = %q, want %q", d, got, want)
-		}
-	}
-	if age(now, time.Time{}) != "-" {
-		t.Error("age of a zero time")
-	}
 }
