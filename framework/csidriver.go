@@ -109,7 +109,8 @@ var csiDriverCheckTimeout = time.Minute
 // ephemera_csidriver_misconfigured for every check and posts the problems as
 // one Warning event on the object. It never stops the driver: a publish that
 // the object breaks fails with its own message anyway.
-func (d *Driver) checkCSIDriverObject(ctx context.Context, log klog.Logger) {
+func (d *Driver) checkCSIDriverObject(ctx context.Context) {
+	log := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, csiDriverCheckTimeout)
 	defer cancel()
 	name := d.opts.DriverName

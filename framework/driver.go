@@ -169,7 +169,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		runnables.Wait()
 	}()
 	if d.opts.CSIDrivers != nil {
-		runnables.Go(func() { d.checkCSIDriverObject(rctx, log) })
+		runnables.Go(func() { d.checkCSIDriverObject(klog.NewContext(rctx, log)) })
 	} else {
 		log.Info("Not checking the CSIDriver object: no API access (Options.CSIDrivers is unset)")
 	}
