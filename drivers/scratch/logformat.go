@@ -40,7 +40,8 @@ func setLogFormat(format string, w io.Writer) error {
 // line; none on errors)}. Values are written as klog's text format writes
 // them: a logr.Marshaler as what MarshalLog returns (api.Volume's identity,
 // redacted secrets and tokens), an error as its message, a fmt.Stringer (the
-// gRPC requests protosanitizer strips) as its string.
+// gRPC requests protosanitizer strips) as its string, a time.Duration as its
+// string ("1.5s").
 func jsonHandler(w io.Writer) slog.Handler {
 	return verbosityHandler{slog.NewJSONHandler(w, &slog.HandlerOptions{
 		Level:       slog.Level(-1 << 10), // klog has filtered already
@@ -50,6 +51,9 @@ func jsonHandler(w io.Writer) slog.Handler {
 
 // logValue is the ReplaceAttr of jsonHandler.
 func logValue(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String()) // "28.17ms", not nanoseconds
+	}
 	if a.Value.Kind() != slog.KindAny {
 		return a
 	}

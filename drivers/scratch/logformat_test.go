@@ -7,6 +7,7 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
@@ -34,7 +35,7 @@ func TestJSONLogFormat(t *testing.T) {
 
 	vol := &api.Volume{ID: "csi-1", Backend: "tmpfs", Pod: api.Pod{Namespace: "ns", Name: "web"}, Secrets: api.Secrets{"password": "topsecret"}}
 	req := &csi.NodePublishVolumeRequest{VolumeId: "csi-1", Secrets: map[string]string{"password": "topsecret"}}
-	klog.InfoS("Serving CSI", "endpoint", "unix:///csi/csi.sock", "volumes", 3)
+	klog.InfoS("Serving CSI", "endpoint", "unix:///csi/csi.sock", "volumes", 3, "duration", 1500*time.Millisecond)
 	klog.V(2).InfoS("Published", "pod", klog.KRef("ns", "web"), "volume", vol)
 	klog.V(3).InfoS("Not logged at --v=2")
 	klog.Background().WithValues("driver", "scratch.csi.ephemera.dev").V(1).Info("Request", "request", protosanitizer.StripSecrets(req))
@@ -60,7 +61,7 @@ func TestJSONLogFormat(t *testing.T) {
 		got = append(got, m)
 	}
 	want := []map[string]any{
-		{"level": "INFO", "msg": "Serving CSI", "endpoint": "unix:///csi/csi.sock", "volumes": 3.0, "v": 0.0},
+		{"level": "INFO", "msg": "Serving CSI", "endpoint": "unix:///csi/csi.sock", "volumes": 3.0, "duration": "1.5s", "v": 0.0},
 		{"level": "INFO", "msg": "Published", "v": 2.0},
 		{"level": "INFO", "msg": "Request", "driver": "scratch.csi.ephemera.dev", "v": 1.0},
 		{"level": "ERROR", "msg": "Publish failed", "err": "mount: no such device"},
