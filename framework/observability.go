@@ -83,7 +83,7 @@ func methodNames(ms []grpc.MethodDesc) []string {
 //   - /readyz: 200 once the startup reconcile is done and while the state store
 //     answers, 503 with the reason otherwise (readiness; the same condition as
 //     a ready CSI Probe);
-//   - /volumes: the volumes the driver holds on this node, as a [VolumeList]
+//   - /volumes: the volumes the driver holds on this node, as a [api.VolumeList]
 //     in JSON (pod namespace, name and UID, volume name, backend, size,
 //     phase, creation time, and the usage of mounted volumes; never
 //     attributes or secrets); 503 until the driver serves.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -46,20 +47,20 @@ func TestVolumesOverHTTP(t *testing.T) {
 			t.Errorf("the list shows %q:\n%s", leak, body)
 		}
 	}
-	var list framework.VolumeList
+	var list api.VolumeList
 	if err := json.Unmarshal(body, &list); err != nil {
 		t.Fatal(err)
 	}
 	if list.Driver != "test.csi.ephemera.dev" || list.Node != "node-1" || list.Version != "v9" || len(list.Volumes) != 2 {
 		t.Fatalf("list %+v", list)
 	}
-	byName := map[string]framework.VolumeInfo{}
+	byName := map[string]api.VolumeInfo{}
 	for i, v := range list.Volumes {
 		byName[v.VolumeName] = v
 		if i > 0 && list.Volumes[i-1].VolumeID >= v.VolumeID {
 			t.Errorf("not ordered by volume ID: %s before %s", list.Volumes[i-1].VolumeID, v.VolumeID)
 		}
-		if v.Pod.Namespace != "ns" || v.Pod.Name != "web" || v.Pod.UID != pod.UID || v.Phase != store.PhasePublished ||
+		if v.Pod.Namespace != "ns" || v.Pod.Name != "web" || v.Pod.UID != pod.UID || v.Phase != string(store.PhasePublished) ||
 			!v.Mounted || v.Created.IsZero() || v.TargetPath != h.Kubelet.TargetPath(pod, v.VolumeName) || v.Error != "" {
 			t.Errorf("volume %+v", v)
 		}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/volumetable"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -86,7 +87,7 @@ func volumesCommand(args []string, stdout, stderr io.Writer) int {
 
 // listVolumes asks the driver at address, and reads the state file at path
 // when nothing answers there. from says which one it used.
-func listVolumes(address, path, kubeletRoot string, timeout time.Duration) (list *framework.VolumeList, from string, err error) {
+func listVolumes(address, path, kubeletRoot string, timeout time.Duration) (list *api.VolumeList, from string, err error) {
 	var askErr error
 	if address != "" {
 		list, askErr = askDriver(address, timeout)
@@ -120,7 +121,7 @@ func listVolumes(address, path, kubeletRoot string, timeout time.Duration) (list
 		// A damaged file: list what could be read, and say so.
 		from += fmt.Sprintf("; DAMAGED, listing what could be read: %v", err)
 	}
-	return &framework.VolumeList{Volumes: framework.DescribeVolumes(rep.Records, kubeletRoot, mount.New())}, from, nil
+	return &api.VolumeList{Volumes: framework.DescribeVolumes(rep.Records, kubeletRoot, mount.New())}, from, nil
 }
 
 // driverUnavailableError is a driver that did not answer at all (nothing
@@ -131,7 +132,7 @@ func (e *driverUnavailableError) Error() string { return e.err.Error() }
 func (e *driverUnavailableError) Unwrap() error { return e.err }
 
 // askDriver gets GET /volumes from the driver's metrics address.
-func askDriver(address string, timeout time.Duration) (*framework.VolumeList, error) {
+func askDriver(address string, timeout time.Duration) (*api.VolumeList, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/volumes", nil)
@@ -153,7 +154,7 @@ func askDriver(address string, timeout time.Duration) (*framework.VolumeList, er
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("the driver at %s: %s: %s", address, resp.Status, strings.TrimSpace(string(body)))
 	}
-	list := new(framework.VolumeList)
+	list := new(api.VolumeList)
 	if err := json.Unmarshal(body, list); err != nil {
 		return nil, fmt.Errorf("the driver at %s: decoding /volumes: %v", address, err)
 	}
@@ -161,6 +162,6 @@ func askDriver(address string, timeout time.Duration) (*framework.VolumeList, er
 }
 
 // printVolumes writes list as a table.
-func printVolumes(w io.Writer, list *framework.VolumeList, now time.Time) error {
+func printVolumes(w io.Writer, list *api.VolumeList, now time.Time) error {
 	return volumetable.Print(w, volumetable.Rows("", list), false, now)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -41,9 +42,9 @@ func TestVolumesCommand(t *testing.T) {
 		code := volumesCommand(append([]string{"--state-dir", h.Options.StateDir, "--kubelet-root", h.Options.KubeletRootDir, "--timeout", "300ms"}, args...), &out, &errb)
 		return code, out.String(), errb.String()
 	}
-	decode := func(stdout string) framework.VolumeList {
+	decode := func(stdout string) api.VolumeList {
 		t.Helper()
-		var list framework.VolumeList
+		var list api.VolumeList
 		if err := json.Unmarshal([]byte(stdout), &list); err != nil {
 			t.Fatalf("%v\n%s", err, stdout)
 		}

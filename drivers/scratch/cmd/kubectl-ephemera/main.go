@@ -30,8 +30,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/volumetable"
-	"github.com/ephemera-csi/ephemera/framework"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -46,10 +46,10 @@ pods/proxy in the driver's namespace).
 
 // nodeVolumes is one driver pod's answer, as -o json prints it.
 type nodeVolumes struct {
-	Node    string                `json:"node"`
-	Pod     string                `json:"pod"`
-	Error   string                `json:"error,omitempty"`
-	Volumes *framework.VolumeList `json:"volumes,omitempty"`
+	Node    string          `json:"node"`
+	Pod     string          `json:"pod"`
+	Error   string          `json:"error,omitempty"`
+	Volumes *api.VolumeList `json:"volumes,omitempty"`
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -233,8 +233,8 @@ func (c *client) driverPods(ctx context.Context, ns, selector, node string) ([]p
 }
 
 // volumes asks the driver pod for GET /volumes through the pod proxy.
-func (c *client) volumes(ctx context.Context, ns, name string, port int) (*framework.VolumeList, error) {
-	list := new(framework.VolumeList)
+func (c *client) volumes(ctx context.Context, ns, name string, port int) (*api.VolumeList, error) {
+	list := new(api.VolumeList)
 	err := c.get(ctx, nil, list, "api", "v1", "namespaces", ns, "pods", fmt.Sprintf("%s:%d", name, port), "proxy", "volumes")
 	var se *statusError
 	if errors.As(err, &se) && se.code == http.StatusForbidden {

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -26,10 +25,10 @@ func fakeAPI(t *testing.T, forbidProxy bool) (kubeconfig string, seen func() []s
 	t.Helper()
 	var mu sync.Mutex
 	var reqs []string
-	list := func(node string) framework.VolumeList {
-		return framework.VolumeList{Driver: "scratch.csi.ephemera.dev", Node: node, Volumes: []framework.VolumeInfo{{
+	list := func(node string) api.VolumeList {
+		return api.VolumeList{Driver: "scratch.csi.ephemera.dev", Node: node, Volumes: []api.VolumeInfo{{
 			VolumeID: "csi-" + node, Pod: api.Pod{Namespace: "team-a", Name: "web", UID: "uid-" + node}, VolumeName: "scratch",
-			Backend: "tmpfs", Size: 64 << 20, Phase: store.PhasePublished, Mounted: true, Created: time.Now().Add(-time.Hour),
+			Backend: "tmpfs", Size: 64 << 20, Phase: string(store.PhasePublished), Mounted: true, Created: time.Now().Add(-time.Hour),
 		}}}
 	}
 	// TLS: clientcmd sends credentials to https servers only.

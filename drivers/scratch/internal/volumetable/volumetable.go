@@ -1,4 +1,4 @@
-// Package volumetable prints a framework.VolumeList as the table of
+// Package volumetable prints a api.VolumeList as the table of
 // "ephemera-scratch volumes" and "kubectl ephemera volumes".
 package volumetable
 
@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -17,11 +17,11 @@ import (
 // column).
 type Row struct {
 	Node   string
-	Volume framework.VolumeInfo
+	Volume api.VolumeInfo
 }
 
 // Rows are the rows of list, on node.
-func Rows(node string, list *framework.VolumeList) []Row {
+func Rows(node string, list *api.VolumeList) []Row {
 	rows := make([]Row, 0, len(list.Volumes))
 	for _, v := range list.Volumes {
 		rows = append(rows, Row{Node: node, Volume: v})
@@ -49,7 +49,7 @@ func Print(w io.Writer, rows []Row, withNode bool, now time.Time) error {
 			size = Bytes(v.Size)
 		}
 		phase := string(v.Phase)
-		if v.Phase == store.PhasePublished && !v.Mounted && v.Error == "" {
+		if v.Phase == string(store.PhasePublished) && !v.Mounted && v.Error == "" {
 			phase += " (not mounted)"
 		}
 		if v.Rebuilt {

@@ -7,16 +7,15 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 func TestPrint(t *testing.T) {
 	now := time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
-	list := &framework.VolumeList{Volumes: []framework.VolumeInfo{
+	list := &api.VolumeList{Volumes: []api.VolumeInfo{
 		{VolumeID: "csi-a", Pod: api.Pod{Namespace: "ns", Name: "web", UID: "u1"}, VolumeName: "scratch", Backend: "tmpfs",
-			Size: 64 << 20, Phase: store.PhasePublished, Mounted: true, Created: now.Add(-3 * time.Hour), Usage: &framework.VolumeUsage{BytesUsed: 3 << 19}},
-		{VolumeID: "csi-b", Pod: api.Pod{UID: "u2"}, VolumeName: "cache", Backend: "dir", Phase: store.PhasePublished, Rebuilt: true, Created: now.Add(-72 * time.Hour)},
+			Size: 64 << 20, Phase: string(store.PhasePublished), Mounted: true, Created: now.Add(-3 * time.Hour), Usage: &api.VolumeUsage{BytesUsed: 3 << 19}},
+		{VolumeID: "csi-b", Pod: api.Pod{UID: "u2"}, VolumeName: "cache", Backend: "dir", Phase: string(store.PhasePublished), Rebuilt: true, Created: now.Add(-72 * time.Hour)},
 	}}
 	var out bytes.Buffer
 	if err := Print(&out, Rows("node-1", list), true, now); err != nil {
