@@ -6,7 +6,10 @@ GO          ?= go
 OUT         ?= _output
 BIN         := $(OUT)/bin
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X main.version=$(VERSION)
+# The commit, also when the Go toolchain stamps none (-buildvcs=false, or a tree without .git):
+# `ephemera-scratch version` prefers the toolchain's vcs.revision.
+COMMIT      ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS     := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # grpcnotrace: gRPC without golang.org/x/net/trace (grpc.EnableTracing, unused here). That
 # package's html/template makes the linker keep every exported method of every linked type:
 # 9.5 MB of the scratch binary (docs/operations.md, "Binary size").
@@ -41,9 +44,10 @@ EXAMPLES    := examples/hello examples/tokenfile
 
 all: build
 
-## build: the scratch driver and the walkthrough into _output/bin
+## build: the scratch driver, its kubectl plugin and the walkthrough into _output/bin
 build:
 	$(GO) build $(GOBUILDFLAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ephemera-scratch ./drivers/scratch
+	$(GO) build $(GOBUILDFLAGS) -o $(BIN)/kubectl-ephemera ./drivers/scratch/cmd/kubectl-ephemera
 	$(GO) build $(GOBUILDFLAGS) -o $(BIN)/walkthrough ./test/walkthrough
 
 ## run: start the scratch driver on embedded defaults and walk a fake pod through publish/unpublish (root)

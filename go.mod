@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/Microsoft/go-winio v0.6.4
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/go-logr/logr v1.4.4
 	github.com/kubernetes-csi/csi-lib-utils v0.25.0
 	github.com/kubernetes-csi/csi-proxy/v2 v2.0.0-alpha.2
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
@@ -31,7 +32,6 @@ require (
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.3 // indirect
-	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/go-openapi/jsonreference v1.0.1 // indirect

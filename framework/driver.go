@@ -168,6 +168,11 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		stopRunnables()
 		runnables.Wait()
 	}()
+	if d.opts.CSIDrivers != nil {
+		runnables.Go(func() { d.checkCSIDriverObject(klog.NewContext(rctx, log)) })
+	} else {
+		log.Info("Not checking the CSIDriver object: no API access (Options.CSIDrivers is unset)")
+	}
 	for _, r := range d.opts.Runnables {
 		runnables.Go(func() {
 			if err := r.Run(rctx); err != nil && rctx.Err() == nil {

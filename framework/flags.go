@@ -38,7 +38,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.StateRecovery, "state-recovery", o.StateRecovery, "What startup does with a damaged state file: rebuild (move it aside, never delete it, and rebuild the state from the node) or refuse (fail, to inspect it first).")
 	fs.BoolVar(&o.RegisterWithKubelet, "register", o.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", o.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz and /readyz over HTTP on this address, e.g. :9809. Empty: off.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz, /readyz and /volumes over HTTP on this address, e.g. :9809. Empty: off.")
 	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
 	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")

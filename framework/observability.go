@@ -59,6 +59,7 @@ func (d *Driver) initObservability() {
 	mux.Handle("GET /metrics", d.metrics.Handler())
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	mux.HandleFunc("GET /volumes", d.serveVolumes)
 	d.http.handler = mux
 }
 
@@ -82,7 +83,11 @@ func methodNames(ms []grpc.MethodDesc) []string {
 //     hung or a failing store fails it; 503 with the reason otherwise;
 //   - /readyz: 200 once the startup reconcile is done and while the state store
 //     answers, 503 with the reason otherwise (readiness; the same condition as
-//     a ready CSI Probe).
+//     a ready CSI Probe);
+//   - /volumes: the volumes the driver holds on this node, as a [api.VolumeList]
+//     in JSON (pod namespace, name and UID, volume name, backend, size,
+//     phase, creation time, and the usage of mounted volumes; never
+//     attributes or secrets); 503 until the driver serves.
 //
 // It may be mounted before Run starts; /readyz then says not ready.
 func (d *Driver) Handler() http.Handler { return d.http.handler }

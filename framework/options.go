@@ -129,7 +129,7 @@ type Options struct {
 	// node-driver-registrar sidecar is needed. Defaults to false.
 	RegisterWithKubelet bool
 	// MetricsAddress, when set ("host:port", e.g. ":9809" or "127.0.0.1:9809"),
-	// serves /metrics, /healthz and /readyz over plain HTTP from before the
+	// serves /metrics, /healthz, /readyz and /volumes over plain HTTP from before the
 	// startup reconcile until Run returns (see Driver.Handler to mount them in
 	// a server of your own instead). Defaults to "": not served.
 	MetricsAddress string
@@ -137,6 +137,16 @@ type Options struct {
 	// to provision or refresh, or was removed by the orphan GC (see EventSink
 	// and package framework/events). Defaults to nil: no events.
 	Events EventSink
+	// CSIDrivers, when set, reads the driver's CSIDriver object once at
+	// startup (after the reconcile) to check it: Ephemeral among its
+	// volumeLifecycleModes, podInfoOnMount true, fsGroupPolicy File,
+	// attachRequired false (see CheckCSIDriver). A problem is logged as an
+	// error saying what to fix, exported as ephemera_csidriver_misconfigured,
+	// and posted as a Warning event on the object when Events is a
+	// CSIDriverEventSink; the driver serves either way. kube.Client is one;
+	// its service account needs get on csidrivers.storage.k8s.io. Defaults to
+	// nil: not checked (the log says so at startup).
+	CSIDrivers CSIDriverGetter
 	// Runnables run beside the CSI server for as long as the driver: started
 	// after the startup reconcile, stopped (their context canceled, then waited
 	// for) after the server, the GC and the refresher have stopped. An error

@@ -39,7 +39,7 @@ func (d *Driver) openState(log klog.Logger) (*boltstore.Store, error) {
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
 	path := filepath.Join(d.opts.StateDir, StateFile)
-	opts := boltstore.Options{Timeout: d.opts.StoreTimeout}
+	opts := boltstore.Options{Timeout: d.opts.StoreTimeout, Writer: d.opts.DriverName + " " + d.opts.Version}
 	st, err := boltstore.Open(path, opts)
 	if errors.Is(err, boltstore.ErrCorrupt) {
 		if d.opts.StateRecovery == StateRecoveryRefuse {
@@ -129,7 +129,7 @@ func (d *Driver) RebuildState(ctx context.Context) (aside string, err error) {
 	}
 	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
 	path := filepath.Join(d.opts.StateDir, StateFile)
-	opts := boltstore.Options{Timeout: d.opts.StoreTimeout}
+	opts := boltstore.Options{Timeout: d.opts.StoreTimeout, Writer: d.opts.DriverName + " " + d.opts.Version}
 	var st *boltstore.Store
 	if _, err := os.Lstat(path); err == nil {
 		// Take the lock first, so that a running driver makes this fail.

@@ -65,6 +65,14 @@ func main() {
 		debug.SetGCPercent(defaultGCPercent)
 	}
 	klog.InitFlags(nil)
+	if len(os.Args) > 1 && os.Args[1] == "version" {
+		printVersion(os.Stdout, readBuildInfo())
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "volumes" {
+		// ephemera-scratch volumes [--address A] [--state-dir D]: see volumes.go.
+		os.Exit(volumesCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "state" {
 		// ephemera-scratch state check|dump [--state-dir D]: see state.go.
 		// state rebuild takes the driver's own flags and runs below.
@@ -77,6 +85,14 @@ func main() {
 	var c config
 	c.bindFlags(flag.CommandLine)
 	flag.Parse()
+	if c.version {
+		printVersion(os.Stdout, readBuildInfo())
+		return
+	}
+	if err := setLogFormat(c.logFormat, os.Stderr); err != nil {
+		klog.ErrorS(err, "Invalid flags")
+		os.Exit(2)
+	}
 
 	var err error
 	if c.opts.Capacity, err = parseCapacity(c.capacity); err != nil {
@@ -114,6 +130,8 @@ type config struct {
 	loop          loopFlags
 	vhdx          vhdxFlags
 	api           apiFlags
+	version       bool   // --version
+	logFormat     string // --log-format
 }
 
 // tmpfsFlags configure the tmpfs backend.
@@ -165,14 +183,20 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	framework.BindFlags(fs, &c.opts)
 	fs.StringVar(&c.opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
+	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
+	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 }
 
 // addComponents adds to opts what talks to the API server: the event
 // recorder (--events) as its Events, the orphan GC's pod informer
 // (--gc-confirm-with-api) as its Pods, both among its Runnables, so that the
-// driver runs them while it serves.
+// driver runs them while it serves; and, with either, the client that reads
+// the CSIDriver object for the startup check (CSIDrivers).
 func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error {
+	if f.events || f.gcConfirm {
+		opts.CSIDrivers = client.csiDrivers
+	}
 	if f.events {
 		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.NodeID})
 		if err != nil {
@@ -296,10 +320,12 @@ func quantity(flagName, s string) (int64, error) {
 	return q.Value(), nil
 }
 
-// apiClient is what --events and --gc-confirm-with-api write and read.
+// apiClient is what --events and --gc-confirm-with-api write and read, and
+// what the startup check of the CSIDriver object reads.
 type apiClient struct {
-	events events.Client
-	pods   kube.PodsClient
+	events     events.Client
+	pods       kube.PodsClient
+	csiDrivers framework.CSIDriverGetter
 }
 
 // kubeClient talks to the API server (for --events and --gc-confirm-with-api)
@@ -322,7 +348,7 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	if err != nil {
 		return apiClient{}, err
 	}
-	return apiClient{events: c.Events(), pods: c.Pods()}, nil
+	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c}, nil
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi".

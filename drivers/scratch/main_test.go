@@ -25,10 +25,10 @@ func TestFlags(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
 		"backend", "backends", "capacity", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
-		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root",
+		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "nodeid", "orphan-grace-period", "register", "state-dir", "state-recovery",
-		"tmpfs-max-inodes", "vhdx-default-size", "vhdx-dynamic",
+		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("flags %q, want %q", names, want)
@@ -69,12 +69,14 @@ func TestFlags(t *testing.T) {
 // driver runs.
 func TestAddComponents(t *testing.T) {
 	clientset := fake.NewClientset()
+	csiDrivers := &kube.Client{}
 	client := apiClient{
-		events: eventstest.Client{C: clientset},
-		pods:   clientset.CoreV1().Pods(""),
+		events:     eventstest.Client{C: clientset},
+		pods:       clientset.CoreV1().Pods(""),
+		csiDrivers: csiDrivers,
 	}
 	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}
-	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || len(opts.Runnables) != 0 {
+	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || opts.CSIDrivers != nil || len(opts.Runnables) != 0 {
 		t.Fatalf("without flags: %v, %+v", err, opts)
 	}
 	if err := (apiFlags{events: true, gcConfirm: true}).addComponents(&opts, client); err != nil {
@@ -90,6 +92,14 @@ func TestAddComponents(t *testing.T) {
 	}
 	if len(opts.Runnables) != 2 || opts.Runnables[0] != rec || opts.Runnables[1] != pods {
 		t.Errorf("Runnables %v, want the recorder and the pod informer", opts.Runnables)
+	}
+	if opts.CSIDrivers != csiDrivers {
+		t.Errorf("CSIDrivers %v, want the API client (the startup check of the CSIDriver object)", opts.CSIDrivers)
+	}
+	// Either flag gives API access, and the check.
+	opts = framework.Options{DriverName: DriverName, NodeID: "node-1"}
+	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.CSIDrivers != csiDrivers {
+		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.CSIDrivers)
 	}
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)

@@ -85,6 +85,12 @@ func stateCommand(args []string, stdout, stderr io.Writer) int {
 	if rep != nil {
 		fmt.Fprintf(stdout, "file:           %s (%d bytes, page size %d, txid %d)\n", rep.Path, rep.Size, rep.PageSize, rep.TxID)
 		fmt.Fprintf(stdout, "store identity: %s (schema %d)\n", rep.StoreID, rep.SchemaVersion)
+		if rep.Writer != "" {
+			fmt.Fprintf(stdout, "last opened by: %s\n", rep.Writer)
+		}
+		if rep.SchemaVersion > boltstore.SchemaVersion {
+			fmt.Fprintf(stdout, "NEWER SCHEMA: this binary knows schema %d; a driver of this version refuses the file (docs/operations.md, 'Versions and the state file')\n", boltstore.SchemaVersion)
+		}
 		fmt.Fprintf(stdout, "records:        %d\n", rep.RecordCount)
 		if n := len(rep.Quarantined); n > 0 {
 			fmt.Fprintf(stdout, "quarantined:    %d (records that could not be read; their volumes were rebuilt from the node)\n", n)

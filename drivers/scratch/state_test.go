@@ -26,7 +26,7 @@ func TestStateCommand(t *testing.T) {
 		t.Errorf("check without a file: %d %q", code, stderr)
 	}
 	path := filepath.Join(dir, framework.StateFile)
-	st, err := boltstore.Open(path, boltstore.Options{})
+	st, err := boltstore.Open(path, boltstore.Options{Writer: "scratch.csi.ephemera.dev v0.1.0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestStateCommand(t *testing.T) {
 		t.Errorf("check while locked: %d %q", code, stderr)
 	}
 	st.Close()
-	if code, stdout, _ := run("check"); code != 0 || !strings.Contains(stdout, "records:        1") || !strings.HasSuffix(stdout, "OK\n") {
+	if code, stdout, _ := run("check"); code != 0 || !strings.Contains(stdout, "records:        1") || !strings.Contains(stdout, "last opened by: scratch.csi.ephemera.dev v0.1.0\n") || !strings.HasSuffix(stdout, "OK\n") {
 		t.Errorf("check of a healthy file: %d %q", code, stdout)
 	}
 	code, stdout, _ := run("dump")

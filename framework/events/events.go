@@ -194,9 +194,11 @@ const (
 	stopped              // Run returned: events are dropped
 )
 
-// event is one call of Event.
+// event is one call of Event or CSIDriverEvent: what it is about, and the
+// namespace the Event object is written in.
 type event struct {
-	pod                        api.Pod
+	ref                        corev1.ObjectReference
+	namespace                  string
 	eventType, reason, message string
 }
 
@@ -280,7 +282,41 @@ func (r *Recorder) Run(ctx context.Context) error {
 // Event implements framework.EventSink: it queues an event about pod. It never
 // blocks; see the package documentation for when the event is written.
 func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
-	e := event{pod: pod, eventType: eventType, reason: reason, message: truncate(message, maxMessage)}
+	r.post(event{
+		ref: corev1.ObjectReference{
+			APIVersion: "v1",
+			Kind:       "Pod",
+			Namespace:  pod.Namespace,
+			Name:       pod.Name,
+			UID:        types.UID(pod.UID),
+		},
+		namespace: pod.Namespace,
+		eventType: eventType, reason: reason, message: message,
+	})
+}
+
+// CSIDriverEvent implements framework.CSIDriverEventSink: it queues an event
+// about the driver's CSIDriver object, as Event does about a pod. The object
+// is cluster-scoped, so the event is written in the "default" namespace (as
+// the kubelet's events about nodes are); kubectl finds it with
+// kubectl get events -A --field-selector involvedObject.kind=CSIDriver.
+func (r *Recorder) CSIDriverEvent(obj api.CSIDriver, eventType, reason, message string) {
+	r.post(event{
+		ref: corev1.ObjectReference{
+			APIVersion: "storage.k8s.io/v1",
+			Kind:       "CSIDriver",
+			Name:       obj.Name,
+			UID:        types.UID(obj.UID),
+		},
+		namespace: metav1.NamespaceDefault,
+		eventType: eventType, reason: reason, message: message,
+	})
+}
+
+// post queues e; see Event.
+func (r *Recorder) post(e event) {
+	e.message = truncate(e.message, maxMessage)
+	ref := e.ref
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch r.phase {
@@ -288,29 +324,29 @@ func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
 		select {
 		case r.queue <- e:
 		default:
-			r.opts.Logger.V(4).Info("Dropping an event: the queue is full", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+			r.opts.Logger.V(4).Info("Dropping an event: the queue is full", logkeys.Object, klog.KRef(ref.Namespace, ref.Name), logkeys.Reason, e.reason)
 		}
 	case idle:
 		if len(r.pending) < maxPending {
 			r.pending = append(r.pending, e)
 			return
 		}
-		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+		r.opts.Logger.V(4).Info("Dropping an event: too many sent before the recorder runs", logkeys.Object, klog.KRef(ref.Namespace, ref.Name), logkeys.Reason, e.reason)
 	case stopped:
-		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Pod, klog.KRef(pod.Namespace, pod.Name), logkeys.Reason, reason)
+		r.opts.Logger.V(4).Info("Dropping an event: the recorder has stopped", logkeys.Object, klog.KRef(ref.Namespace, ref.Name), logkeys.Reason, e.reason)
 	}
 }
 
 // write writes e: dropped when its pod is over its rate, merged into an
 // identical event written in the last aggregateWindow, created otherwise.
 func (r *Recorder) write(ctx context.Context, e event) {
-	log := r.opts.Logger.WithValues(logkeys.Pod, klog.KRef(e.pod.Namespace, e.pod.Name), logkeys.Reason, e.reason)
+	log := r.opts.Logger.WithValues(logkeys.Object, klog.KRef(e.ref.Namespace, e.ref.Name), logkeys.Reason, e.reason)
 	now := r.opts.clock.Now()
-	if !r.allow(e.pod, now) {
+	if !r.allow(e.ref, now) {
 		log.V(4).Info("Dropping an event: the pod is over its rate", "perPodPerMinute", r.opts.PerPodPerMinute)
 		return
 	}
-	key := string(e.pod.UID) + "\x00" + e.pod.Namespace + "\x00" + e.pod.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + e.message
+	key := string(e.ref.UID) + "\x00" + e.ref.Kind + "\x00" + e.ref.Namespace + "\x00" + e.ref.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + e.message
 	if w := r.written[key]; w != nil && now.Sub(w.last) < aggregateWindow {
 		patch, _ := json.Marshal(map[string]any{"count": w.count + 1, "lastTimestamp": metav1.NewTime(now)})
 		err := r.retry(ctx, func() error {
@@ -334,16 +370,10 @@ func (r *Recorder) write(ctx context.Context, e event) {
 			// As client-go names them, the object's name and the time, here
 			// with a sequence number: two events of one pod in the same
 			// nanosecond (a coarse clock) must not collide.
-			Name:      e.pod.Name + "." + strconv.FormatInt(now.UnixNano(), 16) + strconv.FormatUint(uint64(0x1000+r.seq%0x1000), 16)[1:],
-			Namespace: e.pod.Namespace,
+			Name:      e.ref.Name + "." + strconv.FormatInt(now.UnixNano(), 16) + strconv.FormatUint(uint64(0x1000+r.seq%0x1000), 16)[1:],
+			Namespace: e.namespace,
 		},
-		InvolvedObject: corev1.ObjectReference{
-			APIVersion: "v1",
-			Kind:       "Pod",
-			Namespace:  e.pod.Namespace,
-			Name:       e.pod.Name,
-			UID:        types.UID(e.pod.UID),
-		},
+		InvolvedObject: e.ref,
 		Reason:              e.reason,
 		Message:             e.message,
 		Type:                e.eventType,
@@ -389,10 +419,10 @@ func (r *Recorder) retry(ctx context.Context, f func() error) error {
 	return err
 }
 
-// allow takes a token of pod's bucket: PerPodPerMinute per minute after a
-// burst of as many.
-func (r *Recorder) allow(pod api.Pod, now time.Time) bool {
-	key := pod.Namespace + "/" + pod.Name + "/" + string(pod.UID)
+// allow takes a token of the object's bucket: PerPodPerMinute per minute
+// after a burst of as many.
+func (r *Recorder) allow(ref corev1.ObjectReference, now time.Time) bool {
+	key := ref.Kind + "/" + ref.Namespace + "/" + ref.Name + "/" + string(ref.UID)
 	burst := float64(r.opts.PerPodPerMinute)
 	b := r.buckets[key]
 	if b == nil {

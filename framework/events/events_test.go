@@ -23,8 +23,9 @@ import (
 )
 
 var (
-	_ framework.EventSink = (*Recorder)(nil)
-	_ framework.Runnable  = (*Recorder)(nil)
+	_ framework.EventSink          = (*Recorder)(nil)
+	_ framework.CSIDriverEventSink = (*Recorder)(nil)
+	_ framework.Runnable           = (*Recorder)(nil)
 )
 
 // sink is the events client of a fake clientset.
@@ -91,6 +92,19 @@ func waitFor(t *testing.T, client *fake.Clientset, ns, reason string) []corev1.E
 			t.Fatalf("no %s event in %s", reason, ns)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An event about the CSIDriver object, which is cluster-scoped, lands in the
+// "default" namespace with the object as its involvedObject.
+func TestCSIDriverEvent(t *testing.T) {
+	r, client := newRecorder(t, nil, Options{})
+	r.CSIDriverEvent(api.CSIDriver{Name: "scratch.csi.ephemera.dev", UID: "uid-9"}, corev1.EventTypeWarning, framework.ReasonCSIDriverMisconfigured, "spec.podInfoOnMount must be true")
+	start(t, r) // sent before Run: kept for it
+	evs := waitFor(t, client, "default", framework.ReasonCSIDriverMisconfigured)
+	want := corev1.ObjectReference{APIVersion: "storage.k8s.io/v1", Kind: "CSIDriver", Name: "scratch.csi.ephemera.dev", UID: "uid-9"}
+	if len(evs) != 1 || evs[0].InvolvedObject != want || evs[0].Type != corev1.EventTypeWarning || evs[0].Message != "spec.podInfoOnMount must be true" {
+		t.Fatalf("events %+v", evs)
 	}
 }
 

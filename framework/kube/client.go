@@ -2,17 +2,21 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+
+	"github.com/ephemera-csi/ephemera/api"
 )
 
 // PodsClient lists and watches pods: what Pods needs of the API server.
@@ -127,4 +131,52 @@ func (c *EventsClient) Patch(ctx context.Context, namespace, name string, data [
 	err := c.rest.Patch(types.MergePatchType).NamespaceIfScoped(namespace, namespace != "").Resource("events").Name(name).
 		Body(data).Do(ctx).Into(out)
 	return out, err
+}
+
+// csiDriverPath is where the API server serves CSIDriver objects.
+const csiDriverPath = "/apis/storage.k8s.io/v1/csidrivers"
+
+// csiDriverJSON is the part of a storage.k8s.io/v1 CSIDriver that
+// GetCSIDriver reads. Decoding it with encoding/json instead of
+// k8s.io/api/storage/v1's types keeps that package (and its generated
+// protobuf and deep-copy code) out of the driver binary.
+type csiDriverJSON struct {
+	Metadata struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"metadata"`
+	Spec struct {
+		AttachRequired       *bool    `json:"attachRequired"`
+		PodInfoOnMount       *bool    `json:"podInfoOnMount"`
+		VolumeLifecycleModes []string `json:"volumeLifecycleModes"`
+		FSGroupPolicy        *string  `json:"fsGroupPolicy"`
+		RequiresRepublish    *bool    `json:"requiresRepublish"`
+	} `json:"spec"`
+}
+
+// GetCSIDriver reads the CSIDriver object called name (storage.k8s.io/v1) in
+// JSON: a framework.CSIDriverGetter (Options.CSIDrivers). A missing object is
+// an error wrapping api.ErrNotFound. The service account needs get on
+// csidrivers.storage.k8s.io.
+func (c *Client) GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver, error) {
+	body, err := c.rest.Get().AbsPath(csiDriverPath, name).DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: CSIDriver %q", api.ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading CSIDriver %q: %w", name, err)
+	}
+	var o csiDriverJSON
+	if err := json.Unmarshal(body, &o); err != nil {
+		return nil, fmt.Errorf("decoding CSIDriver %q: %w", name, err)
+	}
+	return &api.CSIDriver{
+		Name:                 o.Metadata.Name,
+		UID:                  o.Metadata.UID,
+		AttachRequired:       o.Spec.AttachRequired,
+		PodInfoOnMount:       o.Spec.PodInfoOnMount,
+		VolumeLifecycleModes: o.Spec.VolumeLifecycleModes,
+		FSGroupPolicy:        o.Spec.FSGroupPolicy,
+		RequiresRepublish:    o.Spec.RequiresRepublish,
+	}, nil
 }

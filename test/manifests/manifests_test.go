@@ -273,9 +273,13 @@ func TestRBAC(t *testing.T) {
 		rules, _ := roles[0].Get("rules").([]any)
 		for _, ru := range rules {
 			ro := Object(ru.(map[string]any))
-			got = append(got, fmt.Sprint(ro.Get("apiGroups"), ro.Get("resources"), ro.Get("verbs")))
+			rule := fmt.Sprint(ro.Get("apiGroups"), ro.Get("resources"), ro.Get("verbs"))
+			if names := ro.Get("resourceNames"); names != nil {
+				rule += fmt.Sprint(" ", names)
+			}
+			got = append(got, rule)
 		}
-		want := []string{"[] [pods] [get list watch]", "[] [events] [create patch]"}
+		want := []string{"[] [pods] [get list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + driverName + "]"}
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: ClusterRole rules %q, want exactly %q", r.Name, got, want)
 		}

@@ -6,6 +6,7 @@ package monitoring
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
@@ -33,7 +35,12 @@ func served(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	fake := mount.NewFake()
+	yes, no, file := true, false, "File"
 	h := drivertest.Start(t, framework.Options{
+		CSIDrivers: csiDriverFunc(func(_ context.Context, name string) (*api.CSIDriver, error) {
+			return &api.CSIDriver{Name: name, UID: "u", AttachRequired: &no, PodInfoOnMount: &yes,
+				VolumeLifecycleModes: []string{"Ephemeral"}, FSGroupPolicy: &file}, nil
+		}),
 		DriverName:     "monitoring.csi.ephemera.dev",
 		Backends:       map[string]framework.Backend{"tmpfs": mem},
 		Capacity:       map[string]int64{"tmpfs": 1 << 30},
@@ -77,6 +84,14 @@ func served(t *testing.T) map[string]bool {
 	return names
 }
 
+// csiDriverFunc answers the startup check of the CSIDriver object, so that
+// its metric exists as with API access.
+type csiDriverFunc func(ctx context.Context, name string) (*api.CSIDriver, error)
+
+func (f csiDriverFunc) GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver, error) {
+	return f(ctx, name)
+}
+
 var (
 	metricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*`)
 	// A metric in PromQL: an identifier followed by a selector or a range,
@@ -106,7 +121,7 @@ func repoFile(t *testing.T, path string) []byte {
 
 func TestMonitoringNamesServedMetrics(t *testing.T) {
 	names := served(t)
-	for _, want := range []string{"ephemera_rpc_duration_seconds_bucket", "csi_plugin_operations_seconds_count", "ephemera_capacity_bytes", "process_resident_memory_bytes"} {
+	for _, want := range []string{"ephemera_rpc_duration_seconds_bucket", "csi_plugin_operations_seconds_count", "ephemera_capacity_bytes", "ephemera_csidriver_misconfigured", "process_resident_memory_bytes"} {
 		if !names[want] {
 			t.Fatalf("the driver does not serve %s; the check below would prove nothing", want)
 		}

@@ -46,4 +46,8 @@ const (
 	PodsDir         = "podsDir"
 	Removed         = "removed"
 	Volumes         = "volumes"
+	CSIDriver       = "csiDriver"
+	Check           = "check"
+	Fix             = "fix"
+	Object          = "object"
 )

@@ -24,6 +24,8 @@
 //   - ephemera_reconcile_total{result}, ephemera_gc_total{result},
 //     ephemera_refresh_total{result} counters, ephemera_state_recoveries_total.
 //   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.
+//   - ephemera_csidriver_misconfigured{check} gauge: the startup check of the
+//     CSIDriver object.
 //   - The Go runtime (go_*) and process (process_*) collectors.
 //
 // No metric has a per-volume or per-pod label: a node runs hundreds of

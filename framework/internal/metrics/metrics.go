@@ -31,6 +31,7 @@ const (
 	Refresh         = "ephemera_refresh_total"
 	InflightOps     = "ephemera_inflight_operations"
 	BuildInfo       = "ephemera_build_info"
+	CSIDriverBad    = "ephemera_csidriver_misconfigured"
 )
 
 const (
@@ -41,6 +42,7 @@ const (
 	labelResult  = "result"
 	labelDriver  = "driver"
 	labelVersion = "version"
+	labelCheck   = "check"
 
 	// csi-lib-utils' labels of CSIOperations.
 	labelCSIDriver = "driver_name"
@@ -142,6 +144,7 @@ type Metrics struct {
 	stateRecoveries prometheus.Counter
 	gc              *prometheus.CounterVec
 	refresh         *prometheus.CounterVec
+	csiDriver       *prometheus.GaugeVec
 
 	methods map[string]*methodSeries // read-only after New
 }
@@ -195,6 +198,10 @@ func New(c Config) *Metrics {
 			Name: Refresh,
 			Help: "Content refreshes of live volumes (republish, Refresh, RefreshAll, RefreshInterval, retries), by result (ok, failed).",
 		}, []string{labelResult}),
+		csiDriver: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: CSIDriverBad,
+			Help: "1 when the startup check found the driver's CSIDriver object failing a check (exists, volumeLifecycleModes, podInfoOnMount, fsGroupPolicy, attachRequired), 0 when it passed; absent without API access.",
+		}, []string{labelCheck}),
 		methods: map[string]*methodSeries{},
 	}
 	for _, full := range c.Methods {
@@ -217,7 +224,7 @@ func New(c Config) *Metrics {
 	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
 
 	m.reg.MustRegister(
-		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, buildInfo,
+		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, m.csiDriver, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -294,6 +301,15 @@ func (m *Metrics) ObserveBackend(backend, op string, err error, d time.Duration)
 // Reconciled counts one outcome of the startup reconcile (ReconcileRolledBack,
 // ReconcileOrphanDeleted, ReconcileFailed).
 func (m *Metrics) Reconciled(result string) { m.reconcile.WithLabelValues(result).Inc() }
+
+// CSIDriverChecked sets the result of one check of the CSIDriver object.
+func (m *Metrics) CSIDriverChecked(check string, failed bool) {
+	v := 0.0
+	if failed {
+		v = 1
+	}
+	m.csiDriver.WithLabelValues(check).Set(v)
+}
 
 // StateRecovered counts a damaged state file moved aside and rebuilt.
 func (m *Metrics) StateRecovered() { m.stateRecoveries.Inc() }

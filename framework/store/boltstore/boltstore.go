@@ -60,6 +60,7 @@ var (
 	bucketQuarantine = []byte("quarantine")
 	keySchema        = []byte("schemaVersion")
 	keyStoreID       = []byte("storeID")
+	keyWriter        = []byte("writer")
 )
 
 // Options configures [Open].
@@ -67,6 +68,13 @@ type Options struct {
 	// Timeout is how long Open waits for the file's exclusive lock before failing
 	// with ErrLocked. Defaults to 1s.
 	Timeout time.Duration
+
+	// Writer names the program that opens the file, e.g.
+	// "scratch.csi.ephemera.dev v0.4.0". Open records it in the "meta" bucket
+	// when it differs from the one recorded there, so that an older driver that
+	// refuses the file (see [store.ErrVersion]) can say which version wrote
+	// it. Defaults to "" (nothing recorded, and the recorded one is kept).
+	Writer string
 
 	// skipCheck skips checkFile, for tests of what the protected open does
 	// alone.
@@ -146,7 +154,7 @@ func Open(path string, opts Options) (*Store, error) {
 		if err != nil {
 			return err
 		}
-		got, err = load(db)
+		got, err = load(db, opts.Writer)
 		return err
 	})
 	if err != nil {
@@ -173,7 +181,7 @@ func openError(path string, timeout time.Duration, err error) error {
 	case errors.Is(err, berrors.ErrTimeout):
 		return lockedError(path, timeout, "another driver process (e.g. a second DaemonSet pod on this node) holds it")
 	case errors.Is(err, store.ErrVersion):
-		return fmt.Errorf("boltstore: %s: %w; run the newer driver version that wrote it (downgrades are not supported)", path, err)
+		return fmt.Errorf("boltstore: %s: %w", path, err) // load says what to do
 	case isCorruption(err):
 		return corruptError(path, err)
 	default:
@@ -263,6 +271,7 @@ func create(path string, timeout time.Duration) error {
 // loaded is what load found in a file.
 type loaded struct {
 	id          string
+	writer      string // the "writer" recorded in the file, "" for none
 	quarantined []string
 }
 
@@ -275,8 +284,10 @@ type badRecord struct {
 // load reads every bucket and key of db (so that damage shows now, as a fault or
 // a bbolt panic inside protect, and not in a later call), checks the schema,
 // decodes every record, and then, only when something needs writing, initialises
-// the buckets and the store ID and moves undecodable records to quarantine.
-func load(db *bolt.DB) (loaded, error) {
+// the buckets and the store ID, records writer, and moves undecodable records to
+// quarantine. A file or record of a newer version is refused with an error that
+// names the versions, the writer recorded in the file and the ways out.
+func load(db *bolt.DB, writer string) (loaded, error) {
 	var (
 		got   loaded
 		fresh bool // no buckets yet
@@ -290,6 +301,9 @@ func load(db *bolt.DB) (loaded, error) {
 		if meta == nil && volumes == nil {
 			fresh = true
 			return nil
+		}
+		if meta != nil {
+			got.writer = string(meta.Get(keyWriter))
 		}
 		var err error
 		if got.id, err = checkMeta(meta, volumes); err != nil {
@@ -306,10 +320,23 @@ func load(db *bolt.DB) (loaded, error) {
 			return nil
 		})
 	})
+	if errors.Is(err, store.ErrVersion) {
+		by := "a newer driver"
+		if got.writer != "" {
+			by = strconv.Quote(got.writer)
+		}
+		this := "this driver"
+		if writer != "" {
+			this = strconv.Quote(writer)
+		}
+		return got, fmt.Errorf("%w; the file was last opened by %s and %s cannot read it: downgrades of the state file are not supported. "+
+			"Run that version (or a newer one) again, or, to downgrade anyway, stop the driver and move the file aside: the older driver then rebuilds the state from the node "+
+			"(docs/operations.md, 'Versions and the state file')", err, by, this)
+	}
 	if err != nil {
 		return got, err
 	}
-	if !fresh && got.id != "" && len(bad) == 0 {
+	if !fresh && got.id != "" && len(bad) == 0 && (writer == "" || writer == got.writer) {
 		return got, nil
 	}
 	if got.id == "" {
@@ -331,6 +358,11 @@ func load(db *bolt.DB) (loaded, error) {
 		}
 		if err := meta.Put(keyStoreID, []byte(got.id)); err != nil {
 			return err
+		}
+		if writer != "" && writer != got.writer {
+			if err := meta.Put(keyWriter, []byte(writer)); err != nil {
+				return err
+			}
 		}
 		if len(bad) == 0 {
 			return nil

@@ -1,6 +1,7 @@
 package boltstore_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -137,6 +138,53 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	rawUpdate(t, path, func(*bolt.Tx) error { return nil })
 }
 
+// TestDowngradeNamesTheWriter: Open records Options.Writer; an older driver
+// meeting a file of a newer schema names both versions, the writer recorded in
+// the file and the ways out, and changes nothing.
+func TestDowngradeNamesTheWriter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := boltstore.Open(path, boltstore.Options{Writer: "scratch.csi.ephemera.dev v0.2.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := boltstore.Inspect(path, boltstore.InspectOptions{})
+	if err != nil || rep.Writer != "scratch.csi.ephemera.dev v0.2.0" {
+		t.Fatalf("Inspect: writer %q, %v", rep.Writer, err)
+	}
+	// The newer driver (its own Open would write this) bumps the schema.
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("meta")).Put([]byte("schemaVersion"), []byte(fmt.Sprint(boltstore.SchemaVersion+1)))
+	})
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = boltstore.Open(path, boltstore.Options{Writer: "scratch.csi.ephemera.dev v0.1.0"})
+	if err == nil {
+		s.Close()
+		t.Fatal("an older driver opened a newer file")
+	}
+	t.Logf("Open: %v", err)
+	if !errors.Is(err, store.ErrVersion) || errors.Is(err, boltstore.ErrCorrupt) {
+		t.Errorf("error = %v, want ErrVersion and not ErrCorrupt (the file must not be moved aside)", err)
+	}
+	for _, want := range []string{
+		path, fmt.Sprintf("file schema %d, this driver knows %d", boltstore.SchemaVersion+1, boltstore.SchemaVersion),
+		`last opened by "scratch.csi.ephemera.dev v0.2.0"`, `"scratch.csi.ephemera.dev v0.1.0" cannot read it`,
+		"Run that version (or a newer one) again", "move the file aside",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q", want)
+		}
+	}
+	if after, err := os.ReadFile(path); err != nil || !bytes.Equal(before, after) {
+		t.Errorf("the refused open changed the file (%v)", err)
+	}
+}
+
 // TestOpenRefusesNewerRecord: a record written by a newer driver is not
 // quarantined (it is not damaged); Open refuses the whole file instead.
 func TestOpenRefusesNewerRecord(t *testing.T) {
@@ -168,7 +216,7 @@ func TestOpenRefusesNewerRecord(t *testing.T) {
 	if !errors.Is(err, store.ErrVersion) {
 		t.Errorf("error = %v, want ErrVersion", err)
 	}
-	for _, want := range []string{path, "vol-new", "run the newer driver version"} {
+	for _, want := range []string{path, "vol-new", "version 2, this driver knows 1", "downgrades of the state file are not supported", "move the file aside"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not contain %q", want)
 		}

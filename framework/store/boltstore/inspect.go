@@ -38,6 +38,9 @@ type Report struct {
 	// StoreID is the store's identity (see [Store.ID]); "" when it could not be
 	// read or an older driver wrote the file.
 	StoreID string
+	// Writer is the program that last opened the file for writing, as
+	// recorded from [Options].Writer; "" when none was recorded.
+	Writer string
 	// RecordCount is the number of entries in the "volumes" bucket, decodable or
 	// not.
 	RecordCount int
@@ -262,6 +265,8 @@ func (c *collector) add(bucket string, k, v []byte) {
 			c.schemaRaw = bytes.Clone(v)
 		case bytes.Equal(k, keyStoreID):
 			c.idRaw = bytes.Clone(v)
+		case bytes.Equal(k, keyWriter):
+			c.rep.Writer = string(v)
 		}
 	case string(bucketVolumes):
 		c.rep.RecordCount++

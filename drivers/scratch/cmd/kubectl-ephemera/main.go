@@ -1,0 +1,247 @@
+// Command kubectl-ephemera is a kubectl plugin that lists what the Ephemera
+// scratch driver holds on the nodes of a cluster, from a workstation:
+//
+//	kubectl ephemera volumes [--node NODE] [-o table|json]
+//
+// It finds the driver's pods (label app.kubernetes.io/name=ephemera-scratch in
+// kube-system, on NODE when given) and asks each for GET /volumes on its
+// metrics port through the API server's pod proxy
+// (/api/v1/namespaces/NS/pods/POD:PORT/proxy/volumes). The node proxy cannot
+// be used: it reaches only the kubelet's ports. The caller needs list on pods
+// and get on pods/proxy in the driver's namespace (docs/operations.md, "What a
+// node holds"). Install: put the binary on PATH as kubectl-ephemera.
+//
+// It uses client-go's kubeconfig loading and authenticated HTTP client only,
+// and decodes the two responses with encoding/json.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/volumetable"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+const usage = `usage: kubectl ephemera volumes [flags]
+
+Lists the volumes the Ephemera scratch driver holds, per node, through the API
+server's pod proxy to each driver pod's GET /volumes (RBAC: list pods and get
+pods/proxy in the driver's namespace).
+
+`
+
+// nodeVolumes is one driver pod's answer, as -o json prints it.
+type nodeVolumes struct {
+	Node    string          `json:"node"`
+	Pod     string          `json:"pod"`
+	Error   string          `json:"error,omitempty"`
+	Volumes *api.VolumeList `json:"volumes,omitempty"`
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "volumes" {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	fs := flag.NewFlagSet("kubectl ephemera volumes", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	kubeconfig := fs.String("kubeconfig", "", "Kubeconfig file. Default: $KUBECONFIG, then ~/.kube/config.")
+	kubeContext := fs.String("context", "", "Kubeconfig context. Default: the current one.")
+	namespace := fs.String("namespace", "kube-system", "The driver's namespace.")
+	selector := fs.String("selector", "app.kubernetes.io/name=ephemera-scratch", "Label selector of the driver's pods.")
+	port := fs.Int("port", 9809, "The driver's metrics port (--metrics-address).")
+	node := fs.String("node", "", "Only this node. Default: every node with a driver pod.")
+	output := fs.String("o", "table", "Output: table or json.")
+	timeout := fs.Duration("timeout", 30*time.Second, "Timeout of the whole command.")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *output != "table" && *output != "json" {
+		fmt.Fprintf(stderr, "-o %q: want table or json\n", *output)
+		return 2
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = *kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: *kubeContext}).ClientConfig()
+	if err != nil {
+		fmt.Fprintf(stderr, "kubeconfig: %v\n", err)
+		return 1
+	}
+	c, err := newClient(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+
+	pods, err := c.driverPods(ctx, *namespace, *selector, *node)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if len(pods) == 0 {
+		where := "any node"
+		if *node != "" {
+			where = "node " + *node
+		}
+		fmt.Fprintf(stderr, "no running driver pod (%s in %s) on %s\n", *selector, *namespace, where)
+		return 1
+	}
+	var (
+		all    []nodeVolumes
+		rows   []volumetable.Row
+		failed bool
+	)
+	for _, p := range pods {
+		list, err := c.volumes(ctx, *namespace, p.name, *port)
+		nv := nodeVolumes{Node: p.node, Pod: p.name, Volumes: list}
+		if err != nil {
+			failed = true
+			nv.Error = err.Error()
+			fmt.Fprintf(stderr, "node %s: %v\n", p.node, err)
+		} else {
+			rows = append(rows, volumetable.Rows(p.node, list)...)
+		}
+		all = append(all, nv)
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(all); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	} else if err := volumetable.Print(stdout, rows, true, time.Now()); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// client makes authenticated GETs to the API server.
+type client struct {
+	http *http.Client
+	base *url.URL
+}
+
+func newClient(cfg *rest.Config) (*client, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	base, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API server URL: %w", err)
+	}
+	return &client{http: hc, base: base}, nil
+}
+
+// get GETs the API path with query and decodes the JSON answer into out.
+func (c *client) get(ctx context.Context, query url.Values, out any, path ...string) error {
+	u := c.base.JoinPath(path...)
+	u.RawQuery = query.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var st struct {
+			Message string `json:"message"`
+		}
+		msg := string(body)
+		if json.Unmarshal(body, &st) == nil && st.Message != "" {
+			msg = st.Message
+		}
+		return &statusError{code: resp.StatusCode, msg: msg}
+	}
+	return json.Unmarshal(body, out)
+}
+
+type statusError struct {
+	code int
+	msg  string
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%d %s: %s", e.code, http.StatusText(e.code), e.msg)
+}
+
+// pod is a driver pod.
+type pod struct{ name, node string }
+
+// driverPods lists the running driver pods, on node when given.
+func (c *client) driverPods(ctx context.Context, ns, selector, node string) ([]pod, error) {
+	q := url.Values{"labelSelector": {selector}}
+	if node != "" {
+		q.Set("fieldSelector", "spec.nodeName="+node)
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				NodeName string `json:"nodeName"`
+			} `json:"spec"`
+			Status struct {
+				Phase string `json:"phase"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := c.get(ctx, q, &list, "api", "v1", "namespaces", ns, "pods"); err != nil {
+		return nil, fmt.Errorf("listing the driver's pods in %s: %w (RBAC: list pods)", ns, err)
+	}
+	var pods []pod
+	for _, p := range list.Items {
+		if p.Status.Phase == "Running" {
+			pods = append(pods, pod{name: p.Metadata.Name, node: p.Spec.NodeName})
+		}
+	}
+	return pods, nil
+}
+
+// volumes asks the driver pod for GET /volumes through the pod proxy.
+func (c *client) volumes(ctx context.Context, ns, name string, port int) (*api.VolumeList, error) {
+	list := new(api.VolumeList)
+	err := c.get(ctx, nil, list, "api", "v1", "namespaces", ns, "pods", fmt.Sprintf("%s:%d", name, port), "proxy", "volumes")
+	var se *statusError
+	if errors.As(err, &se) && se.code == http.StatusForbidden {
+		return nil, fmt.Errorf("pod %s: %w (RBAC: get on pods/proxy in %s)", name, err, ns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pod %s: %w", name, err)
+	}
+	return list, nil
+}

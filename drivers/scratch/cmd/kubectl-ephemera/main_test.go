@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// fakeAPI answers the pod list and the pod proxy as kube-apiserver does, for
+// two driver pods (node-1, node-2; a third is Pending), and records requests.
+func fakeAPI(t *testing.T, forbidProxy bool) (kubeconfig string, seen func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var reqs []string
+	list := func(node string) api.VolumeList {
+		return api.VolumeList{Driver: "scratch.csi.ephemera.dev", Node: node, Volumes: []api.VolumeInfo{{
+			VolumeID: "csi-" + node, Pod: api.Pod{Namespace: "team-a", Name: "web", UID: "uid-" + node}, VolumeName: "scratch",
+			Backend: "tmpfs", Size: 64 << 20, Phase: string(store.PhasePublished), Mounted: true, Created: time.Now().Add(-time.Hour),
+		}}}
+	}
+	// TLS: clientcmd sends credentials to https servers only.
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		reqs = append(reqs, r.URL.Path+"?"+r.URL.RawQuery+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api/v1/namespaces/kube-system/pods":
+			items := ""
+			for i, n := range []string{"node-1", "node-2", "node-3"} {
+				phase := "Running"
+				if n == "node-3" {
+					phase = "Pending"
+				}
+				if sel := r.URL.Query().Get("fieldSelector"); sel != "" && sel != "spec.nodeName="+n {
+					continue
+				}
+				if items != "" {
+					items += ","
+				}
+				items += fmt.Sprintf(`{"metadata":{"name":"ephemera-scratch-node-%d","namespace":"kube-system"},"spec":{"nodeName":%q},"status":{"phase":%q}}`, i, n, phase)
+			}
+			fmt.Fprintf(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[%s]}`, items)
+		case "/api/v1/namespaces/kube-system/pods/ephemera-scratch-node-0:9809/proxy/volumes",
+			"/api/v1/namespaces/kube-system/pods/ephemera-scratch-node-1:9809/proxy/volumes":
+			if forbidProxy {
+				w.WriteHeader(http.StatusForbidden)
+				fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods \"x\" is forbidden: User \"alice\" cannot get resource \"pods/proxy\"","reason":"Forbidden","code":403}`)
+				return
+			}
+			node := map[string]string{"ephemera-scratch-node-0:9809": "node-1", "ephemera-scratch-node-1:9809": "node-2"}[strings.Split(r.URL.Path, "/")[6]]
+			_ = json.NewEncoder(w).Encode(list(node))
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: %q
+    certificate-authority-data: %s
+users:
+- name: u
+  user:
+    token: secret-token
+contexts:
+- name: ctx
+  context:
+    cluster: c
+    user: u
+current-context: ctx
+`, srv.URL, base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})))
+	if err := os.WriteFile(kubeconfig, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), reqs...)
+	}
+}
+
+func TestVolumesThroughThePodProxy(t *testing.T) {
+	kubeconfig, seen := fakeAPI(t, false)
+	var out, errb bytes.Buffer
+	if code := run([]string{"volumes", "--kubeconfig", kubeconfig}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NODE ") ||
+		strings.Join(strings.Fields(lines[1])[:8], " ") != "node-1 csi-node-1 team-a web uid-node-1 scratch tmpfs 64Mi" ||
+		!strings.HasPrefix(lines[2], "node-2 ") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	reqs := seen()
+	want := []string{
+		"/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io%2Fname%3Dephemera-scratch Bearer secret-token",
+		"/api/v1/namespaces/kube-system/pods/ephemera-scratch-node-0:9809/proxy/volumes? Bearer secret-token",
+		"/api/v1/namespaces/kube-system/pods/ephemera-scratch-node-1:9809/proxy/volumes? Bearer secret-token",
+	}
+	if strings.Join(reqs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("requests\n%s\nwant\n%s", strings.Join(reqs, "\n"), strings.Join(want, "\n"))
+	}
+
+	out.Reset()
+	if code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--node", "node-2", "-o", "json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var got []nodeVolumes
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || len(got) != 1 || got[0].Node != "node-2" || got[0].Volumes == nil ||
+		len(got[0].Volumes.Volumes) != 1 || got[0].Volumes.Volumes[0].VolumeID != "csi-node-2" {
+		t.Errorf("json: %v\n%s", err, out.String())
+	}
+
+	errb.Reset()
+	if code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--node", "node-3"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no running driver pod") {
+		t.Errorf("a node without a running driver: %d %q", code, errb.String())
+	}
+}
+
+func TestVolumesProxyForbidden(t *testing.T) {
+	kubeconfig, _ := fakeAPI(t, true)
+	var out, errb bytes.Buffer
+	code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--node", "node-1"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "403 Forbidden") || !strings.Contains(errb.String(), "RBAC: get on pods/proxy in kube-system") {
+		t.Errorf("forbidden: %d %q", code, errb.String())
+	}
+	if strings.Contains(errb.String(), "secret-token") {
+		t.Error("the token in an error")
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var errb bytes.Buffer
+	if code := run(nil, &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), "kubectl ephemera volumes") {
+		t.Errorf("no command: %d %q", code, errb.String())
+	}
+	if code := run([]string{"volumes", "-o", "yaml"}, &bytes.Buffer{}, &errb); code != 2 {
+		t.Errorf("-o yaml: %d", code)
+	}
+}
