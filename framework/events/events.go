@@ -343,7 +343,7 @@ func (r *Recorder) write(ctx context.Context, e event) {
 	log := r.opts.Logger.WithValues(logkeys.Object, klog.KRef(e.ref.Namespace, e.ref.Name), logkeys.Reason, e.reason)
 	now := r.opts.clock.Now()
 	if !r.allow(e.ref, now) {
-		log.V(4).Info("Dropping an event: the pod is over its rate", "perPodPerMinute", r.opts.PerPodPerMinute)
+		log.V(4).Info("Dropping an event: its object is over its rate (PerPodPerMinute)", logkeys.PerMinute, r.opts.PerPodPerMinute)
 		return
 	}
 	key := string(e.ref.UID) + "\x00" + e.ref.Kind + "\x00" + e.ref.Namespace + "\x00" + e.ref.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + e.message
@@ -373,7 +373,7 @@ func (r *Recorder) write(ctx context.Context, e event) {
 			Name:      e.ref.Name + "." + strconv.FormatInt(now.UnixNano(), 16) + strconv.FormatUint(uint64(0x1000+r.seq%0x1000), 16)[1:],
 			Namespace: e.namespace,
 		},
-		InvolvedObject: e.ref,
+		InvolvedObject:      e.ref,
 		Reason:              e.reason,
 		Message:             e.message,
 		Type:                e.eventType,

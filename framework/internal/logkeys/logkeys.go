@@ -50,4 +50,5 @@ const (
 	Check           = "check"
 	Fix             = "fix"
 	Object          = "object"
+	PerMinute       = "perMinute"
 )
