@@ -586,6 +586,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 imageMinimumGCAge: 24h
 syncFrequency: 10s
+volumeStatsAggPeriod: 5s
 fileCheckFrequency: 20s
 nodeStatusUpdateFrequency: 10s
 serializeImagePulls: false

@@ -393,3 +393,133 @@ func wantRefused(t *testing.T, err error, what string, subs ...string) {
 	}
 	t.Logf("%s: refused: %v", what, err)
 }
+
+// TestAdmissionRealPods: the admission policy from deploy/admission against real
+// pods bound to the node, not dry runs: in an unlabelled namespace the pod create
+// is refused with the policy's message and nothing is stored; in a labelled
+// namespace the size, backend and nr_inodes caps refuse real creates; allowed
+// pods (a tmpfs volume with nr_inodes, a loop volume) are stored, run with their
+// volume mounted and clean up.
+func TestAdmissionRealPods(t *testing.T) {
+	c := clu
+	requireDriver(t)
+	dir := c.manifestsDir(t)
+	a := c.newApplier(t)
+	ctx := context.Background()
+	denied, allowed := "e2e-vapr-denied", "e2e-vapr-allowed"
+	for _, ns := range []string{denied, allowed} {
+		if err := c.ensureNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, scratchAllowedLabel)
+	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, allowed, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := readObjects(filepath.Join(dir, admissionManifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy []*unstructured.Unstructured
+	for _, o := range objs {
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
+			policy = append(policy, o)
+		}
+	}
+	if len(policy) != 2 {
+		t.Fatalf("%s: want a ValidatingAdmissionPolicy and its binding, got %d objects", admissionManifest, len(policy))
+	}
+	c.applyPolicy(t, a, policy, denied)
+
+	// create creates a real pod bound to the node (the kubelet runs what is admitted).
+	create := func(ns, name string, attrs map[string]string) (*corev1.Pod, error) {
+		p := c.newPod(ns, name, csiVolume("data", attrs), steps(st("write", "/data/f", "4096"), st("pause")))
+		return c.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	}
+	refused := func(ns, name string, attrs map[string]string, what string, subs ...string) {
+		t.Helper()
+		p, err := create(ns, name, attrs)
+		if err == nil {
+			c.deletePod(t, p, goneTimeout)
+		}
+		wantRefused(t, err, what, subs...)
+		if _, err := c.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("%s: refused pod %s/%s: get says %v, want NotFound", what, ns, name, err)
+		}
+	}
+	refused(denied, "vap-unlabelled", map[string]string{"size": "1Mi"}, "unlabelled namespace", "ValidatingAdmissionPolicy",
+		"namespace "+denied+" may not use inline volumes of the CSI driver "+driverName,
+		"kubectl label namespace "+denied+" "+scratchAllowedLabel+"=true")
+	refused(allowed, "vap-too-big", map[string]string{"size": "8Gi"}, "size over the cap", "volumeAttributes.size", "at most 4Gi")
+	refused(allowed, "vap-dir", map[string]string{"size": "64Mi", "backend": "dir"}, "backend not allowed", "volumeAttributes.backend", "tmpfs, loop")
+	refused(allowed, "vap-inodes", map[string]string{"size": "64Mi", "nr_inodes": "1048577"}, "nr_inodes over the cap",
+		"volumeAttributes.nr_inodes", "from 1 to 1048576")
+
+	var pods []*corev1.Pod
+	defer func() {
+		for _, p := range pods {
+			c.deletePod(t, p, 0)
+		}
+	}()
+	for name, attrs := range map[string]map[string]string{
+		"vap-tmpfs": {"size": "64Mi", "nr_inodes": "4096"},
+		"vap-loop":  {"size": "64Mi", "backend": "loop"},
+	} {
+		p, err := create(allowed, name, attrs)
+		if err != nil {
+			t.Errorf("%s refused: %v", name, err)
+			continue
+		}
+		pods = append(pods, p)
+	}
+	for i, p := range pods {
+		pods[i] = c.waitRunning(t, p, runningTimeout)
+		m := c.published(t, pods[i], p.Spec.Volumes[0])
+		wantStep(t, c.output(t, pods[i], 1), 0, "write ok")
+		want := "tmpfs"
+		if p.Spec.Volumes[0].CSI.VolumeAttributes["backend"] == "loop" {
+			want = "ext4"
+		}
+		if m.FSType != want {
+			t.Errorf("pod %s: volume mounted as %s, want %s", p.Name, m.FSType, want)
+		}
+	}
+	for _, p := range pods {
+		c.deletePod(t, p, goneTimeout)
+		c.cleanedUp(t, p, p.Spec.Volumes[0])
+	}
+}
+
+// applyPolicy applies the policy objects, waits until the API server enforces
+// them (a pod in the unlabelled namespace denied is refused) and removes them
+// when the test ends, waiting until that takes effect.
+func (c *cluster) applyPolicy(t *testing.T, a *applier, policy []*unstructured.Unstructured, denied string) {
+	t.Helper()
+	ctx := context.Background()
+	t0 := time.Now()
+	for _, o := range policy {
+		if err := a.apply(ctx, o, false); err != nil {
+			t.Fatalf("apply %s: %v", describe(o), err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := len(policy) - 1; i >= 0; i-- {
+			if err := a.delete(ctx, policy[i]); err != nil {
+				t.Errorf("delete %s: %v", describe(policy[i]), err)
+			}
+		}
+		err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "policy removal to take effect", func() (bool, error) {
+			return c.dryRunPod(ctx, denied, map[string]string{"size": "1Mi"}) == nil, nil
+		})
+		if err != nil {
+			t.Errorf("%v: later tests would be refused", err)
+		}
+	})
+	err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "policy to take effect", func() (bool, error) {
+		return c.dryRunPod(ctx, denied, map[string]string{"size": "1Mi"}) != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%v: an inline pod in unlabelled namespace %s is still admitted", err, denied)
+	}
+	c.step("admission policy in effect", t0)
+}
