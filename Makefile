@@ -163,7 +163,7 @@ manifests:
 	cd test/manifests && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./... && \
 	  $(GO) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
 
-## chart-readme: regenerate deploy/helm/ephemera-scratch/README.md from the chart's values.yaml (every value
+## chart-readme: regenerate deploy/helm/ephemera-driver/README.md from the chart's values.yaml (every value
 ## and its comment), values.schema.json and Chart.yaml; make manifests fails when it is not current
 chart-readme:
 	cd test/manifests && $(GO) run ./cmd/chart-readme

@@ -82,9 +82,10 @@ func TestHelmRejectsBadValues(t *testing.T) {
 	}
 	for name, vals := range map[string]map[string]any{
 		"registrar mode":        {"registrar": map[string]any{"mode": "both"}},
-		"unknown backend":       {"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}},
+		"unknown backend":       {"scratch": map[string]any{"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}}},
 		"negative volumes":      {"maxVolumesPerNode": -1},
-		"zero tmpfs inodes":     {"tmpfsMaxInodes": 0},
+		"zero tmpfs inodes":     {"scratch": map[string]any{"tmpfsMaxInodes": 0}},
+		"args not flags":        {"driver": map[string]any{"args": []any{"register"}}},
 		"zero admission inodes": {"admission": map[string]any{"maxInodes": 0}},
 		"inodes as a quantity":  {"admission": map[string]any{"maxInodes": "1Mi"}},
 	} {
@@ -384,17 +385,19 @@ func TestHelmOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	vals := map[string]any{
-		"driverName":        "scratch.example.com",
-		"capacity":          map[string]any{"tmpfs": "8Gi"},
+		"driver":            map[string]any{"name": "scratch.example.com"},
 		"maxVolumesPerNode": 50,
-		"backends":          map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
 		"image":             map[string]any{"repository": "registry.example.com/scratch", "tag": "v9"},
 		"csiDriver": map[string]any{"requiresRepublish": true,
 			"tokenRequests": []any{map[string]any{"audience": "vault", "expirationSeconds": 3600}}},
 		"metrics":   map[string]any{"port": 9999},
 		"admission": map[string]any{"maxSize": "1Gi", "maxInodes": 5000, "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
-		// Above 2^32 and as a float64, as values.yaml's numbers are: rendered whole.
-		"tmpfsMaxInodes": 4294967296.0,
+		"scratch": map[string]any{
+			"capacity": map[string]any{"tmpfs": "8Gi"},
+			"backends": map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
+			// Above 2^32 and as a float64, as values.yaml's numbers are: rendered whole.
+			"tmpfsMaxInodes": 4294967296.0,
+		},
 	}
 	b, err := Helm(filepath.Join(root, Chart), vals, Namespace)
 	if err != nil {

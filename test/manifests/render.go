@@ -20,7 +20,7 @@ import (
 )
 
 // Chart is the Helm chart's directory, relative to the repository root.
-const Chart = "deploy/helm/ephemera-scratch"
+const Chart = "deploy/helm/ephemera-driver"
 
 // Namespace is where the chart is rendered (the kustomize base uses the same).
 const Namespace = "kube-system"
