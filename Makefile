@@ -194,9 +194,10 @@ cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
 	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
-## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed)
+## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed;
+## Dockerfile.driver, the template for an author's driver, copies the whole context)
 image-check: build-static build-windows
-	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver
 
 ## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
 image: image-check
