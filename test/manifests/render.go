@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -34,6 +35,34 @@ type Target struct {
 	Kustomize string
 	// HelmValues are values for the chart (a Helm target when Kustomize is "").
 	HelmValues map[string]any
+	// Example is an example driver's directory (examples/<name>) relative to the
+	// repository root: a Helm target renders the chart with its values.yaml (under
+	// HelmValues), a kustomize target its overlay; its csidriver.yaml and main.go
+	// are what the rendering is checked against.
+	Example string
+}
+
+// ExampleValuesFile is the chart's values file of an example driver, in its directory.
+const ExampleValuesFile = "values.yaml"
+
+// Values returns the chart's values of a Helm target: the example's values file,
+// if any, with HelmValues over it.
+func (t Target) Values(root string) (map[string]any, error) {
+	vals := map[string]any{}
+	if t.Example != "" {
+		b, err := os.ReadFile(filepath.Join(root, t.Example, ExampleValuesFile))
+		if err != nil {
+			return nil, err
+		}
+		if err := yaml.Unmarshal(b, &vals); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", t.Example, ExampleValuesFile, err)
+		}
+	}
+	over := maps.Clone(t.HelmValues)
+	if over == nil {
+		over = map[string]any{}
+	}
+	return chartutil.CoalesceTables(over, vals), nil
 }
 
 // Targets lists everything that is rendered and tested.
@@ -45,6 +74,8 @@ func Targets() []Target {
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+		{Name: "helm-example-hello", Example: "examples/hello"},
+		{Name: "helm-example-tokenfile", Example: "examples/tokenfile"},
 	}
 }
 
@@ -72,7 +103,11 @@ func Render(root string, t Target) ([]byte, error) {
 	if t.Kustomize != "" {
 		return Kustomize(filepath.Join(root, t.Kustomize))
 	}
-	return Helm(filepath.Join(root, Chart), t.HelmValues, Namespace)
+	vals, err := t.Values(root)
+	if err != nil {
+		return nil, err
+	}
+	return Helm(filepath.Join(root, Chart), vals, Namespace)
 }
 
 // Kustomize is `kubectl kustomize dir` (kustomize's default load restrictions).
