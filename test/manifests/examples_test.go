@@ -125,6 +125,14 @@ func TestExamples(t *testing.T) {
 				}
 			}
 
+			// Nothing is the scratch driver's any more: a path or name left over
+			// would share its socket, state or objects.
+			for _, o := range r.objs {
+				if m := scratchRef.FindString(fmt.Sprint(o)); m != "" {
+					t.Errorf("%s %s still mentions the scratch driver: %s", o.Kind(), o.Name(), m)
+				}
+			}
+
 			// pod.yaml uses the driver inline.
 			var pod Object
 			readYAML(t, filepath.Join(dir, "pod.yaml"), &pod)
@@ -175,6 +183,9 @@ func TestExampleHelmTests(t *testing.T) {
 		}
 	}
 }
+
+// scratchRef matches the scratch driver's name, objects, image and namespace label.
+var scratchRef = regexp.MustCompile(`scratch\.csi\.ephemera\.dev|ephemera-scratch|scratch-allowed`)
 
 func readYAML(t *testing.T, path string, into any) {
 	t.Helper()

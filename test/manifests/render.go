@@ -42,6 +42,15 @@ type Target struct {
 	Example string
 }
 
+// Release is the Helm release name of a target: ephemera-<example> for an
+// example (as its values.yaml says to install it), else ephemera-scratch.
+func (t Target) Release() string {
+	if t.Example != "" {
+		return "ephemera-" + filepath.Base(t.Example)
+	}
+	return "ephemera-scratch"
+}
+
 // ExampleValuesFile is the chart's values file of an example driver, in its directory.
 const ExampleValuesFile = "values.yaml"
 
@@ -76,6 +85,7 @@ func Targets() []Target {
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
 		{Name: "helm-example-hello", Example: "examples/hello"},
 		{Name: "helm-example-tokenfile", Example: "examples/tokenfile"},
+		{Name: "kustomize-example-hello-embedded-registrar", Kustomize: "examples/hello/deploy", Example: "examples/hello"},
 	}
 }
 
@@ -107,7 +117,7 @@ func Render(root string, t Target) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Helm(filepath.Join(root, Chart), vals, Namespace)
+	return helm(filepath.Join(root, Chart), t.Release(), vals, Namespace, false)
 }
 
 // Kustomize is `kubectl kustomize dir` (kustomize's default load restrictions).
@@ -125,21 +135,21 @@ func Kustomize(dir string) ([]byte, error) {
 // file-name order, NOTES.txt and the `helm test` hooks (templates/tests/) left out.
 // That is what `helm install` applies.
 func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
-	return helm(chartDir, values, ns, false)
+	return helm(chartDir, "ephemera-scratch", values, ns, false)
 }
 
 // HelmTests renders only the chart's `helm test` hooks (templates/tests/).
 func HelmTests(chartDir string, values map[string]any, ns string) ([]byte, error) {
-	return helm(chartDir, values, ns, true)
+	return helm(chartDir, "ephemera-scratch", values, ns, true)
 }
 
-func helm(chartDir string, values map[string]any, ns string, tests bool) ([]byte, error) {
+func helm(chartDir, release string, values map[string]any, ns string, tests bool) ([]byte, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
 	}
 	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
-		Name: "ephemera-scratch", Namespace: ns, Revision: 1, IsInstall: true,
+		Name: release, Namespace: ns, Revision: 1, IsInstall: true,
 	}, chartutil.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("chart %s values: %w", chartDir, err)
