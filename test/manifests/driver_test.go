@@ -65,7 +65,11 @@ func TestHelmAnyDriver(t *testing.T) {
 		"image":     map[string]any{"repository": "registry.example.com/files", "tag": "v2"},
 		"csiDriver": map[string]any{"seLinuxMount": true, "serviceAccountTokenInSecrets": false, "requiresRepublish": true},
 		"registrar": map[string]any{"mode": "embedded"},
+		"rbac":      map[string]any{"extraRules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"get"}}}},
 	})
+	if rules := fmt.Sprint(r.find("ClusterRole")[0].Get("rules")); !strings.HasSuffix(rules, "map[apiGroups:[] resources:[secrets] verbs:[get]]]") {
+		t.Errorf("ClusterRole rules %s lack rbac.extraRules", rules)
+	}
 	ds := r.find("DaemonSet")[0]
 	if ds.Name() != "ephemera-files-node" || fmt.Sprint(ds.Get("spec", "selector", "matchLabels")) != "map[app.kubernetes.io/component:node app.kubernetes.io/name:ephemera-files]" {
 		t.Errorf("DaemonSet %s, selector %v: want ephemera-files-node selecting ephemera-files", ds.Name(), ds.Get("spec", "selector", "matchLabels"))
@@ -127,6 +131,7 @@ func TestHelmAnyDriver(t *testing.T) {
 		"mount without path":    {"driver": map[string]any{"volumeMounts": []any{map[string]any{"name": "plugin"}}}},
 		"env typo":              {"driver": map[string]any{"env": []any{map[string]any{"name": "A", "valu": "b"}}}},
 		"seLinuxMount string":   {"csiDriver": map[string]any{"seLinuxMount": "true"}},
+		"rbac rule typo":        {"rbac": map[string]any{"extraRules": []any{map[string]any{"verbs": []any{"get"}, "resource": []any{"secrets"}}}}},
 	} {
 		root, _ := RepoRoot()
 		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
