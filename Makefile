@@ -167,7 +167,7 @@ manifests:
 	cd test/manifests && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./... && \
 	  $(GO) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
 
-## chart-readme: regenerate deploy/helm/ephemera-scratch/README.md from the chart's values.yaml (every value
+## chart-readme: regenerate deploy/helm/ephemera-driver/README.md from the chart's values.yaml (every value
 ## and its comment), values.schema.json and Chart.yaml; make manifests fails when it is not current
 chart-readme:
 	cd test/manifests && $(GO) run ./cmd/chart-readme
@@ -198,9 +198,10 @@ cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
 	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
-## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed)
+## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed;
+## Dockerfile.driver, the template for an author's driver, copies the whole context)
 image-check: build-static build-windows
-	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver
 
 ## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
 image: image-check

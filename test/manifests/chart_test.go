@@ -21,8 +21,8 @@ func TestHelmTestHook(t *testing.T) {
 		wantSize any
 	}{
 		"default":   {map[string]any{}, "16Mi"},
-		"xfs loop":  {map[string]any{"backends": map[string]any{"enabled": []any{"loop"}, "default": "loop"}, "loop": map[string]any{"fsType": "xfs"}}, "300Mi"},
-		"dir":       {map[string]any{"backends": map[string]any{"enabled": []any{"dir"}, "default": "dir"}}, nil},
+		"xfs loop":  {map[string]any{"scratch": map[string]any{"backends": map[string]any{"enabled": []any{"loop"}, "default": "loop"}, "loop": map[string]any{"fsType": "xfs"}}}, "300Mi"},
+		"dir":       {map[string]any{"scratch": map[string]any{"backends": map[string]any{"enabled": []any{"dir"}, "default": "dir"}}}, nil},
 		"by digest": {map[string]any{"image": map[string]any{"digest": "sha256:" + strings.Repeat("ab", 32)}}, "16Mi"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -59,7 +59,7 @@ func TestHelmTestHook(t *testing.T) {
 				t.Errorf("image %q: want the driver's pinned image (%s)", ref, why)
 			}
 			script := fmt.Sprint(cs[0].Get("command"))
-			for _, want := range []string{"/proc/self/mountinfo", ">/scratch/probe", "cat /scratch/probe"} {
+			for _, want := range []string{"/proc/self/mountinfo", ">/volume/probe", "cat /volume/probe"} {
 				if !strings.Contains(script, want) {
 					t.Errorf("command does not %s: %s", want, script)
 				}

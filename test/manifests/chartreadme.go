@@ -178,7 +178,7 @@ Operations guide: [docs/operations.md](../../../docs/operations.md); security:
 ## Install
 
 ` + "```" + `sh
-helm install ephemera-scratch deploy/helm/ephemera-scratch -n kube-system \
+helm install ephemera-scratch deploy/helm/ephemera-driver -n kube-system \
   --set image.repository=registry.example.com/ephemera-scratch \
   --set image.digest=sha256:...        # or --set image.tag=...; default: the appVersion
 kubectl -n kube-system rollout status daemonset/ephemera-scratch-node
@@ -186,18 +186,35 @@ helm test ephemera-scratch -n kube-system
 kubectl label namespace team-a ephemera.dev/scratch-allowed=true
 ` + "```" + `
 
+The default values deploy the scratch driver. Any other driver built on Ephemera
+deploys with the same chart and a values file naming its image, its CSI name, its
+flags and its CSIDriver fields (` + "`driver.*`" + `, ` + "`image.*`" + `, ` + "`csiDriver.*`" + `), as the
+examples do:
+
+` + "```" + `sh
+helm install ephemera-hello deploy/helm/ephemera-driver -n kube-system -f examples/hello/values.yaml
+helm install ephemera-tokenfile deploy/helm/ephemera-driver -n kube-system -f examples/tokenfile/values.yaml
+` + "```" + `
+
+Each driver gets its own objects (` + "`ephemera-<first label of driver.name>`" + `), socket and
+state directories. A walk from ` + "`go mod init`" + ` to a pod using the volume:
+[docs/authors.md](../../../docs/authors.md), "Deploying".
+
 What it installs: the CSIDriver, the node plugin's DaemonSet (with the
-node-driver-registrar sidecar, or ` + "`registrar.mode=embedded`" + `), its ServiceAccount and
-RBAC (read pods, write events), a NetworkPolicy that admits only your Prometheus to
-the metrics port (` + "`metrics.networkPolicy`" + `), and the ValidatingAdmissionPolicy that
-decides which namespaces may use the driver inline (` + "`admission`" + `).
+node-driver-registrar sidecar, or ` + "`registrar.mode=embedded`" + `; more containers with
+` + "`sidecars`" + `), its ServiceAccount and RBAC (read pods, write events), a NetworkPolicy
+that admits only your Prometheus to the metrics port (` + "`metrics.networkPolicy`" + `), the
+ValidatingAdmissionPolicy that decides which namespaces may use the driver inline
+(` + "`admission`" + `), and with the Prometheus Operator a PodMonitor and the alerts
+(` + "`monitoring`" + `).
 
 ` + "`helm test`" + ` runs a pod in the release's namespace that mounts a volume of the
 driver inline, writes a file into it and reads it back: it passes when the
 CSIDriver exists, the node plugin on the pod's node is registered and publishes,
 and the admission policy admits the pod (the release's namespace is allowed while
 ` + "`admission.allowReleaseNamespace`" + ` is true; otherwise label it). It runs the driver's
-image as nobody, unprivileged; ` + "`helm test --logs`" + ` shows PASS or what failed
+image (or ` + "`helmTest.image`" + `) as nobody, unprivileged (` + "`helmTest.readOnly`" + `: it only checks
+the mount, for read-only content); ` + "`helm test --logs`" + ` shows PASS or what failed
 (the pod is deleted when it passes, kept when it fails).
 
 Unknown values are refused (` + "`values.schema.json`" + ` closes every level), so a typo fails

@@ -1,5 +1,5 @@
 // Package manifests renders Ephemera's deployment manifests (every kustomize
-// overlay under deploy/ and the Helm chart deploy/helm/ephemera-scratch) in Go, with
+// overlay under deploy/ and the Helm chart deploy/helm/ephemera-driver) in Go, with
 // the libraries kubectl and helm use (sigs.k8s.io/kustomize/api/krusty,
 // helm.sh/helm/v3), lints the chart, and tests invariants on the rendered objects.
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,7 +21,7 @@ import (
 )
 
 // Chart is the Helm chart's directory, relative to the repository root.
-const Chart = "deploy/helm/ephemera-scratch"
+const Chart = "deploy/helm/ephemera-driver"
 
 // Namespace is where the chart is rendered (the kustomize base uses the same).
 const Namespace = "kube-system"
@@ -34,6 +35,43 @@ type Target struct {
 	Kustomize string
 	// HelmValues are values for the chart (a Helm target when Kustomize is "").
 	HelmValues map[string]any
+	// Example is an example driver's directory (examples/<name>) relative to the
+	// repository root: a Helm target renders the chart with its values.yaml (under
+	// HelmValues), a kustomize target its overlay; its csidriver.yaml and main.go
+	// are what the rendering is checked against.
+	Example string
+}
+
+// Release is the Helm release name of a target: ephemera-<example> for an
+// example (as its values.yaml says to install it), else ephemera-scratch.
+func (t Target) Release() string {
+	if t.Example != "" {
+		return "ephemera-" + filepath.Base(t.Example)
+	}
+	return "ephemera-scratch"
+}
+
+// ExampleValuesFile is the chart's values file of an example driver, in its directory.
+const ExampleValuesFile = "values.yaml"
+
+// Values returns the chart's values of a Helm target: the example's values file,
+// if any, with HelmValues over it.
+func (t Target) Values(root string) (map[string]any, error) {
+	vals := map[string]any{}
+	if t.Example != "" {
+		b, err := os.ReadFile(filepath.Join(root, t.Example, ExampleValuesFile))
+		if err != nil {
+			return nil, err
+		}
+		if err := yaml.Unmarshal(b, &vals); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", t.Example, ExampleValuesFile, err)
+		}
+	}
+	over := maps.Clone(t.HelmValues)
+	if over == nil {
+		over = map[string]any{}
+	}
+	return chartutil.CoalesceTables(over, vals), nil
 }
 
 // Targets lists everything that is rendered and tested.
@@ -45,6 +83,9 @@ func Targets() []Target {
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+		{Name: "helm-example-hello", Example: "examples/hello"},
+		{Name: "helm-example-tokenfile", Example: "examples/tokenfile"},
+		{Name: "kustomize-example-hello-embedded-registrar", Kustomize: "examples/hello/deploy", Example: "examples/hello"},
 	}
 }
 
@@ -72,7 +113,11 @@ func Render(root string, t Target) ([]byte, error) {
 	if t.Kustomize != "" {
 		return Kustomize(filepath.Join(root, t.Kustomize))
 	}
-	return Helm(filepath.Join(root, Chart), t.HelmValues, Namespace)
+	vals, err := t.Values(root)
+	if err != nil {
+		return nil, err
+	}
+	return helm(filepath.Join(root, Chart), t.Release(), vals, Namespace, false)
 }
 
 // Kustomize is `kubectl kustomize dir` (kustomize's default load restrictions).
@@ -90,21 +135,21 @@ func Kustomize(dir string) ([]byte, error) {
 // file-name order, NOTES.txt and the `helm test` hooks (templates/tests/) left out.
 // That is what `helm install` applies.
 func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
-	return helm(chartDir, values, ns, false)
+	return helm(chartDir, "ephemera-scratch", values, ns, false)
 }
 
 // HelmTests renders only the chart's `helm test` hooks (templates/tests/).
 func HelmTests(chartDir string, values map[string]any, ns string) ([]byte, error) {
-	return helm(chartDir, values, ns, true)
+	return helm(chartDir, "ephemera-scratch", values, ns, true)
 }
 
-func helm(chartDir string, values map[string]any, ns string, tests bool) ([]byte, error) {
+func helm(chartDir, release string, values map[string]any, ns string, tests bool) ([]byte, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
 	}
 	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
-		Name: "ephemera-scratch", Namespace: ns, Revision: 1, IsInstall: true,
+		Name: release, Namespace: ns, Revision: 1, IsInstall: true,
 	}, chartutil.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("chart %s values: %w", chartDir, err)

@@ -38,7 +38,11 @@ func run(out string) error {
 		if t.Kustomize != "" {
 			continue
 		}
-		msgs, err := manifests.Lint(chart, t.HelmValues)
+		vals, err := t.Values(root)
+		if err != nil {
+			return err
+		}
+		msgs, err := manifests.Lint(chart, vals)
 		for _, m := range msgs {
 			fmt.Fprintf(os.Stderr, "helm lint (%s): %s\n", t.Name, m)
 		}
