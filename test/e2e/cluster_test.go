@@ -201,6 +201,8 @@ func cleanupRoot(dir string) []string {
 		problems = append(problems, failed...)
 	}
 	removeContainerLogLinks(dir)
+	// TestExampleFromChart's driver state (the chart refuses a state root in /tmp).
+	_ = os.RemoveAll(exampleStateRoot(dir))
 	if err := os.RemoveAll(dir); err != nil {
 		problems = append(problems, err.Error())
 	}
@@ -323,12 +325,17 @@ func (c *cluster) findBinaries(ctx context.Context) error {
 // -trimpath, the tags of make's GOTAGS, which it exports as EPHEMERA_GOTAGS), so that
 // in make test every package is a build cache hit and only the link runs.
 func (c *cluster) goBuild(ctx context.Context, out, pkg string) error {
+	return c.goBuildIn(ctx, c.repoRoot, out, pkg)
+}
+
+// goBuildIn is goBuild in the module at dir (e.g. an example driver's own module).
+func (c *cluster) goBuildIn(ctx context.Context, dir, out, pkg string) error {
 	args := []string{"build", "-trimpath"}
 	if tags := os.Getenv("EPHEMERA_GOTAGS"); tags != "" {
 		args = append(args, "-tags", tags)
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, "-o", out, pkg)...)
-	cmd.Dir = c.repoRoot
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	b, err := cmd.CombinedOutput()
 	if err != nil {

@@ -143,6 +143,13 @@ func (c *cluster) ctr(ctx context.Context, args ...string) (string, error) {
 // the static binary at /testbin and empty /tmp, /data, /etc; each image's
 // entrypoint is /testbin with the given default arguments.
 func writeDockerArchive(path, binary string, images map[string][]string) error {
+	return writeImageArchive(path, binary, "testbin", images)
+}
+
+// writeImageArchive is writeDockerArchive with the binary at /<inImage> (e.g.
+// usr/local/bin/driver, where deploy/images/Dockerfile.driver puts a driver),
+// which is also the entrypoint.
+func writeImageArchive(path, binary, inImage string, images map[string][]string) error {
 	bin, err := os.ReadFile(binary)
 	if err != nil {
 		return err
@@ -150,16 +157,24 @@ func writeDockerArchive(path, binary string, images map[string][]string) error {
 	var layer bytes.Buffer
 	lw := tar.NewWriter(&layer)
 	mtime := time.Unix(0, 0)
-	for _, h := range []*tar.Header{
+	hdrs := []*tar.Header{
 		{Name: "tmp/", Mode: 0o1777, Typeflag: tar.TypeDir, ModTime: mtime},
 		{Name: "data/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: mtime},
 		{Name: "etc/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: mtime},
-	} {
+	}
+	// The binary's parent directories (usr/, usr/local/, ...), parents first.
+	if dir := filepath.Dir(inImage); dir != "." {
+		parts := strings.Split(dir, "/")
+		for i := range parts {
+			hdrs = append(hdrs, &tar.Header{Name: strings.Join(parts[:i+1], "/") + "/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: mtime})
+		}
+	}
+	for _, h := range hdrs {
 		if err := lw.WriteHeader(h); err != nil {
 			return err
 		}
 	}
-	if err := lw.WriteHeader(&tar.Header{Name: "testbin", Mode: 0o755, Size: int64(len(bin)), Typeflag: tar.TypeReg, ModTime: mtime}); err != nil {
+	if err := lw.WriteHeader(&tar.Header{Name: inImage, Mode: 0o755, Size: int64(len(bin)), Typeflag: tar.TypeReg, ModTime: mtime}); err != nil {
 		return err
 	}
 	if _, err := lw.Write(bin); err != nil {
@@ -208,7 +223,7 @@ func writeDockerArchive(path, binary string, images map[string][]string) error {
 			"os":           "linux",
 			"created":      mtime.UTC().Format(time.RFC3339),
 			"config": map[string]any{
-				"Entrypoint": []string{"/testbin"},
+				"Entrypoint": []string{"/" + inImage},
 				"Cmd":        images[tag],
 				"Env":        []string{"PATH=/"},
 				"WorkingDir": "/",

@@ -1,0 +1,393 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// The example driver TestExampleFromChart deploys with the generic chart.
+const (
+	helloDir    = "examples/hello"
+	helloDriver = "hello.csi.ephemera.dev" // Options.DriverName in examples/hello/main.go
+	// The test/manifests target that renders the chart with examples/hello/values.yaml.
+	helloTarget = "helm-example-hello"
+	// The chart's release namespace in test/manifests (manifests.Namespace).
+	helloReleaseNS = "kube-system"
+	// Where examples/hello/pod.yaml runs: a namespace with hello's admission label.
+	helloPodNS = "e2e-hello"
+	// Where deploy/images/Dockerfile.driver puts a driver (its entrypoint).
+	driverInImage = "usr/local/bin/driver"
+)
+
+// exampleStateRoot is the chart's stateRoot for the run root root: outside /tmp
+// (values.schema.json refuses it there), one per run root; cleanupRoot removes it.
+func exampleStateRoot(root string) string {
+	sum := sha256.Sum256([]byte(root))
+	return filepath.Join("/var/lib/ephemera-e2e", hex.EncodeToString(sum[:6]))
+}
+
+// decodeFile decodes the first YAML document of path into out.
+func decodeFile(path string, out any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := utilyaml.NewYAMLOrJSONDecoder(f, 4096).Decode(out); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}
+
+// TestExampleFromChart deploys examples/hello on the node from the generic chart
+// (deploy/helm/ephemera-driver with examples/hello/values.yaml), as a DaemonSet pod
+// under containerd and runc, next to the harness's scratch driver: hello is built
+// statically from its own module and imported under the image its values name; the
+// chart is rendered with the node's kubelet root, the embedded registrar and a
+// free metrics port, and its objects are applied for real. No controller-manager
+// runs, so the test creates the DaemonSet's pod from its template, and no CNI, so
+// the template gets hostNetwork: true (the one change to the rendered objects). The
+// kubelet registers hello through the privileged container (CSINode lists it, the
+// readiness probe passes);
+// examples/hello/pod.yaml, with the harness's image, reads its own identity from
+// hello's volume, which the driver mounted inside its container and which reached
+// the host through Bidirectional propagation. Deleting pods and objects leaves
+// nothing of hello below the kubelet root.
+func TestExampleFromChart(t *testing.T) {
+	c := clu
+	if c.runtime != runtimeContainerd {
+		t.Skip("runs the driver in a container: EPHEMERA_E2E_RUNTIME=containerd")
+	}
+	requireDriver(t) // the scratch driver runs too: the two must not collide
+	ctx := context.Background()
+	dir := filepath.Join(c.root, "hello")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+
+	// The image: examples/hello built statically, at the path and under the tag
+	// its Dockerfile and values.yaml name.
+	var vals struct {
+		Driver struct{ Name string }
+		Image  struct{ Repository, Tag string }
+	}
+	if err := decodeFile(filepath.Join(c.repoRoot, helloDir, "values.yaml"), &vals); err != nil {
+		t.Fatal(err)
+	}
+	if vals.Driver.Name != helloDriver || vals.Image.Repository == "" || vals.Image.Tag == "" {
+		t.Fatalf("%s/values.yaml: driver.name %q, image %q:%q", helloDir, vals.Driver.Name, vals.Image.Repository, vals.Image.Tag)
+	}
+	image := vals.Image.Repository + ":" + vals.Image.Tag
+	bin := filepath.Join(c.root, "bin", "hello")
+	if err := c.goBuildIn(ctx, filepath.Join(c.repoRoot, helloDir), bin, "."); err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(dir, "image.tar")
+	if err := writeImageArchive(tarPath, bin, driverInImage, map[string][]string{image: nil}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.ctr(ctx, "images", "import", tarPath); err != nil {
+		t.Fatalf("ctr images import: %v\n%s", err, out)
+	}
+	c.step("hello built and imported as "+image, t0)
+
+	// The chart, rendered for this node.
+	t1 := time.Now()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateRoot := exampleStateRoot(c.root)
+	over := map[string]any{
+		"kubeletRoot": c.kubeletRoot,
+		"stateRoot":   stateRoot,
+		// No node-driver-registrar image offline: the driver registers itself.
+		"registrar": map[string]any{"mode": "embedded"},
+		"image":     map[string]any{"pullPolicy": "Never"},
+		// Host network (below): a port of its own, not 9809 of every node.
+		"metrics":      map[string]any{"port": port},
+		"nodeSelector": map[string]any{"kubernetes.io/hostname": nodeName},
+		"logLevel":     4,
+	}
+	vb, _ := json.Marshal(over)
+	valuesFile := filepath.Join(dir, "values-e2e.yaml")
+	if err := os.WriteFile(valuesFile, vb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "run", "./cmd/render", "-out", dir, "-target", helloTarget, "-values", valuesFile)
+	cmd.Dir = filepath.Join(c.repoRoot, "test", "manifests")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("render %s: %v\n%s", helloTarget, err, b)
+	}
+	objs, err := readObjects(filepath.Join(dir, helloTarget+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			ds = o
+		}
+	}
+	if ds == nil {
+		t.Fatalf("%s: no DaemonSet among %d objects", helloTarget, len(objs))
+	}
+	// No CNI on this node: only host-network pods can start.
+	if err := unstructured.SetNestedField(ds.Object, true, "spec", "template", "spec", "hostNetwork"); err != nil {
+		t.Fatal(err)
+	}
+	c.step(fmt.Sprintf("chart rendered for hello (%d objects)", len(objs)), t1)
+
+	// Cleanup in dependency order, also when the test fails midway: the app pod
+	// while hello still runs (its unpublish needs the driver), then the driver's
+	// pod, then the objects and the state.
+	a := c.newApplier(t)
+	var appPod, drvPod *corev1.Pod
+	var createdCA bool
+	t.Cleanup(func() {
+		for _, p := range []*corev1.Pod{appPod, drvPod} {
+			if p != nil {
+				c.deletePod(t, p, goneTimeout)
+			}
+		}
+		for i := len(objs) - 1; i >= 0; i-- {
+			if err := a.delete(ctx, objs[i]); err != nil {
+				t.Errorf("delete %s: %v", describe(objs[i]), err)
+			}
+		}
+		if createdCA {
+			_ = c.cs.CoreV1().ConfigMaps(helloReleaseNS).Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{})
+		}
+		if err := os.RemoveAll(stateRoot); err != nil {
+			t.Error(err)
+		}
+	})
+
+	// Apply for real.
+	t2 := time.Now()
+	for _, o := range objs {
+		if err := a.apply(ctx, o, false); err != nil {
+			t.Fatalf("apply %s: %v", describe(o), err)
+		}
+	}
+	// What kube-controller-manager's root-CA publisher would do: the driver's pod
+	// mounts a service-account token volume that includes kube-root-ca.crt.
+	caPEM, err := os.ReadFile(c.pki.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.cs.CoreV1().ConfigMaps(helloReleaseNS).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": string(caPEM)},
+	}, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		createdCA = true
+	case !apierrors.IsAlreadyExists(err):
+		t.Fatal(err)
+	}
+
+	// What the DaemonSet controller would do: one pod from the template, bound to
+	// the node, owned by the DaemonSet.
+	d, err := c.cs.AppsV1().DaemonSets(ds.GetNamespace()).Get(ctx, ds.GetName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Fatalf("DaemonSet %s: selector %v does not match its template's labels %v (%v)", d.Name, d.Spec.Selector, d.Spec.Template.Labels, err)
+	}
+	dp := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: d.Namespace, GenerateName: d.Name + "-",
+			Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))},
+		},
+		Spec: *d.Spec.Template.Spec.DeepCopy(),
+	}
+	dp.Spec.NodeName = nodeName
+	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ")
+	drvPod = c.createPod(t, dp)
+	drvPod = c.waitRunning(t, drvPod, runningTimeout)
+	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+helloDriver+" and CSINode lists it", func() (bool, error) {
+		if countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ") <= before {
+			return false, nil
+		}
+		return csiNodeLists(ctx, c, helloDriver)
+	})
+	if err != nil {
+		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(drvPod))
+	}
+	// The kubelet's readiness probe reaches the chart's /readyz on the metrics port.
+	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "pod "+drvPod.Name+" Ready", func() (bool, error) {
+		cur, err := c.cs.CoreV1().Pods(drvPod.Namespace).Get(ctx, drvPod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cond := range cur.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("%v\nevents:\n%s", err, c.podEvents(drvPod))
+	}
+	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
+		t.Errorf("CSINode no longer lists %s next to %s", driverName, helloDriver)
+	}
+	c.step("hello applied, its pod Running, Ready and registered", t2)
+
+	// examples/hello/pod.yaml with the harness's image: testbin reads what the
+	// pod's command cats, then waits.
+	t3 := time.Now()
+	if err := c.ensureNamespace(ctx, helloPodNS); err != nil {
+		t.Fatal(err)
+	}
+	var admission struct {
+		Admission struct{ NamespaceLabel struct{ Key, Value string } }
+	}
+	if err := decodeFile(filepath.Join(c.repoRoot, helloDir, "values.yaml"), &admission); err != nil {
+		t.Fatal(err)
+	}
+	lbl := admission.Admission.NamespaceLabel
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, lbl.Key, lbl.Value)
+	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, helloPodNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var p corev1.Pod
+	if err := decodeFile(filepath.Join(c.repoRoot, helloDir, "pod.yaml"), &p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Spec.Containers) != 1 || len(p.Spec.Containers[0].VolumeMounts) != 1 || len(p.Spec.Volumes) != 1 ||
+		p.Spec.Volumes[0].CSI == nil || p.Spec.Volumes[0].CSI.Driver != helloDriver {
+		t.Fatalf("%s/pod.yaml: want one container and one inline volume of %s", helloDir, helloDriver)
+	}
+	mnt := p.Spec.Containers[0].VolumeMounts[0].MountPath
+	grace, no := int64(1), false
+	p.Namespace = helloPodNS
+	p.Spec.NodeName = nodeName
+	p.Spec.HostNetwork = true
+	p.Spec.DNSPolicy = corev1.DNSDefault
+	p.Spec.EnableServiceLinks = &no
+	p.Spec.TerminationGracePeriodSeconds = &grace
+	ctn := &p.Spec.Containers[0]
+	ctn.Image, ctn.ImagePullPolicy = c.testImage, corev1.PullNever
+	ctn.Command = []string{"/testbin"}
+	ctn.Args = steps(st("read", mnt+"/namespace"), st("read", mnt+"/name"), st("pause"))
+	appPod = c.createPod(t, &p)
+	appPod = c.waitRunning(t, appPod, runningTimeout)
+	vol := appPod.Spec.Volumes[0]
+	c.step("hello's example pod Running", t3)
+
+	out := c.output(t, appPod, 2)
+	wantStep(t, out, 0, "read ok", fmt.Sprintf("content=%q", helloPodNS))
+	wantStep(t, out, 1, "read ok", fmt.Sprintf("content=%q", appPod.Name))
+	out = c.exec(t, appPod, steps(st("read", mnt+"/uid"), st("read", mnt+"/serviceaccount"),
+		st("ls", mnt), st("write", mnt+"/x", "1"))...)
+	wantStep(t, out, 0, "read ok", fmt.Sprintf("content=%q", string(appPod.UID)))
+	wantStep(t, out, 1, "read ok", `content="default"`)
+	wantStep(t, out, 2, "ls ok", "name", "namespace", "serviceaccount", "uid")
+	wantStep(t, out, 3, "write err EROFS")
+	t.Logf("container sees: %q", out)
+	target := c.hostVolumePath(appPod, vol)
+	if ms := mountsAt(target); len(ms) != 1 || ms[0].FSType != "tmpfs" {
+		t.Errorf("host mounts at %s: %+v, want one tmpfs (hello's, propagated from its container)", target, ms)
+	}
+
+	// Delete the app pod: hello unpublishes (the kubelet deletes the object only
+	// after TearDown), and its mount and pod directory go.
+	t4 := time.Now()
+	c.deletePod(t, appPod, goneTimeout)
+	c.cleanedUp(t, appPod, vol)
+	// Delete the driver's pod: the embedded registrar removes its socket, the
+	// kubelet deregisters hello; then the chart's objects.
+	c.deletePod(t, drvPod, goneTimeout)
+	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+helloDriver, func() (bool, error) {
+		ok, err := csiNodeLists(ctx, c, helloDriver)
+		return !ok, err
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	for i := len(objs) - 1; i >= 0; i-- {
+		if err := a.delete(ctx, objs[i]); err != nil {
+			t.Errorf("delete %s: %v", describe(objs[i]), err)
+		}
+	}
+	if _, err := c.cs.StorageV1().CSIDrivers().Get(ctx, helloDriver, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("CSIDriver %s: get says %v after delete, want NotFound", helloDriver, err)
+	}
+
+	// Nothing of hello is left below the kubelet root: no mount of either pod, no
+	// pod directory (the kubelet removes it at housekeeping), no socket.
+	podDirs := []string{
+		filepath.Join(c.kubeletRoot, "pods", string(appPod.UID)),
+		filepath.Join(c.kubeletRoot, "pods", string(drvPod.UID)),
+	}
+	pluginDir := filepath.Join(c.kubeletRoot, "plugins", helloDriver)
+	err = waitFor(ctx, 30*time.Second, 200*time.Millisecond, "nothing of hello left below "+c.kubeletRoot, func() (bool, error) {
+		for _, m := range mountsUnder(c.kubeletRoot) {
+			if strings.Contains(m.MountPoint, string(appPod.UID)) || strings.Contains(m.MountPoint, string(drvPod.UID)) ||
+				strings.Contains(m.MountPoint, helloDriver) {
+				return false, fmt.Errorf("mount left: %s (%s)", m.MountPoint, m.FSType)
+			}
+		}
+		for _, d := range podDirs {
+			if _, err := os.Lstat(d); err == nil {
+				return false, fmt.Errorf("pod directory %s left", d)
+			}
+		}
+		if ents, _ := os.ReadDir(pluginDir); len(ents) > 0 {
+			return false, fmt.Errorf("%s not empty: %s", pluginDir, ents[0].Name())
+		}
+		reg, _ := filepath.Glob(filepath.Join(c.kubeletRoot, "plugins_registry", helloDriver+"*"))
+		if len(reg) > 0 {
+			return false, fmt.Errorf("registration socket left: %v", reg)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	appPod, drvPod = nil, nil
+	c.step("hello's pods and objects deleted, nothing left", t4)
+	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
+		t.Errorf("CSINode no longer lists %s after hello left", driverName)
+	}
+}
+
+// csiNodeLists reports whether the node's CSINode object lists the driver name.
+func csiNodeLists(ctx context.Context, c *cluster, name string) (bool, error) {
+	n, err := c.cs.StorageV1().CSINodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		return false, err
+	}
+	for _, x := range n.Spec.Drivers {
+		if x.Name == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
