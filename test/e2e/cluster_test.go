@@ -203,6 +203,7 @@ func cleanupRoot(dir string) []string {
 	removeContainerLogLinks(dir)
 	// TestExampleFromChart's driver state (the chart refuses a state root in /tmp).
 	_ = os.RemoveAll(exampleStateRoot(dir))
+	_ = os.Remove(filepath.Dir(exampleStateRoot(dir))) // when no other run uses it
 	if err := os.RemoveAll(dir); err != nil {
 		problems = append(problems, err.Error())
 	}
