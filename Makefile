@@ -137,12 +137,13 @@ lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
 vet:
 	$(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
 
-## cross: the module vets and its tests compile for Windows and macOS (with the images' flags:
+## cross: the module and the examples vet, and its tests compile, for Windows and macOS (with the images' flags:
 ## build-windows then finds the Windows graph compiled)
 cross: cross-test-windows
 	GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
 	GOOS=darwin $(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
 	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
+	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
 ## verify: gofmt clean and go.mod tidy
 verify:
