@@ -157,7 +157,7 @@ func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *st
 		return nil, transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
 	}
 	full.State = pr.vol.State
-	if err := d.store.Put(ctx, full); err != nil {
+	if err := d.putRecord(ctx, pr.backend, full); err != nil {
 		return nil, transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.complete(rec, full)
@@ -260,7 +260,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		return nil, err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
-	if err := d.store.Put(ctx, rec); err != nil {
+	if err := d.putRecord(ctx, pr.backend, rec); err != nil {
 		return nil, transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
@@ -428,11 +428,42 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return fmt.Errorf("volume uses backend %q, which this driver no longer has; re-enable it to clean up", rec.Backend)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterDelete)
-	if err := d.store.Delete(ctx, rec.VolumeID); err != nil {
+	if err := d.deleteRecord(ctx, d.opts.Backends[rec.Backend], rec.VolumeID); err != nil {
 		return transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.release(rec.Backend, rec.Size)
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
+}
+
+// relaxed reports whether the records of backend b are written without waiting
+// for the disk (store.Relaxed): its volumes are nothing but their mounts
+// (MountOnly, with a Finder). A power loss takes such a volume anyway, and
+// after a crash of the driver its record is in the page cache, or rebuilt from
+// the mount table (needsIntent). The fdatasync a durable commit waits for was
+// the largest single cost of a tmpfs publish and unpublish (docs/design.md,
+// "Durability").
+func relaxed(b Backend) bool {
+	_, finds := b.(Finder)
+	_, mountOnly := b.(MountOnly)
+	return finds && mountOnly
+}
+
+// putRecord saves rec of a volume of backend b: relaxed when b allows it and
+// the store can, durably otherwise.
+func (d *Driver) putRecord(ctx context.Context, b Backend, rec *store.Record) error {
+	if rs, ok := d.store.(store.Relaxed); ok && relaxed(b) {
+		return rs.PutRelaxed(ctx, rec)
+	}
+	return d.store.Put(ctx, rec)
+}
+
+// deleteRecord deletes the record id of a volume of backend b (nil when the
+// driver no longer has it), as putRecord saves it.
+func (d *Driver) deleteRecord(ctx context.Context, b Backend, id string) error {
+	if rs, ok := d.store.(store.Relaxed); ok && b != nil && relaxed(b) {
+		return rs.DeleteRelaxed(ctx, id)
+	}
+	return d.store.Delete(ctx, id)
 }

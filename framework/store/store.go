@@ -91,6 +91,22 @@ type Identifier interface {
 	ID() string
 }
 
+// Relaxed is implemented by stores that can commit a write without waiting for
+// the disk. A relaxed write is visible at once and survives a crash of the
+// process (it is in the kernel's page cache, as a kill -9 leaves it); it reaches
+// the disk with the next durable write or within the store's sync interval
+// (boltstore: RelaxedSyncInterval). A power loss or kernel crash in between may
+// lose it, or leave a file the store must rebuild (boltstore detects that at
+// open). The framework uses it only for volumes that a power loss takes
+// anyway and the node shows after a crash: those of framework.MountOnly
+// backends (tmpfs), whose records it can rebuild from the mount table.
+type Relaxed interface {
+	// PutRelaxed is Put without waiting for the disk.
+	PutRelaxed(ctx context.Context, r *Record) error
+	// DeleteRelaxed is Delete without waiting for the disk.
+	DeleteRelaxed(ctx context.Context, id string) error
+}
+
 // Store persists records. Put is durable when it returns (bbolt fsyncs); concurrent
 // Puts may be batched into one transaction.
 type Store interface {

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/store"
+	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -388,6 +390,7 @@ func newEnv(tb testing.TB) *env {
 		// As in production: klog at its default verbosity (drivertest would
 		// send every request's log lines to t.Log, which is not what is measured).
 		Logger: klog.Background(),
+		Store:  benchStore(),
 	})
 	return &env{h: h, floor: filepath.Join(base, "floor")}
 }
@@ -493,4 +496,14 @@ func unmountAllUnder(dir string) error {
 		errs = append(errs, fmt.Errorf("still mounted: %v", ms))
 	}
 	return errors.Join(append(errs, err)...)
+}
+
+// benchStore is the driver's store: bbolt (nil, the default), or with
+// EPHEMERA_BENCH_MEMSTORE=1 the in-memory one, to measure what the state file
+// costs.
+func benchStore() store.Store {
+	if os.Getenv("EPHEMERA_BENCH_MEMSTORE") == "1" {
+		return memstore.New()
+	}
+	return nil
 }

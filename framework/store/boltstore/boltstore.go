@@ -15,7 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -46,13 +46,6 @@ var errLockTimeout = errors.New("timed out waiting for the file lock")
 
 // lockRetry is how often lockFile tries the lock again, as bbolt does.
 const lockRetry = 50 * time.Millisecond
-
-// batchDelay replaces bbolt's default MaxBatchDelay (10ms): how long a Put or
-// Delete waits for others to share its transaction. A commit fsyncs in about 3ms on
-// a virtio disk, so 10ms mostly added latency: measured with bbolt alone, one
-// writer took 15.1ms per Put at 10ms and 2.5ms at 1ms, and 64 concurrent writers
-// 0.32ms and 0.13ms per Put.
-const batchDelay = time.Millisecond
 
 var (
 	bucketVolumes    = []byte("volumes")
@@ -100,10 +93,13 @@ type Store struct {
 	path        string
 	id          string
 	quarantined []string
-	writers     atomic.Int32 // Puts and Deletes in progress
+	group       groupCommit // Puts and Deletes waiting for a commit
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store   = (*Store)(nil)
+	_ store.Relaxed = (*Store)(nil)
+)
 
 // Open opens the store at path, creating the file and its parent directory (mode
 // 0700) when missing.
@@ -169,7 +165,6 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, openError(path, opts.Timeout, err)
 	}
-	db.MaxBatchDelay = batchDelay
 	return &Store{db: db, path: path, id: got.id, quarantined: got.quarantined}, nil
 }
 
@@ -516,7 +511,12 @@ func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {
 
 // Put implements [store.Store]. It sets r.Version to [store.RecordVersion] and is
 // durable when it returns; concurrent calls share one transaction.
-func (s *Store) Put(ctx context.Context, r *store.Record) error {
+func (s *Store) Put(ctx context.Context, r *store.Record) error { return s.put(ctx, r, true) }
+
+// PutRelaxed implements [store.Relaxed]: Put without waiting for the disk.
+func (s *Store) PutRelaxed(ctx context.Context, r *store.Record) error { return s.put(ctx, r, false) }
+
+func (s *Store) put(ctx context.Context, r *store.Record, durable bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -533,7 +533,7 @@ func (s *Store) Put(ctx context.Context, r *store.Record) error {
 	}
 	key := []byte(r.VolumeID)
 	// Batch may run the function more than once; it only writes prepared bytes.
-	err = s.write(func(tx *bolt.Tx) error {
+	err = s.write(durable, func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketVolumes).Put(key, raw)
 	})
 	if err != nil {
@@ -542,20 +542,154 @@ func (s *Store) Put(ctx context.Context, r *store.Record) error {
 	return nil
 }
 
-// write commits fn durably. A lone writer commits at once; writers that overlap
-// with another one join a shared batch (one fsync for all of them), so a publish at
-// concurrency 1 does not wait the batch delay and a burst still shares commits.
-func (s *Store) write(fn func(*bolt.Tx) error) error {
-	n := s.writers.Add(1)
-	defer s.writers.Add(-1)
-	if n == 1 {
-		return s.db.Update(fn)
+// RelaxedSyncInterval bounds how long a relaxed write ([Store.PutRelaxed],
+// [Store.DeleteRelaxed]) stays in the page cache only: a power loss loses at
+// most this much of them.
+const RelaxedSyncInterval = time.Second
+
+// write commits fn, durably or relaxed, in a group commit: a writer that finds
+// no commit in progress commits at once, with whatever is queued; writers that
+// arrive while a commit runs queue up and go together in the next one, led by
+// the first of them. Nobody waits for a timer (bbolt's Batch waits
+// MaxBatchDelay for company: with a commit of about 0.3 ms that delay was most
+// of a write's latency), and a burst still shares one transaction, and its
+// fsyncs, per round. A commit of relaxed writes only skips bbolt's fdatasyncs;
+// the next durable commit's fdatasync, or a sync at most RelaxedSyncInterval
+// later, takes them to the disk.
+func (s *Store) write(durable bool, fn func(*bolt.Tx) error) error {
+	return s.group.write(s.db, durable, fn)
+}
+
+// groupCommit queues writes for one leader at a time.
+type groupCommit struct {
+	mu      sync.Mutex
+	leading bool          // a leader is committing or about to
+	queue   []*groupWrite // writes for the next commit
+
+	// unsynced is set after a relaxed commit and cleared by the next fdatasync;
+	// syncTimer runs that sync when no durable commit comes first.
+	unsynced  bool
+	syncTimer *time.Timer
+	closed    bool
+}
+
+type groupWrite struct {
+	fn      func(*bolt.Tx) error
+	durable bool
+	err     error
+	done    chan struct{} // closed when err is set
+	lead    chan struct{} // closed to make this write's caller the next leader
+}
+
+func (g *groupCommit) write(db *bolt.DB, durable bool, fn func(*bolt.Tx) error) error {
+	w := &groupWrite{fn: fn, durable: durable, done: make(chan struct{}), lead: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, w)
+	if g.leading {
+		g.mu.Unlock()
+		select {
+		case <-w.done:
+			return w.err
+		case <-w.lead: // the previous leader handed over; w is still queued
+		}
+	} else {
+		g.leading = true
+		g.mu.Unlock()
 	}
-	return s.db.Batch(fn)
+
+	g.mu.Lock()
+	batch := g.queue
+	g.queue = nil
+	g.mu.Unlock()
+	anyDurable := slices.ContainsFunc(batch, func(w *groupWrite) bool { return w.durable })
+	// Only the leader commits, so NoSync is this commit's alone.
+	db.NoSync = !anyDurable
+	commitGroup(db, batch) // includes w
+	db.NoSync = false
+	g.mu.Lock()
+	g.committed(db, anyDurable)
+	if len(g.queue) > 0 {
+		close(g.queue[0].lead)
+	} else {
+		g.leading = false
+	}
+	g.mu.Unlock()
+	return w.err
+}
+
+// committed records a commit (g.mu held): a durable one synced everything
+// before it; a relaxed one is synced within RelaxedSyncInterval.
+func (g *groupCommit) committed(db *bolt.DB, durable bool) {
+	if durable {
+		g.unsynced = false
+		return
+	}
+	if g.unsynced || g.closed {
+		return
+	}
+	g.unsynced = true
+	g.syncTimer = time.AfterFunc(RelaxedSyncInterval, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.unsynced && !g.closed {
+			g.unsynced = false
+			_ = db.Sync() // an error shows again at the next durable commit
+		}
+	})
+}
+
+// close syncs what relaxed commits left unsynced and stops the timer; the
+// group takes no timer after it.
+func (g *groupCommit) close(db *bolt.DB) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	if g.syncTimer != nil {
+		g.syncTimer.Stop()
+	}
+	if !g.unsynced {
+		return nil
+	}
+	g.unsynced = false
+	return db.Sync()
+}
+
+// commitGroup commits batch in one transaction; when that fails, each write is
+// committed alone, so that one write's error (or a bad record) is its own
+// and the others still land. Every write of batch is done when it returns.
+func commitGroup(db *bolt.DB, batch []*groupWrite) {
+	finish := func(w *groupWrite, err error) {
+		w.err = err
+		close(w.done)
+	}
+	// Not protect()ed: a panic in a commit (a fault of the mapping) ends the
+	// process, as before; its followers go with it.
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, w := range batch {
+			if err := w.fn(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil || len(batch) == 1 {
+		for _, w := range batch {
+			finish(w, err)
+		}
+		return
+	}
+	for _, w := range batch {
+		finish(w, db.Update(w.fn))
+	}
 }
 
 // Delete implements [store.Store]. Deleting an unknown ID is not an error.
-func (s *Store) Delete(ctx context.Context, id string) error {
+func (s *Store) Delete(ctx context.Context, id string) error { return s.delete(ctx, id, true) }
+
+// DeleteRelaxed implements [store.Relaxed]: Delete without waiting for the disk.
+func (s *Store) DeleteRelaxed(ctx context.Context, id string) error { return s.delete(ctx, id, false) }
+
+func (s *Store) delete(ctx context.Context, id string, durable bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -564,7 +698,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return nil
 	}
 	key := []byte(id)
-	err := s.write(func(tx *bolt.Tx) error {
+	err := s.write(durable, func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketVolumes).Delete(key)
 	})
 	if err != nil {
@@ -603,8 +737,12 @@ func (s *Store) List(ctx context.Context) ([]*store.Record, error) {
 // Close implements [store.Store]. It is idempotent; later calls on the store fail
 // with an error wrapping bbolt's ErrDatabaseNotOpen.
 func (s *Store) Close() error {
+	serr := s.group.close(s.db)
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %v", s.path, err)
+	}
+	if serr != nil {
+		return fmt.Errorf("boltstore: close %s: syncing relaxed writes: %v", s.path, serr)
 	}
 	return nil
 }

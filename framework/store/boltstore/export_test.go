@@ -6,3 +6,10 @@ func OpenUnchecked(path string, opts Options) (*Store, error) {
 	opts.skipCheck = true
 	return Open(path, opts)
 }
+
+// Unsynced reports whether relaxed commits wait for their sync.
+func (s *Store) Unsynced() bool {
+	s.group.mu.Lock()
+	defer s.group.mu.Unlock()
+	return s.group.unsynced
+}
