@@ -61,14 +61,7 @@ func TestDriverMemory(t *testing.T) {
 		t.Skip("set EPHEMERA_BENCH=1 to measure")
 	}
 	requireRoot(t)
-	bin := os.Getenv("EPHEMERA_BENCH_DRIVER_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "ephemera-scratch")
-		out, err := exec.Command("go", "build", "-o", bin, "../../drivers/scratch").CombinedOutput()
-		if err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
-	}
+	bin := driverBinary(t)
 	if st, err := os.Stat(bin); err != nil {
 		t.Fatal(err)
 	} else {
@@ -444,4 +437,24 @@ func nodePod(i int) corev1.Pod {
 			},
 		},
 	}
+}
+
+// driverBinary is EPHEMERA_BENCH_DRIVER_BIN (make bench and make bench-memory
+// pass the image's binary, make build-static), or else the scratch driver built
+// here with the Makefile's tags (EPHEMERA_GOTAGS), not stripped.
+func driverBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("EPHEMERA_BENCH_DRIVER_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "ephemera-scratch")
+	args := []string{"build", "-o", bin}
+	if tags := os.Getenv("EPHEMERA_GOTAGS"); tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	out, err := exec.Command("go", append(args, "../../drivers/scratch")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }

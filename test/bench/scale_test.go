@@ -57,10 +57,7 @@ func TestScale(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	sock := filepath.Join(sockDir, "csi.sock")
-	bin := filepath.Join(base, "ephemera-scratch")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../drivers/scratch").CombinedOutput(); err != nil {
-		t.Fatalf("building the driver: %v\n%s", err, out)
-	}
+	bin := driverBinary(t)
 	metricsAddr := freeAddr(t)
 	args := []string{"--endpoint=unix://" + sock, "--nodeid=node-1", "--kubelet-root=" + root, "--state-dir=" + state,
 		"--backends=tmpfs", "--metrics-address=" + metricsAddr, "--gc-interval=1s", "--orphan-grace-period=2s",
