@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"time"
 
@@ -84,27 +86,94 @@ func (c *Client) Pods() PodsClient { return podsClient{c.rest} }
 // events.Options.Client.
 func (c *Client) Events() *EventsClient { return &EventsClient{c.rest} }
 
-// podsClient lists and watches pods as client-go's typed client does, but in
-// JSON where that client prefers protobuf: decoding a node's pods in
-// protobuf runs (and so keeps resident) about 1 MiB more of the binary than
-// JSON, which the rest of the client uses anyway, for no gain at a node's
-// scale (docs/operations.md, "Memory and CPU of the driver").
+// podsClient lists and watches pods' metadata only: the API server sends each
+// pod as a meta.k8s.io/v1 PartialObjectMetadata (as client-go's metadata
+// informers ask), in JSON, and the client hands the informer a Pod holding
+// just its identity. A node's pods are then never decoded in full: their
+// specs and statuses are most of their bytes, and decoding them kept about
+// 0.5 MiB more resident (docs/operations.md, "Memory and CPU of the driver").
+// A server that ignores the request sends whole pods, of which the same
+// metadata is read.
 type podsClient struct{ rest rest.Interface }
 
+const (
+	acceptMetadataList = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+	acceptMetadata     = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+)
+
 func (p podsClient) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
-	l := &corev1.PodList{}
-	err := p.rest.Get().Resource("pods").
+	raw, err := p.rest.Get().Resource("pods").SetHeader("Accept", acceptMetadataList).
 		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
-		Do(ctx).Into(l)
-	return l, err
+		DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ml metav1.PartialObjectMetadataList
+	if err := json.Unmarshal(raw, &ml); err != nil {
+		return nil, fmt.Errorf("kube: decoding the list of pods: %w", err)
+	}
+	l := &corev1.PodList{ListMeta: ml.ListMeta, Items: make([]corev1.Pod, len(ml.Items))}
+	for i := range ml.Items {
+		l.Items[i] = corev1.Pod{ObjectMeta: identity(&ml.Items[i].ObjectMeta, false)}
+	}
+	return l, nil
 }
 
 func (p podsClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	return p.rest.Get().Resource("pods").
-		VersionedParams(&opts, metav1.ParameterCodec).Timeout(timeout(opts)).
-		Watch(ctx)
+	body, err := p.rest.Get().Resource("pods").SetHeader("Accept", acceptMetadata).
+		VersionedParams(&opts, metav1.ParameterCodec).
+		Stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return watch.NewStreamWatcher(&metadataDecoder{body: body, dec: json.NewDecoder(body)},
+		apierrors.NewClientErrorReporter(http.StatusInternalServerError, http.MethodGet, "ClientWatchDecoding")), nil
 }
+
+// identity is the part of a pod's metadata the informer keeps. Annotations
+// only for a bookmark: the end of a watch-list's initial events is one.
+func identity(m *metav1.ObjectMeta, annotations bool) metav1.ObjectMeta {
+	out := metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
+	if annotations {
+		out.Annotations = m.Annotations
+	}
+	return out
+}
+
+// metadataDecoder reads the watch events of a metadata-only watch of pods.
+type metadataDecoder struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+}
+
+func (d *metadataDecoder) Decode() (watch.EventType, runtime.Object, error) {
+	var ev struct {
+		Type   watch.EventType `json:"type"`
+		Object json.RawMessage `json:"object"`
+	}
+	if err := d.dec.Decode(&ev); err != nil {
+		return "", nil, err
+	}
+	switch ev.Type {
+	case watch.Added, watch.Modified, watch.Deleted, watch.Bookmark:
+		var m metav1.PartialObjectMetadata
+		if err := json.Unmarshal(ev.Object, &m); err != nil {
+			return "", nil, fmt.Errorf("kube: decoding a %s event of a pod: %w", ev.Type, err)
+		}
+		return ev.Type, &corev1.Pod{ObjectMeta: identity(&m.ObjectMeta, ev.Type == watch.Bookmark)}, nil
+	case watch.Error:
+		var st metav1.Status
+		if err := json.Unmarshal(ev.Object, &st); err != nil {
+			return "", nil, fmt.Errorf("kube: decoding an error event: %w", err)
+		}
+		return ev.Type, &st, nil
+	default:
+		return "", nil, fmt.Errorf("kube: watch event of unknown type %q", ev.Type)
+	}
+}
+
+func (d *metadataDecoder) Close() { _ = d.body.Close() }
 
 func timeout(opts metav1.ListOptions) time.Duration {
 	if opts.TimeoutSeconds == nil {

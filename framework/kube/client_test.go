@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -56,8 +57,12 @@ func apiServer(t *testing.T, reply func(r *http.Request) any) (*Client, func() [
 }
 
 func TestClientPods(t *testing.T) {
+	// A server that ignores the metadata-only Accept sends whole pods; only
+	// their identity may reach the informer.
 	pod := corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1", ResourceVersion: "7"}}
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1", ResourceVersion: "7",
+			Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"a": "b"}},
+		Spec: corev1.PodSpec{NodeName: "node-1"}}
 	c, seen := apiServer(t, func(r *http.Request) any {
 		if r.URL.Query().Get("watch") == "true" {
 			return metav1.WatchEvent{Type: string(watch.Added), Object: runtimeRaw(t, pod)}
@@ -70,8 +75,9 @@ func TestClientPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(l.Items) != 1 || l.Items[0].UID != "uid-1" || l.ResourceVersion != "7" {
-		t.Errorf("List: %+v", l)
+	want := metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "uid-1", ResourceVersion: "7"}
+	if len(l.Items) != 1 || !reflect.DeepEqual(l.Items[0], corev1.Pod{ObjectMeta: want}) || l.ResourceVersion != "7" {
+		t.Errorf("List: %+v, want one pod with its identity only", l)
 	}
 	w, err := c.Pods().Watch(t.Context(), metav1.ListOptions{FieldSelector: selector, ResourceVersion: "7"})
 	if err != nil {
@@ -79,8 +85,8 @@ func TestClientPods(t *testing.T) {
 	}
 	ev := <-w.ResultChan()
 	w.Stop()
-	if p, ok := ev.Object.(*corev1.Pod); ev.Type != watch.Added || !ok || p.UID != "uid-1" {
-		t.Errorf("watch event %s %T %+v", ev.Type, ev.Object, ev.Object)
+	if p, ok := ev.Object.(*corev1.Pod); ev.Type != watch.Added || !ok || !reflect.DeepEqual(*p, corev1.Pod{ObjectMeta: want}) {
+		t.Errorf("watch event %s %T %+v, want ADDED with the pod's identity only", ev.Type, ev.Object, ev.Object)
 	}
 
 	reqs := seen()
@@ -92,9 +98,10 @@ func TestClientPods(t *testing.T) {
 		if r.method != http.MethodGet || r.path != "/api/v1/pods" || r.query != wantQuery {
 			t.Errorf("request %d: %s %s?%s, want GET /api/v1/pods?%s", i, r.method, r.path, r.query, wantQuery)
 		}
-		// JSON, not protobuf (unlike client-go's typed client).
-		if r.accept != "application/json, */*" || r.userAgent != "test-driver/v1" {
-			t.Errorf("request %d: Accept %q, User-Agent %q", i, r.accept, r.userAgent)
+		// Metadata only, in JSON (not protobuf, unlike client-go's typed client).
+		wantAccept := []string{acceptMetadataList, acceptMetadata}[i]
+		if r.accept != wantAccept || r.userAgent != "test-driver/v1" {
+			t.Errorf("request %d: Accept %q, User-Agent %q; want Accept %q", i, r.accept, r.userAgent, wantAccept)
 		}
 	}
 }
@@ -137,4 +144,34 @@ func runtimeRaw(t *testing.T, obj any) (raw runtime.RawExtension) {
 	}
 	raw.Raw = b
 	return raw
+}
+
+// The watch of a metadata-only watch list: a bookmark keeps its annotations
+// (the end of the initial events is one), an ERROR event is a Status, other
+// events are pods with their identity only.
+func TestMetadataDecoder(t *testing.T) {
+	stream := `{"type":"ADDED","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"5","annotations":{"x":"y"}}}}
+{"type":"BOOKMARK","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"6","annotations":{"k8s.io/initial-events-end":"true"}}}}
+{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
+{"type":"SURPRISE","object":{}}
+`
+	d := &metadataDecoder{body: io.NopCloser(strings.NewReader(stream)), dec: json.NewDecoder(strings.NewReader(stream))}
+	typ, obj, err := d.Decode()
+	if p, ok := obj.(*corev1.Pod); err != nil || typ != watch.Added || !ok || p.UID != "u1" || p.Annotations != nil {
+		t.Errorf("ADDED: %s %+v %v", typ, obj, err)
+	}
+	typ, obj, err = d.Decode()
+	if p, ok := obj.(*corev1.Pod); err != nil || typ != watch.Bookmark || !ok || p.ResourceVersion != "6" || p.Annotations[metav1.InitialEventsAnnotationKey] != "true" {
+		t.Errorf("BOOKMARK: %s %+v %v", typ, obj, err)
+	}
+	typ, obj, err = d.Decode()
+	if st, ok := obj.(*metav1.Status); err != nil || typ != watch.Error || !ok || st.Code != 410 {
+		t.Errorf("ERROR: %s %+v %v", typ, obj, err)
+	}
+	if _, _, err := d.Decode(); err == nil || !strings.Contains(err.Error(), "SURPRISE") {
+		t.Errorf("unknown type: %v", err)
+	}
+	if _, _, err := d.Decode(); err != io.EOF {
+		t.Errorf("end of stream: %v, want io.EOF", err)
+	}
 }

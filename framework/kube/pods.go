@@ -24,6 +24,9 @@
 //	opts.Pods = pods
 //	opts.Runnables = append(opts.Runnables, pods)
 //
+// Client.Pods lists and watches the pods' metadata only (PartialObjectMetadata):
+// no pod spec or status is decoded or kept.
+//
 // The driver's service account needs get, list and watch on pods.
 package kube
 

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -342,7 +343,44 @@ func fakeAPIServer(t *testing.T, base string) string {
 			info, _ = runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
 		}
 		q := r.URL.Query()
+		// Metadata only, when asked as client-go's metadata clients (and
+		// kube.Client) ask: kube-apiserver then sends each pod as a
+		// meta.k8s.io/v1 PartialObjectMetadata with its whole metadata.
+		metadataOnly := strings.Contains(r.Header.Get("Accept"), "as=PartialObjectMetadata")
 		switch {
+		case metadataOnly && r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods":
+			meta := func(p *corev1.Pod) metav1.PartialObjectMetadata {
+				return metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadata"}, ObjectMeta: p.ObjectMeta}
+			}
+			enc := json.NewEncoder(w)
+			w.Header().Set("Content-Type", "application/json")
+			if q.Get("watch") != "true" {
+				ml := metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadataList"}, ListMeta: list.ListMeta}
+				for i := range list.Items {
+					ml.Items = append(ml.Items, meta(&list.Items[i]))
+				}
+				if err := enc.Encode(&ml); err != nil {
+					t.Errorf("fake API server: metadata list: %v", err)
+				}
+				return
+			}
+			send := func(typ watch.EventType, p *corev1.Pod) {
+				raw, err := json.Marshal(meta(p))
+				if err == nil {
+					err = enc.Encode(&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: raw}})
+				}
+				if err != nil {
+					t.Errorf("fake API server: metadata watch event: %v", err)
+				}
+			}
+			if q.Get("sendInitialEvents") == "true" {
+				for i := range list.Items {
+					send(watch.Added, &list.Items[i])
+				}
+				send(watch.Bookmark, bookmark)
+			}
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && q.Get("watch") == "true":
 			w.Header().Set("Content-Type", info.MediaType+";stream=watch")
 			enc := streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
