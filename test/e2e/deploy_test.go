@@ -253,8 +253,22 @@ func TestAdmissionPolicy(t *testing.T) {
 	c := clu
 	dir := c.manifestsDir(t)
 	a := c.newApplier(t)
-	ctx := context.Background()
 	denied, allowed := "e2e-vap-denied", "e2e-vap-allowed"
+	c.admissionNamespaces(t, denied, allowed)
+
+	for _, src := range []string{admissionManifest, helmManifest} {
+		t.Run(strings.TrimSuffix(src, ".yaml"), func(t *testing.T) {
+			c.checkAdmissionPolicy(t, a, admissionPolicy(t, filepath.Join(dir, src)), denied, allowed)
+		})
+	}
+}
+
+// admissionNamespaces creates the namespaces denied and allowed, the latter
+// labelled as the admission policy wants of a namespace that may use the
+// scratch driver inline.
+func (c *cluster) admissionNamespaces(t *testing.T, denied, allowed string) {
+	t.Helper()
+	ctx := context.Background()
 	for _, ns := range []string{denied, allowed} {
 		if err := c.ensureNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -264,25 +278,26 @@ func TestAdmissionPolicy(t *testing.T) {
 	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, allowed, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	for _, src := range []string{admissionManifest, helmManifest} {
-		t.Run(strings.TrimSuffix(src, ".yaml"), func(t *testing.T) {
-			objs, err := readObjects(filepath.Join(dir, src))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var policy []*unstructured.Unstructured
-			for _, o := range objs {
-				if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
-					policy = append(policy, o)
-				}
-			}
-			if len(policy) != 2 {
-				t.Fatalf("%s: want a ValidatingAdmissionPolicy and its binding, got %d objects", src, len(policy))
-			}
-			c.checkAdmissionPolicy(t, a, policy, denied, allowed)
-		})
+// admissionPolicy is the ValidatingAdmissionPolicy and its binding from the
+// rendered manifests in file.
+func admissionPolicy(t *testing.T, file string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := readObjects(file)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var policy []*unstructured.Unstructured
+	for _, o := range objs {
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
+			policy = append(policy, o)
+		}
+	}
+	if len(policy) != 2 {
+		t.Fatalf("%s: want a ValidatingAdmissionPolicy and its binding, got %d objects", filepath.Base(file), len(policy))
+	}
+	return policy
 }
 
 func (c *cluster) checkAdmissionPolicy(t *testing.T, a *applier, policy []*unstructured.Unstructured, denied, allowed string) {
@@ -407,28 +422,8 @@ func TestAdmissionRealPods(t *testing.T) {
 	a := c.newApplier(t)
 	ctx := context.Background()
 	denied, allowed := "e2e-vapr-denied", "e2e-vapr-allowed"
-	for _, ns := range []string{denied, allowed} {
-		if err := c.ensureNamespace(ctx, ns); err != nil {
-			t.Fatal(err)
-		}
-	}
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, scratchAllowedLabel)
-	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, allowed, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	objs, err := readObjects(filepath.Join(dir, admissionManifest))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var policy []*unstructured.Unstructured
-	for _, o := range objs {
-		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
-			policy = append(policy, o)
-		}
-	}
-	if len(policy) != 2 {
-		t.Fatalf("%s: want a ValidatingAdmissionPolicy and its binding, got %d objects", admissionManifest, len(policy))
-	}
+	c.admissionNamespaces(t, denied, allowed)
+	policy := admissionPolicy(t, filepath.Join(dir, admissionManifest))
 	c.applyPolicy(t, a, policy, denied)
 
 	// create creates a real pod bound to the node (the kubelet runs what is admitted).
