@@ -348,46 +348,23 @@ func fakeAPIServer(t *testing.T, base string) string {
 		// meta.k8s.io/v1 PartialObjectMetadata with its whole metadata.
 		metadataOnly := strings.Contains(r.Header.Get("Accept"), "as=PartialObjectMetadata")
 		switch {
-		case metadataOnly && r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods":
-			meta := func(p *corev1.Pod) metav1.PartialObjectMetadata {
-				return metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadata"}, ObjectMeta: p.ObjectMeta}
-			}
-			enc := json.NewEncoder(w)
-			w.Header().Set("Content-Type", "application/json")
-			if q.Get("watch") != "true" {
-				ml := metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadataList"}, ListMeta: list.ListMeta}
-				for i := range list.Items {
-					ml.Items = append(ml.Items, meta(&list.Items[i]))
-				}
-				if err := enc.Encode(&ml); err != nil {
-					t.Errorf("fake API server: metadata list: %v", err)
-				}
-				return
-			}
-			send := func(typ watch.EventType, p *corev1.Pod) {
-				raw, err := json.Marshal(meta(p))
-				if err == nil {
-					err = enc.Encode(&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: raw}})
-				}
-				if err != nil {
-					t.Errorf("fake API server: metadata watch event: %v", err)
-				}
-			}
-			if q.Get("sendInitialEvents") == "true" {
-				for i := range list.Items {
-					send(watch.Added, &list.Items[i])
-				}
-				send(watch.Bookmark, bookmark)
-			}
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && q.Get("watch") == "true":
-			w.Header().Set("Content-Type", info.MediaType+";stream=watch")
-			enc := streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
+			object := func(p *corev1.Pod) ([]byte, error) { return runtime.Encode(info.Serializer, p) }
+			var write func(*metav1.WatchEvent) error
+			if metadataOnly {
+				w.Header().Set("Content-Type", "application/json")
+				object = func(p *corev1.Pod) ([]byte, error) { return json.Marshal(podMetadata(p)) }
+				enc := json.NewEncoder(w)
+				write = func(ev *metav1.WatchEvent) error { return enc.Encode(ev) }
+			} else {
+				w.Header().Set("Content-Type", info.MediaType+";stream=watch")
+				enc := streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
+				write = func(ev *metav1.WatchEvent) error { return enc.Encode(ev) }
+			}
 			send := func(typ watch.EventType, p *corev1.Pod) {
-				raw, err := runtime.Encode(info.Serializer, p)
+				raw, err := object(p)
 				if err == nil {
-					err = enc.Encode(&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: raw}})
+					err = write(&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: raw}})
 				}
 				if err != nil {
 					t.Errorf("fake API server: watch event: %v", err)
@@ -401,6 +378,15 @@ func fakeAPIServer(t *testing.T, base string) string {
 			}
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
+		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods" && metadataOnly:
+			ml := metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadataList"}, ListMeta: list.ListMeta}
+			for i := range list.Items {
+				ml.Items = append(ml.Items, podMetadata(&list.Items[i]))
+			}
+			w.Header().Set("Content-Type", "application/json")
+			if err := json.NewEncoder(w).Encode(&ml); err != nil {
+				t.Errorf("fake API server: metadata list: %v", err)
+			}
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods":
 			w.Header().Set("Content-Type", info.MediaType)
 			if err := info.Serializer.Encode(&list, w); err != nil {
@@ -434,6 +420,12 @@ current-context: fake
 		t.Fatal(err)
 	}
 	return kubeconfig
+}
+
+// podMetadata is p as kube-apiserver sends it to a metadata-only request: a
+// meta.k8s.io/v1 PartialObjectMetadata with the pod's whole metadata.
+func podMetadata(p *corev1.Pod) metav1.PartialObjectMetadata {
+	return metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadata"}, ObjectMeta: p.ObjectMeta}
 }
 
 // nodePod is a pod of the size of a typical workload pod (two containers with
