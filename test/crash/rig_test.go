@@ -28,6 +28,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/stamp"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
+	"github.com/ephemera-csi/ephemera/test/internal/sysloop"
 )
 
 const (
@@ -491,8 +492,8 @@ func (r *rig) wantClean(pods ...*drivertest.Pod) {
 			r.t.Errorf("leaked loop backing file %s", filepath.Join(loopDir, e.Name()))
 		}
 	}
-	for _, dev := range loopDevicesBackedBelow(r.t, loopDir) {
-		r.t.Errorf("leaked loop device %s", dev)
+	for _, dev := range sysloop.Below(loopDir) {
+		r.t.Errorf("leaked loop device %s (%s)", dev.Path, dev.BackingFile)
 	}
 	if r.t.Failed() {
 		r.t.FailNow()
@@ -509,23 +510,4 @@ func tree(dir string) string {
 		return nil
 	})
 	return b.String()
-}
-
-// loopDevicesBackedBelow lists attached loop devices whose backing file is (or
-// was, before deletion) below dir, from sysfs.
-func loopDevicesBackedBelow(t *testing.T, dir string) []string {
-	t.Helper()
-	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var devs []string
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if strings.HasPrefix(backing, dir+"/") {
-			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p)))+" ("+backing+")")
-		}
-	}
-	return devs
 }

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ephemera-csi/ephemera/test/internal/sysloop"
 )
 
 // loopCase is one pod of TestLoopVolumes.
@@ -161,19 +163,11 @@ func (c *cluster) loopPod(lc *loopCase) *corev1.Pod {
 }
 
 // loopDevicesOf lists the loop devices (/dev/loopN) bound to file, as
-// losetup -j does, from sysfs; a device whose file was deleted counts too.
+// losetup -j does; a device whose file was deleted counts too.
 func loopDevicesOf(file string) []string {
-	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var out []string
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		bf := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if bf == file {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p))))
-		}
+	for _, d := range sysloop.Where(func(f string) bool { return f == file }) {
+		out = append(out, d.Path)
 	}
 	return out
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
+	"github.com/ephemera-csi/ephemera/test/internal/sysloop"
 )
 
 // The model test: a seeded random walk over everything a node does to a
@@ -517,7 +518,7 @@ func (m *model) check() error {
 			loops++
 		}
 	}
-	if l := loopsBelow(n.base); len(l) != loops {
+	if l := sysloop.Below(n.base); len(l) != loops {
 		return fmt.Errorf("%d loop devices for %d loop volumes: %v", len(l), loops, l)
 	}
 	// Capacity accounting equals the records.

@@ -25,6 +25,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/test/internal/sysloop"
 )
 
 const driverName = "scratch.csi.ephemera.dev"
@@ -155,35 +156,15 @@ func unmountBelow(dir string, self bool) (int, error) {
 	return count, fmt.Errorf("mounts below %s keep coming back", dir)
 }
 
-// loopsBelow returns the loop devices whose backing file is below dir.
-func loopsBelow(dir string) []string {
-	entries, _ := os.ReadDir("/sys/block")
-	var out []string
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "loop") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
-		if err != nil {
-			continue
-		}
-		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+e.Name())
-		}
-	}
-	return out
-}
-
 func detachLoopsBelow(t *testing.T, dir string) {
-	for _, dev := range loopsBelow(dir) {
-		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	for _, dev := range sysloop.Below(dir) {
+		fd, err := unix.Open(dev.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			t.Errorf("cleanup: %s: %v", dev, err)
+			t.Errorf("cleanup: %s: %v", dev.Path, err)
 			continue
 		}
 		if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil {
-			t.Errorf("cleanup: detaching %s: %v", dev, err)
+			t.Errorf("cleanup: detaching %s: %v", dev.Path, err)
 		}
 		unix.Close(fd)
 	}
@@ -269,7 +250,7 @@ func (n *node) wantClean() {
 			}
 		}
 	}
-	if l := loopsBelow(n.base); len(l) > 0 {
+	if l := sysloop.Below(n.base); len(l) > 0 {
 		n.t.Errorf("loop devices left: %v", l)
 	}
 }
