@@ -76,20 +76,28 @@ func run(out string) error {
 		return err
 	}
 	for _, t := range manifests.Targets() {
-		b, err := manifests.Render(root, t)
-		if err != nil {
+		if err := write(root, out, t); err != nil {
 			return err
 		}
-		objs, err := manifests.Decode(b)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.Name, err)
-		}
-		p := filepath.Join(out, t.Name+".yaml")
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			return err
-		}
-		fmt.Printf("%s: %d objects\n", p, len(objs))
 	}
+	return nil
+}
+
+// write renders t into out/<name>.yaml, checking that it decodes.
+func write(root, out string, t manifests.Target) error {
+	b, err := manifests.Render(root, t)
+	if err != nil {
+		return err
+	}
+	objs, err := manifests.Decode(b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Name, err)
+	}
+	p := filepath.Join(out, t.Name+".yaml")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("%s: %d objects\n", p, len(objs))
 	return nil
 }
 
@@ -127,21 +135,8 @@ func runOne(out, name, values string) error {
 		}
 		t.HelmValues = chartutil.CoalesceTables(extra, own)
 	}
-	b, err := manifests.Render(root, t)
-	if err != nil {
-		return err
-	}
-	objs, err := manifests.Decode(b)
-	if err != nil {
-		return fmt.Errorf("%s: %w", t.Name, err)
-	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	p := filepath.Join(out, t.Name+".yaml")
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		return err
-	}
-	fmt.Printf("%s: %d objects\n", p, len(objs))
-	return nil
+	return write(root, out, t)
 }
