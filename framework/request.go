@@ -135,11 +135,11 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	backendParams := volume.BackendParams(params)
 	// A refusal of the driver's attributes waits for the backend's check, so
 	// that a typo is named with the required key it misses.
-	attrs, attrErr := d.opts.Attributes.Parse(backendParams)
+	var attrs api.Values
+	var attrErr error
 	if len(d.opts.Attributes) > 0 {
+		attrs, attrErr = d.opts.Attributes.Parse(backendParams)
 		backendParams = d.opts.Attributes.Split(backendParams)
-	} else {
-		attrs = nil
 	}
 	v := &api.Volume{
 		ID:         req.GetVolumeId(),
