@@ -12,7 +12,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -134,12 +134,7 @@ func (d *Driver) liveness(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient("passthrough:///csi",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", path)
-		}))
+	conn, err := unixsock.DialGRPC(path)
 	if err != nil {
 		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
 	}

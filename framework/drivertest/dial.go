@@ -3,12 +3,12 @@ package drivertest
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
 
 // nodeGetCapabilities sends one NodeGetCapabilities RPC.
@@ -49,12 +49,5 @@ func (k *Kubelet) dial() (*grpc.ClientConn, error) {
 	if path == "" {
 		return nil, errors.New("drivertest: KubeletOptions.Endpoint is empty")
 	}
-	return grpc.NewClient("passthrough:///"+path,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithAuthority("localhost"),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", addr)
-		}),
-	)
+	return unixsock.DialGRPC(path)
 }
