@@ -125,6 +125,30 @@ $(TOOLS)/logcheck:
 $(TOOLS)/goimports:
 	GOBIN=$(TOOLS) $(GO) install $(GOIMPORTS)
 
+# Protocol buffers: protoc from Debian (protobuf-compiler, 3.21.12 on bookworm: its version is in the
+# generated files' header), protoc-gen-go at go.mod's google.golang.org/protobuf, protoc-gen-go-grpc pinned.
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+PROTOS             := api/plugin/v1alpha1/plugin.proto
+$(TOOLS)/protoc-gen-go: go.mod
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO_GRPC)
+
+## proto: regenerate the Go code of the plugin protocol (api/plugin/*/plugin.proto; needs protoc,
+## apt-get install protobuf-compiler); make verify fails when the checked-in code is not current
+proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	$(call protoc,.)
+
+# protoc writes the generated code for $(PROTOS) below $(1).
+protoc = protoc --plugin=protoc-gen-go=$(TOOLS)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(TOOLS)/protoc-gen-go-grpc \
+	  --go_out=paths=source_relative:$(1) --go-grpc_out=paths=source_relative:$(1) $(PROTOS)
+
+## proto-check: the checked-in generated code is what make proto writes
+proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(call protoc,$$tmp) && \
+	  for p in $(PROTOS); do d=$$(dirname $$p); \
+	    if ! diff -r -x '*.proto' -x '*.md' $$tmp/$$d $$d; then echo "$$d: generated code not current (make proto)"; exit 1; fi; done
+
 ## lint: staticcheck, klog's logcheck (contextual, structured; the keys are checked to come from
 ## framework/internal/logkeys by its test), and import grouping (goimports -local)
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
@@ -146,7 +170,7 @@ cross: cross-test-windows
 	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
 ## verify: gofmt clean and go.mod tidy
-verify:
+verify: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@cp go.mod /tmp/go.mod.bak; cp go.sum /tmp/go.sum.bak; $(GO) mod tidy; \
 	  if ! diff -q go.mod /tmp/go.mod.bak >/dev/null || ! diff -q go.sum /tmp/go.sum.bak >/dev/null; then \

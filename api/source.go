@@ -16,6 +16,12 @@ type Source struct {
 	// Options is filesystem-specific mount data, for example
 	// ["size=67108864", "mode=0755"] for tmpfs.
 	Options []string `json:"options,omitempty"`
+	// Root, when set, confines a directory source: Path must lie beneath Root
+	// and is resolved from Root without following symlinks (or ".."), so a
+	// directory handed over by a less trusted party, such as an out-of-process
+	// plugin, can never publish anything outside its own area. Backends that
+	// name their own directories leave it empty.
+	Root string `json:"root,omitempty"`
 }
 
 // IsDir reports whether the source is a directory to bind or link.

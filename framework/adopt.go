@@ -54,7 +54,7 @@ func (d *Driver) storeID() string {
 // findStorage asks a Finder backend which source v's existing storage is
 // mounted from. found is false when the backend has none (or cannot tell).
 func (d *Driver) findStorage(ctx context.Context, b Backend, v *api.Volume) (src api.Source, found bool, err error) {
-	f, ok := b.(Finder)
+	f, ok := As[Finder](b)
 	if !ok {
 		return api.Source{}, false, nil
 	}
@@ -78,7 +78,7 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 	if err != nil {
 		return transient(err)
 	}
-	if _, isFinder := b.(Finder); !isFinder && recorded != nil {
+	if !implements[Finder](b) && recorded != nil {
 		src, found = *recorded, true
 	}
 	if !found {
@@ -175,7 +175,7 @@ func (d *Driver) publishOverMount(ctx context.Context, pr *publishRequest) (resp
 		return nil, true, transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
 	d.capacity.adopt(v.Backend, v.Size)
-	if d.opts.Content != nil {
+	if d.contentFor(v.Backend) != nil {
 		d.refresher.remember(v)
 	}
 	d.metrics.Reconciled(metrics.ReconcileAdopted)
@@ -229,11 +229,10 @@ func completed(pr *publishRequest, rec *store.Record) (*store.Record, error) {
 // and the kubelet's retry finishes the publish (publishRebuilt), or the
 // storage goes with its pod. One durable commit less per publish.
 func needsIntent(b Backend) bool {
-	if _, finds := b.(Finder); !finds {
+	if !implements[Finder](b) {
 		return true
 	}
-	_, lists := b.(Lister)
-	_, mountOnly := b.(MountOnly)
+	lists, mountOnly := implements[Lister](b), implements[MountOnly](b)
 	return !lists && !mountOnly
 }
 
@@ -397,7 +396,7 @@ func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) erro
 // store's identity.
 func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, known map[string]bool, index func() (map[string]string, error)) (failed []error) {
 	log := d.opts.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
-	lister, ok := b.(Lister)
+	lister, ok := As[Lister](b)
 	if !ok {
 		return nil
 	}
@@ -408,7 +407,7 @@ func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, kno
 		return []error{err}
 	}
 	storeID := d.storeID()
-	stamper, isStamper := b.(Stamper)
+	stamper, isStamper := As[Stamper](b)
 	proven := false
 	if isStamper && storeID != "" {
 		st, err := stamper.Stamp(ctx)

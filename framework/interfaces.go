@@ -202,3 +202,40 @@ const (
 	// gone.
 	ReasonOrphanRemoved = "OrphanRemoved"
 )
+
+// A DynamicBackend learns only at run time which of the optional interfaces
+// its type has it really implements: an out-of-process plugin
+// (framework/plugin) says so in its handshake, and may say otherwise after it
+// restarts. The framework asks Implements before each use of an optional
+// interface (Validator, Lister, HealthChecker, ContentProvider, Authorizer,
+// Finder, MountOnly, Stamper) that b's type has; As does the same for code
+// outside the framework.
+type DynamicBackend interface {
+	Backend
+	// Implements reports whether the backend implements the optional
+	// interface of which iface is a nil pointer, for example
+	// (*framework.Lister)(nil), right now. When it cannot tell (a plugin that
+	// is not reachable), it answers true: the call then fails and the
+	// framework handles the failure as for any backend.
+	Implements(iface any) bool
+}
+
+// As returns b as the optional interface T (Validator, Lister, ...) when b's
+// type implements it and, for a DynamicBackend, b says it does now.
+func As[T any](b Backend) (T, bool) {
+	t, ok := b.(T)
+	if !ok {
+		return t, false
+	}
+	if db, dynamic := b.(DynamicBackend); dynamic && !db.Implements((*T)(nil)) {
+		var zero T
+		return zero, false
+	}
+	return t, true
+}
+
+// implements reports whether b implements the optional interface T (see As).
+func implements[T any](b Backend) bool {
+	_, ok := As[T](b)
+	return ok
+}

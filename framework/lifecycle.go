@@ -76,7 +76,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		return nil, transient(fmt.Errorf("checking target: %w", err))
 	}
 	if mounted {
-		if d.opts.Content == nil {
+		if d.contentFor(rec.Backend) == nil {
 			log.V(2).Info("Volume already published")
 			return &csi.NodePublishVolumeResponse{}, nil
 		}
@@ -161,7 +161,7 @@ func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *st
 		return nil, transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.complete(rec, full)
-	if d.opts.Content != nil {
+	if d.contentFor(pr.vol.Backend) != nil {
 		d.refresher.remember(pr.vol)
 	}
 	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
@@ -201,8 +201,8 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 			d.provisioningFailed(v, err) // after the rollback below settled err
 		}
 	}()
-	if d.opts.Authorizer != nil {
-		if err := d.opts.Authorizer.Authorize(ctx, v); err != nil {
+	for _, a := range d.authorizers(v.Backend) {
+		if err := a.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {
 				return nil, kindf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
 			}
@@ -264,7 +264,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		return nil, transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
-	if d.opts.Content != nil {
+	if d.contentFor(v.Backend) != nil {
 		d.refresher.remember(v)
 	}
 	log.V(2).Info("Published volume", logkeys.Size, v.Size)
@@ -297,7 +297,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 
 // fills reports whether fill writes into v.
 func (d *Driver) fills(v *api.Volume) bool {
-	return (v.FSGroup != nil && !isWindows) || d.opts.Content != nil
+	return (v.FSGroup != nil && !isWindows) || d.contentFor(v.Backend) != nil
 }
 
 // fill gives a mounted volume to the pod's fsGroup and writes its content.
@@ -308,7 +308,7 @@ func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
 		}
 	}
-	if d.opts.Content != nil {
+	if d.contentFor(v.Backend) != nil {
 		files, err := d.content(ctx, v)
 		if err != nil {
 			return err
@@ -445,8 +445,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 // the largest single cost of a tmpfs publish and unpublish (docs/design.md,
 // "Durability").
 func relaxed(b Backend) bool {
-	_, finds := b.(Finder)
-	_, mountOnly := b.(MountOnly)
+	finds, mountOnly := implements[Finder](b), implements[MountOnly](b)
 	return finds && mountOnly
 }
 

@@ -134,7 +134,7 @@ func (d *Driver) liveness(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := unixsock.DialGRPC(path)
+	conn, err := unixsock.DialGRPC(path, nil)
 	if err != nil {
 		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
 	}

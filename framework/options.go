@@ -46,7 +46,9 @@ type Options struct {
 	// the only backend when there is exactly one; required otherwise.
 	DefaultBackend string
 	// Content, when set, fills every volume with files at publish and refreshes
-	// them on republish (see ContentProvider).
+	// them on republish (see ContentProvider). A backend that is itself a
+	// ContentProvider (an out-of-process plugin, framework/plugin) fills its
+	// own volumes instead.
 	Content ContentProvider
 	// ContentTimeout bounds one Content call, well under the kubelet's 2 minute
 	// deadline. Defaults to 30s.
@@ -59,7 +61,9 @@ type Options struct {
 	// that a RefreshAll (a CA rotation, say) does not stampede the content's
 	// source. Defaults to 4.
 	RefreshConcurrency int
-	// Authorizer, when set, approves every first publish (see Authorizer).
+	// Authorizer, when set, approves every first publish (see Authorizer). A
+	// backend that is itself an Authorizer approves its volumes too: both
+	// must.
 	Authorizer Authorizer
 	// GCInterval is how often the orphan GC looks for volumes whose pod
 	// directory under the kubelet root is gone (a pod deleted while the node or

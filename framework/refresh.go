@@ -64,7 +64,7 @@ func (r *refresher) start(ctx context.Context) {
 	r.mu.Lock()
 	r.ctx = ctx
 	r.mu.Unlock()
-	if iv := r.d.opts.RefreshInterval; iv > 0 && r.d.opts.Content != nil {
+	if iv := r.d.opts.RefreshInterval; iv > 0 && r.d.anyContent() {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -180,7 +180,7 @@ func (r *refresher) succeeded(id string) {
 // refresh concurrency cap), with the secrets and tokens of its last publish.
 // It returns an error when the driver is not running or the volume is unknown.
 func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
-	if d.opts.Content == nil {
+	if !d.anyContent() {
 		return errors.New("the driver has no content provider")
 	}
 	if _, err := d.store.Get(ctx, volumeID); err != nil {
@@ -197,7 +197,7 @@ func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
 // as a CA rotation. Volumes start at random offsets within spread (0: at once)
 // and never more than RefreshConcurrency at a time.
 func (d *Driver) RefreshAll(ctx context.Context, spread time.Duration) error {
-	if d.opts.Content == nil {
+	if !d.anyContent() {
 		return errors.New("the driver has no content provider")
 	}
 	return d.refreshAll(ctx, spread)
@@ -240,6 +240,10 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 		return
 	}
 	if rec.Phase != store.PhasePublished {
+		return
+	}
+	if d.contentFor(rec.Backend) == nil {
+		d.refresher.forget(id)
 		return
 	}
 	if rec.Rebuilt {
@@ -303,11 +307,16 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 	return d.writeContent(v, files)
 }
 
-// content calls the content provider within ContentTimeout.
+// content calls the content provider of v's backend (contentFor) within
+// ContentTimeout.
 func (d *Driver) content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
+	cp := d.contentFor(v.Backend)
+	if cp == nil {
+		return nil, fmt.Errorf("backend %s has no content provider", v.Backend)
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
 	defer cancel()
-	files, err := d.opts.Content.Content(ctx, v)
+	files, err := cp.Content(ctx, v)
 	if err != nil {
 		return nil, fmt.Errorf("content provider: %w", err)
 	}
@@ -329,4 +338,42 @@ func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	return nil
+}
+
+// contentFor returns what fills the volumes of the named backend: the backend
+// itself when it is a ContentProvider (a plugin that provides content),
+// otherwise Options.Content; nil when neither.
+func (d *Driver) contentFor(backend string) ContentProvider {
+	if cp, ok := As[ContentProvider](d.opts.Backends[backend]); ok {
+		return cp
+	}
+	return d.opts.Content
+}
+
+// anyContent reports whether any volume of this driver may have content:
+// Options.Content is set or a backend's type is a ContentProvider.
+func (d *Driver) anyContent() bool {
+	if d.opts.Content != nil {
+		return true
+	}
+	for _, b := range d.opts.Backends {
+		if _, ok := b.(ContentProvider); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// authorizers returns what approves a first publish of a volume of the named
+// backend: Options.Authorizer, then the backend itself when it is an
+// Authorizer. Each must approve.
+func (d *Driver) authorizers(backend string) []Authorizer {
+	var as []Authorizer
+	if d.opts.Authorizer != nil {
+		as = append(as, d.opts.Authorizer)
+	}
+	if a, ok := As[Authorizer](d.opts.Backends[backend]); ok {
+		as = append(as, a)
+	}
+	return as
 }

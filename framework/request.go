@@ -166,7 +166,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	// running pod into AlreadyExists.
 	hash := requestHash(v, params)
 	check := volume.CheckWithoutValidator
-	if val, ok := backend.(Validator); ok {
+	if val, ok := As[Validator](backend); ok {
 		check = val.Validate
 	}
 	if err := d.allAccepted(check(v)); err != nil || attrErr != nil {

@@ -67,7 +67,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	if !mounted {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
-	if hc, ok := d.opts.Backends[rec.Backend].(HealthChecker); ok {
+	if hc, ok := As[HealthChecker](d.opts.Backends[rec.Backend]); ok {
 		if err := hc.Check(ctx, d.fromRecord(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}

@@ -191,7 +191,7 @@ func (s *suite) buildVolume(name, kubeletRoot string) (*api.Volume, error) {
 
 // validate applies what the framework checks before the first Create.
 func (s *suite) validate(b framework.Backend, v *api.Volume) error {
-	if val, ok := b.(framework.Validator); ok {
+	if val, ok := framework.As[framework.Validator](b); ok {
 		return val.Validate(v)
 	}
 	if err := volume.CheckWithoutValidator(v); err != nil {
@@ -270,7 +270,7 @@ func orphan(v *api.Volume) *api.Volume { return volume.Orphan(v.ID, v.Backend) }
 
 func (s *suite) testValidate(t *testing.T) {
 	e := s.setup(t)
-	val, ok := e.b.(framework.Validator)
+	val, ok := framework.As[framework.Validator](e.b)
 	if !ok {
 		v, err := s.buildVolume("vol-1", e.kubeletRoot)
 		if err != nil {
@@ -306,7 +306,7 @@ func (s *suite) testValidate(t *testing.T) {
 	}
 
 	// Validate runs before any side effect.
-	if l, ok := e.b.(framework.Lister); ok {
+	if l, ok := framework.As[framework.Lister](e.b); ok {
 		ids, err := l.List(t.Context())
 		if err != nil {
 			t.Fatalf("List: %v", err)
@@ -397,7 +397,7 @@ func (s *suite) testDeleteFromIDOnly(t *testing.T) {
 		t.Fatalf("Delete with only ID and Backend (as the startup reconcile calls it) = %v, want nil", err)
 	}
 	e.checkGone(t, v.ID)
-	if _, ok := e.b.(framework.Lister); !ok && src.IsDir() {
+	if _, ok := framework.As[framework.Lister](e.b); !ok && src.IsDir() {
 		// Without an inventory, the directory is all there is to check.
 		if _, err := os.Lstat(src.Path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("Delete with only ID and Backend left the volume's directory %s (Lstat: %v)", src.Path, err)
@@ -460,7 +460,7 @@ func (s *suite) testSize(t *testing.T) {
 
 func (s *suite) testInventory(t *testing.T) {
 	e := s.setup(t)
-	l, ok := e.b.(framework.Lister)
+	l, ok := framework.As[framework.Lister](e.b)
 	if !ok {
 		t.Skip("not a framework.Lister")
 	}
@@ -516,7 +516,7 @@ func (s *suite) testInventory(t *testing.T) {
 
 func (s *suite) testCrashBeforePublish(t *testing.T) {
 	e := s.setup(t)
-	l, ok := e.b.(framework.Lister)
+	l, ok := framework.As[framework.Lister](e.b)
 	if !ok {
 		t.Skip("not a framework.Lister: the startup reconcile can only find storage without a record through an inventory, " +
 			"so such a backend must keep nothing outside the published mount (like tmpfs, whose memory is the mount)")
@@ -545,7 +545,7 @@ func (s *suite) testCrashBeforePublish(t *testing.T) {
 	if !has(v.ID) {
 		t.Fatalf("a driver with a new state file deleted storage it could not prove a leftover (%s)", v.ID)
 	}
-	if _, ok := e.b.(framework.Stamper); !ok {
+	if _, ok := framework.As[framework.Stamper](e.b); !ok {
 		return // without a stamp, storage without a record is always kept
 	}
 	// That driver stamped the storage area with its state's identity. Storage
@@ -565,7 +565,7 @@ func (s *suite) testCrashBeforePublish(t *testing.T) {
 
 func (s *suite) testHealth(t *testing.T) {
 	e := s.setup(t)
-	hc, ok := e.b.(framework.HealthChecker)
+	hc, ok := framework.As[framework.HealthChecker](e.b)
 	if !ok {
 		t.Skip("not a framework.HealthChecker")
 	}
@@ -660,7 +660,7 @@ func (s *suite) testPublishThroughDriver(t *testing.T) {
 // checkPresent checks that a Lister lists id.
 func (e *env) checkPresent(t *testing.T, id string) {
 	t.Helper()
-	if l, ok := e.b.(framework.Lister); ok {
+	if l, ok := framework.As[framework.Lister](e.b); ok {
 		ids, err := l.List(t.Context())
 		if err != nil {
 			t.Fatalf("List: %v", err)
@@ -674,7 +674,7 @@ func (e *env) checkPresent(t *testing.T, id string) {
 // checkGone checks that a Lister no longer lists id.
 func (e *env) checkGone(t *testing.T, id string) {
 	t.Helper()
-	if l, ok := e.b.(framework.Lister); ok {
+	if l, ok := framework.As[framework.Lister](e.b); ok {
 		ids, err := l.List(t.Context())
 		if err != nil {
 			t.Fatalf("List: %v", err)

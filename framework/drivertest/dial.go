@@ -49,5 +49,5 @@ func (k *Kubelet) dial() (*grpc.ClientConn, error) {
 	if path == "" {
 		return nil, errors.New("drivertest: KubeletOptions.Endpoint is empty")
 	}
-	return unixsock.DialGRPC(path)
+	return unixsock.DialGRPC(path, nil)
 }

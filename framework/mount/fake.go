@@ -271,6 +271,15 @@ func (f *Fake) Mount(root string, src api.Source, target string) error {
 	if len(f.mounts[t]) > 0 {
 		return fmt.Errorf("mount on %q: %w", target, ErrMounted)
 	}
+	if src.IsDir() && src.Root != "" {
+		// Confined: lexically beneath Root, and no component a symlink.
+		if _, err := f.walk(src.Root, src.Path); err != nil {
+			return fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, err)
+		}
+		if f.symlinks[filepath.Clean(src.Path)] {
+			return fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, ErrSymlink)
+		}
+	}
 	src.Options = slices.Clone(src.Options)
 	f.mounts[t] = append(f.mounts[t], src)
 	f.readOnly[t] = false

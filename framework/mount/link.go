@@ -176,6 +176,11 @@ func (m *linkMounter) Mount(root string, src api.Source, target string) error {
 	if !filepath.IsAbs(source) {
 		return fmt.Errorf("source %q must be an absolute path", src.Path)
 	}
+	if src.Root != "" {
+		if err := m.checkBeneath(m.clean(src.Root), source); err != nil {
+			return fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, err)
+		}
+	}
 	fi, err := m.fs.Stat(source)
 	if err != nil {
 		return fmt.Errorf("source of %q: %w", target, err)

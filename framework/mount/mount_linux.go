@@ -290,12 +290,37 @@ func detach(mfd int) {
 	_ = unix.Unmount(fdPath(mfd, ""), unix.MNT_DETACH)
 }
 
+// openTree returns a detached bind mount (clone) of the directory src. A
+// confined source (src.Root) is resolved beneath its root by openat2, without
+// symlinks, "..", or magic links: the directory bound is the one found there,
+// whatever replaces a path component afterwards.
+func openTree(src api.Source) (int, error) {
+	const flags = unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC
+	if src.Root == "" {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, src.Path, flags|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return -1, fmt.Errorf("open_tree: %w", err)
+		}
+		return fd, nil
+	}
+	dfd, err := openBeneath(src.Root, src.Path, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.OpenTree(dfd, "", flags|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree: %w", err)
+	}
+	return fd, nil
+}
+
 // newMount returns a detached mount of src, nosuid and nodev.
 func (m *linuxMounter) newMount(src api.Source) (int, error) {
 	if src.IsDir() {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, src.Path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+		fd, err := openTree(src)
 		if err != nil {
-			return -1, fmt.Errorf("open_tree: %w", err)
+			return -1, err
 		}
 		if m.noSetattr.Load() {
 			return fd, nil

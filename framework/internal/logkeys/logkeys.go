@@ -51,4 +51,6 @@ const (
 	Fix             = "fix"
 	Object          = "object"
 	PerMinute       = "perMinute"
+	Plugin          = "plugin"
+	Capabilities    = "capabilities"
 )

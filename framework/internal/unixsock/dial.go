@@ -12,12 +12,20 @@ import (
 // kubelet connects to a CSI driver: no TLS, authority "localhost", the socket
 // dialed by its path (also a Windows path, which a target URL would mangle).
 // Nothing is dialed before the first call; the caller closes the connection.
-func DialGRPC(path string) (*grpc.ClientConn, error) {
-	return grpc.NewClient("passthrough:///localhost",
+// onDial, when set, is called after each connection the client makes (the
+// first, and each reconnect: a restarted server).
+func DialGRPC(path string, onDial func(), opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts = append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithAuthority("localhost"),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		}))
+			c, err := d.DialContext(ctx, "unix", path)
+			if err == nil && onDial != nil {
+				onDial()
+			}
+			return c, err
+		}),
+	}, opts...)
+	return grpc.NewClient("passthrough:///localhost", opts...)
 }

@@ -1,0 +1,577 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	pb "github.com/ephemera-csi/ephemera/api/plugin/v1alpha1"
+	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
+)
+
+// ProtocolVersion is the plugin protocol version this package speaks.
+const ProtocolVersion = "v1alpha1"
+
+// Defaults of Options.
+const (
+	DefaultTimeout         = 30 * time.Second
+	DefaultMaxContentBytes = 64 << 20
+)
+
+// handshakeTimeout bounds the handshake Implements makes when it has none.
+const handshakeTimeout = 5 * time.Second
+
+// storageKey marks, in a volume's State, a volume whose storage the plugin
+// created (CREATE), so that it is deleted through the plugin even if a later
+// version of the plugin no longer creates storage. It is never sent to the
+// plugin.
+const storageKey = "ephemera.dev/plugin-storage"
+
+// Options configure the driver's side of one plugin.
+type Options struct {
+	// Name is the plugin's name in this driver: the backend name in
+	// framework.Options.Backends, which pods select with the "backend"
+	// attribute. Required.
+	Name string
+	// Endpoint is the plugin's socket: "unix:///path/plugin.sock" or an
+	// absolute path. Required.
+	Endpoint string
+	// Dir is the directory the driver shares with the plugin. A directory the
+	// plugin returns from Create is resolved beneath it (no symlinks, no
+	// ".."). Empty: the plugin may not return directories.
+	Dir string
+	// Tmpfs makes the tmpfs of a content-only plugin's volumes (and of a
+	// Create that returns a tmpfs): its size and inode caps apply. Nil:
+	// tmpfs.New(tmpfs.Options{}).
+	Tmpfs *tmpfs.Backend
+	// DriverName and NodeID are sent in the handshake.
+	DriverName string
+	NodeID     string
+	// Timeout bounds a call whose context has no deadline, and every
+	// Validate (which gets no context from the framework). Default
+	// DefaultTimeout.
+	Timeout time.Duration
+	// MaxContentBytes bounds one Content answer. Default DefaultMaxContentBytes.
+	MaxContentBytes int
+	// Logger defaults to klog's.
+	Logger klog.Logger
+}
+
+// Backend is a plugin as a framework.Backend. It also has every optional
+// interface the protocol carries (Validator, Lister, HealthChecker,
+// ContentProvider, Authorizer) and is a framework.DynamicBackend: which of
+// them the plugin really implements comes from its handshake, made on first
+// use and again after each reconnect.
+type Backend struct {
+	opts   Options
+	path   string
+	conn   *grpc.ClientConn
+	client pb.PluginClient
+	tmpfs  *tmpfs.Backend
+	log    klog.Logger
+
+	dials atomic.Uint64 // connections made: a new one means a new handshake
+
+	hsMu sync.Mutex // serializes handshakes
+	mu   sync.Mutex
+	hs   *session // the last handshake; nil: none valid
+}
+
+// session is what one handshake said.
+type session struct {
+	gen     uint64 // b.dials when it was made
+	name    string
+	version string
+	caps    map[pb.Capability]bool
+}
+
+func (s *session) has(c pb.Capability) bool { return s.caps[c] }
+
+// capNames lists a session's capabilities for logs.
+func (s *session) capNames() []string {
+	var out []string
+	for c := range s.caps {
+		out = append(out, strings.TrimPrefix(c.String(), "CAPABILITY_"))
+	}
+	slices.Sort(out)
+	return out
+}
+
+var (
+	_ framework.DynamicBackend  = (*Backend)(nil)
+	_ framework.Validator       = (*Backend)(nil)
+	_ framework.Lister          = (*Backend)(nil)
+	_ framework.HealthChecker   = (*Backend)(nil)
+	_ framework.ContentProvider = (*Backend)(nil)
+	_ framework.Authorizer      = (*Backend)(nil)
+)
+
+// New returns the plugin at opts.Endpoint as a backend. Nothing is dialed
+// before the first call; a plugin that is not running makes calls fail with
+// Unavailable (the kubelet retries) until it is. Close releases the
+// connection.
+func New(opts Options) (*Backend, error) {
+	if opts.Name == "" {
+		return nil, errors.New("plugin: Options.Name is required")
+	}
+	p, err := socketPath(opts.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", opts.Name, err)
+	}
+	if opts.Dir != "" && !filepath.IsAbs(opts.Dir) {
+		return nil, fmt.Errorf("plugin %s: Dir %q must be an absolute path", opts.Name, opts.Dir)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxContentBytes <= 0 {
+		opts.MaxContentBytes = DefaultMaxContentBytes
+	}
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = klog.Background()
+	}
+	b := &Backend{opts: opts, path: p, tmpfs: opts.Tmpfs, log: opts.Logger.WithValues(logkeys.Backend, opts.Name)}
+	if b.tmpfs == nil {
+		if b.tmpfs, err = tmpfs.New(tmpfs.Options{}); err != nil {
+			return nil, err
+		}
+	}
+	b.conn, err = unixsock.DialGRPC(p, func() { b.dials.Add(1) },
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxContentBytes+1<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", opts.Name, err)
+	}
+	b.client = pb.NewPluginClient(b.conn)
+	return b, nil
+}
+
+// socketPath returns the path of a "unix://" endpoint or an absolute path.
+func socketPath(endpoint string) (string, error) {
+	p, isURL := strings.CutPrefix(endpoint, "unix://")
+	if !isURL && strings.Contains(endpoint, "://") {
+		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
+	}
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("endpoint %q: want unix:///absolute/path.sock or an absolute path", endpoint)
+	}
+	return p, nil
+}
+
+// Close closes the connection to the plugin.
+func (b *Backend) Close() error { return b.conn.Close() }
+
+// Name returns the plugin's name in this driver.
+func (b *Backend) Name() string { return b.opts.Name }
+
+// session returns the current handshake, making one when there is none for
+// the current connection.
+func (b *Backend) session(ctx context.Context) (*session, error) {
+	if s := b.current(); s != nil {
+		return s, nil
+	}
+	b.hsMu.Lock()
+	defer b.hsMu.Unlock()
+	if s := b.current(); s != nil {
+		return s, nil
+	}
+	resp, err := b.client.Handshake(ctx, &pb.HandshakeRequest{
+		ProtocolVersions: []string{ProtocolVersion},
+		DriverName:       b.opts.DriverName,
+		PluginName:       b.opts.Name,
+		NodeId:           b.opts.NodeID,
+	})
+	if err != nil {
+		return nil, b.callError("Handshake", err)
+	}
+	if resp.GetProtocolVersion() != ProtocolVersion {
+		return nil, fmt.Errorf("%w: plugin %s (%s %s) at %s answered the handshake with protocol version %q; this driver speaks %s",
+			api.ErrUnavailable, b.opts.Name, clip(resp.GetName()), clip(resp.GetVersion()), b.path, clip(resp.GetProtocolVersion()), ProtocolVersion)
+	}
+	s := &session{gen: b.dials.Load(), name: resp.GetName(), version: resp.GetVersion(), caps: map[pb.Capability]bool{}}
+	for _, c := range resp.GetCapabilities() {
+		if _, known := pb.Capability_name[int32(c)]; known && c != pb.Capability_CAPABILITY_UNSPECIFIED {
+			s.caps[c] = true
+		}
+	}
+	b.mu.Lock()
+	prev := b.hs
+	b.hs = s
+	b.mu.Unlock()
+	if prev == nil || prev.name != s.name || prev.version != s.version || !slices.Equal(prev.capNames(), s.capNames()) {
+		b.log.Info("Plugin handshake", logkeys.Plugin, clip(s.name), logkeys.Version, clip(s.version), logkeys.Capabilities, s.capNames())
+	}
+	return s, nil
+}
+
+// current returns the handshake of the current connection, nil when the
+// client has reconnected since (a restarted plugin) or none was made.
+func (b *Backend) current() *session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.hs != nil && b.hs.gen == b.dials.Load() {
+		return b.hs
+	}
+	return nil
+}
+
+// forget drops the handshake: the next call makes a new one.
+func (b *Backend) forget() {
+	b.mu.Lock()
+	b.hs = nil
+	b.mu.Unlock()
+}
+
+// withTimeout bounds ctx by Options.Timeout when it has no deadline.
+func (b *Backend) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, b.opts.Timeout)
+}
+
+// Implements reports whether the plugin implements the optional interface
+// iface now, from its handshake (made here when there is none). A plugin that
+// cannot be reached is said to implement it: the call then fails with
+// Unavailable.
+func (b *Backend) Implements(iface any) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), min(handshakeTimeout, b.opts.Timeout))
+	defer cancel()
+	s, err := b.session(ctx)
+	if err != nil {
+		return true
+	}
+	switch iface.(type) {
+	case *framework.Validator:
+		// Without VALIDATE or CREATE the volume is the driver's tmpfs, whose
+		// attributes (mode, uid, gid, nr_inodes) and size rules apply.
+		return s.has(pb.Capability_CAPABILITY_VALIDATE) || !s.has(pb.Capability_CAPABILITY_CREATE)
+	case *framework.Lister:
+		return s.has(pb.Capability_CAPABILITY_LIST)
+	case *framework.HealthChecker:
+		return s.has(pb.Capability_CAPABILITY_CHECK)
+	case *framework.ContentProvider:
+		return s.has(pb.Capability_CAPABILITY_CONTENT)
+	case *framework.Authorizer:
+		return s.has(pb.Capability_CAPABILITY_AUTHORIZE)
+	}
+	return true
+}
+
+// start makes sure of a handshake and returns it with ctx bounded.
+func (b *Backend) start(ctx context.Context) (context.Context, context.CancelFunc, *session, error) {
+	ctx, cancel := b.withTimeout(ctx)
+	s, err := b.session(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, cancel, s, nil
+}
+
+// Validate sends the volume's attributes to the plugin (VALIDATE) and takes
+// the size it answers. A plugin without CREATE provides content only: its
+// volumes are the driver's tmpfs, whose rules apply too (the tmpfs attributes
+// when the plugin does not validate, the size in any case).
+func (b *Backend) Validate(v *api.Volume) error {
+	ctx, cancel, s, err := b.start(context.Background())
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_VALIDATE) {
+		if s.has(pb.Capability_CAPABILITY_CREATE) {
+			return v.Params.Only()
+		}
+		return b.tmpfs.Validate(v)
+	}
+	resp, err := b.client.Validate(ctx, &pb.ValidateRequest{Volume: toProto(v)})
+	if err != nil {
+		return b.callError("Validate", err)
+	}
+	if n := resp.GetSizeBytes(); n < 0 {
+		return b.garbage("Validate", "size_bytes %d is negative", n)
+	} else if n > 0 {
+		v.Size = n
+	}
+	if !s.has(pb.Capability_CAPABILITY_CREATE) {
+		// The tmpfs needs a size: the plugin's, else the tmpfs default.
+		tv := &api.Volume{Size: v.Size, FSType: v.FSType}
+		if err := b.tmpfs.Validate(tv); err != nil {
+			return err
+		}
+		v.Size = tv.Size
+	}
+	return nil
+}
+
+// Create asks the plugin for the volume's storage (CREATE), or returns the
+// driver's tmpfs for a content-only plugin.
+func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return api.Source{}, err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_CREATE) {
+		return b.tmpfs.Create(ctx, v)
+	}
+	resp, err := b.client.Create(ctx, &pb.CreateRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)})
+	if err != nil {
+		return api.Source{}, b.callError("Create", err)
+	}
+	src, err := b.source(v, resp.GetSource())
+	if err != nil {
+		return api.Source{}, err
+	}
+	v.State = map[string]string{}
+	for k, val := range resp.GetState() {
+		if k == storageKey {
+			return api.Source{}, b.garbage("Create", "state key %q is reserved", storageKey)
+		}
+		v.State[k] = val
+	}
+	v.State[storageKey] = "true"
+	return src, nil
+}
+
+// source checks what the plugin answered Create and turns it into what the
+// framework mounts.
+func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
+	switch k := src.GetKind().(type) {
+	case *pb.Source_Directory:
+		p := k.Directory.GetPath()
+		if b.opts.Dir == "" {
+			return api.Source{}, b.garbage("Create", "it returned a directory, but the driver shares no directory with it (--plugin %s=...,dir=PATH)", b.opts.Name)
+		}
+		if p == "" || !path.IsAbs("/"+p) || !filepath.IsLocal(filepath.FromSlash(p)) || strings.Contains(p, `\`) {
+			return api.Source{}, b.garbage("Create", "directory %q is not a relative path beneath its directory", clip(p))
+		}
+		return api.Source{Path: filepath.Join(b.opts.Dir, filepath.FromSlash(p)), Root: b.opts.Dir}, nil
+	case *pb.Source_Tmpfs:
+		t := k.Tmpfs
+		tv := &api.Volume{Size: v.Size, FSType: v.FSType, Params: api.Params{}}
+		if t.GetMode() != 0 {
+			tv.Params[tmpfs.ParamMode] = strconv.FormatUint(uint64(t.GetMode()), 8)
+		}
+		if t.Uid != nil {
+			tv.Params[tmpfs.ParamUID] = strconv.FormatUint(uint64(t.GetUid()), 10)
+		}
+		if t.Gid != nil {
+			tv.Params[tmpfs.ParamGID] = strconv.FormatUint(uint64(t.GetGid()), 10)
+		}
+		if err := b.tmpfs.Validate(tv); err != nil {
+			return api.Source{}, b.garbage("Create", "tmpfs %v: %v", t, err)
+		}
+		if v.Size == 0 {
+			v.Size = tv.Size
+		}
+		return b.tmpfs.Create(context.Background(), tv)
+	default:
+		return api.Source{}, b.garbage("Create", "no source, or a kind of source this driver does not know (a newer protocol?)")
+	}
+}
+
+// Delete asks the plugin to free a volume it created; a volume of the
+// driver's tmpfs has nothing to free.
+func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
+	if v.State[storageKey] == "" {
+		return nil
+	}
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_CREATE) {
+		return fmt.Errorf("%w: plugin %s created the storage of volume %s but no longer implements CREATE (%s %s): it cannot be deleted until a version that does runs",
+			api.ErrUnavailable, b.opts.Name, v.ID, clip(s.name), clip(s.version))
+	}
+	if _, err := b.client.Delete(ctx, &pb.DeleteRequest{Volume: toProto(v)}); err != nil {
+		return b.callError("Delete", err)
+	}
+	return nil
+}
+
+// List returns the volumes the plugin holds storage for (LIST).
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_LIST) {
+		return nil, nil
+	}
+	resp, err := b.client.List(ctx, &pb.ListRequest{})
+	if err != nil {
+		return nil, b.callError("List", err)
+	}
+	ids := resp.GetVolumeIds()
+	for _, id := range ids {
+		if !validID(id) {
+			return nil, b.garbage("List", "%q is not a volume ID (csi-<64 hex digits>)", clip(id))
+		}
+	}
+	return ids, nil
+}
+
+// Check asks the plugin whether a volume's storage is intact (CHECK).
+func (b *Backend) Check(ctx context.Context, v *api.Volume) error {
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_CHECK) {
+		return nil
+	}
+	resp, err := b.client.Check(ctx, &pb.CheckRequest{Volume: toProto(v)})
+	if err != nil {
+		return b.callError("Check", err)
+	}
+	if resp.GetAbnormal() {
+		return fmt.Errorf("plugin %s: %s", b.opts.Name, clip(resp.GetMessage()))
+	}
+	return nil
+}
+
+// Content asks the plugin for the volume's files (CONTENT).
+func (b *Backend) Content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_CONTENT) {
+		return nil, fmt.Errorf("%w: plugin %s (%s %s) provides no content", api.ErrUnavailable, b.opts.Name, clip(s.name), clip(s.version))
+	}
+	resp, err := b.client.Content(ctx, &pb.ContentRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)})
+	if err != nil {
+		return nil, b.callError("Content", err)
+	}
+	files := make(map[string]api.File, len(resp.GetFiles()))
+	total := 0
+	for _, f := range resp.GetFiles() {
+		p := f.GetPath()
+		if p == "" || strings.Contains(p, `\`) || !filepath.IsLocal(filepath.FromSlash(p)) || path.Clean(p) != p {
+			return nil, b.garbage("Content", "file path %q is not a clean relative path", clip(p))
+		}
+		if _, dup := files[p]; dup {
+			return nil, b.garbage("Content", "file %q appears twice", clip(p))
+		}
+		if f.GetMode()&^0o7777 != 0 {
+			return nil, b.garbage("Content", "file %q has mode %#o, beyond the permission bits", clip(p), f.GetMode())
+		}
+		total += len(f.GetData())
+		if total > b.opts.MaxContentBytes {
+			return nil, b.garbage("Content", "the files exceed %d bytes", b.opts.MaxContentBytes)
+		}
+		files[p] = api.File{Data: f.GetData(), Mode: modeOf(f.GetMode())}
+	}
+	return files, nil
+}
+
+// Authorize asks the plugin to approve a volume (AUTHORIZE).
+func (b *Backend) Authorize(ctx context.Context, v *api.Volume) error {
+	ctx, cancel, s, err := b.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.has(pb.Capability_CAPABILITY_AUTHORIZE) {
+		return nil
+	}
+	resp, err := b.client.Authorize(ctx, &pb.AuthorizeRequest{Volume: toProto(v)})
+	if err != nil {
+		return b.callError("Authorize", err)
+	}
+	if !resp.GetAllowed() {
+		reason := clip(resp.GetReason())
+		if reason == "" {
+			reason = "no reason given"
+		}
+		return fmt.Errorf("%w: plugin %s: %s", api.ErrPermissionDenied, b.opts.Name, reason)
+	}
+	return nil
+}
+
+// callError turns a failed call into an error wrapping the api sentinel of
+// its code, naming the plugin. Codes that say the plugin changed (it is gone,
+// or does not know the call) drop the handshake.
+func (b *Backend) callError(method string, err error) error {
+	st, _ := status.FromError(err)
+	msg := clip(st.Message())
+	var kind error
+	switch st.Code() {
+	case codes.InvalidArgument:
+		msg = strings.TrimPrefix(msg, api.ErrInvalidParams.Error()+": ")
+		return fmt.Errorf("%w: %s (plugin %s)", api.ErrInvalidParams, msg, b.opts.Name)
+	case codes.PermissionDenied:
+		kind = api.ErrPermissionDenied
+	case codes.NotFound:
+		kind = api.ErrNotFound
+	case codes.AlreadyExists:
+		kind = api.ErrAlreadyExists
+	case codes.ResourceExhausted:
+		kind = api.ErrResourceExhausted
+	case codes.Aborted:
+		kind = api.ErrBusy
+	case codes.Unavailable:
+		b.forget()
+		return fmt.Errorf("%w: plugin %s at %s: %s (is it running?)", api.ErrUnavailable, b.opts.Name, b.path, msg)
+	case codes.DeadlineExceeded, codes.Canceled:
+		return fmt.Errorf("%w: plugin %s: %s did not answer in time: %s", api.ErrUnavailable, b.opts.Name, method, msg)
+	case codes.Unimplemented, codes.FailedPrecondition:
+		b.forget()
+		return fmt.Errorf("%w: plugin %s refused %s (%s: %s); it may have been replaced by a version that speaks another protocol",
+			api.ErrUnavailable, b.opts.Name, method, st.Code(), msg)
+	default:
+		return fmt.Errorf("plugin %s: %s failed (%s): %s", b.opts.Name, method, st.Code(), msg)
+	}
+	return fmt.Errorf("%w: %s (plugin %s)", kind, msg, b.opts.Name)
+}
+
+// garbage is the error for an answer that breaks the protocol.
+func (b *Backend) garbage(method, format string, args ...any) error {
+	return fmt.Errorf("plugin %s broke protocol %s in its %s answer: %s", b.opts.Name, ProtocolVersion, method, fmt.Sprintf(format, args...))
+}
+
+// clip bounds a string from the plugin before it reaches a message or a log.
+func clip(s string) string {
+	const maxLen = 512
+	if len(s) > maxLen {
+		return s[:maxLen] + "…"
+	}
+	return s
+}
+
+// validID reports whether id has the shape of an inline volume handle.
+func validID(id string) bool {
+	h, ok := strings.CutPrefix(id, "csi-")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
