@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -91,7 +92,8 @@ type Backend struct {
 
 	hsMu sync.Mutex // serializes handshakes
 	mu   sync.Mutex
-	hs   *session // the last handshake; nil: none valid
+	hs   *session // the handshake of the current connection; nil: none valid
+	last *session // the last handshake made, valid or not
 }
 
 // session is what one handshake said.
@@ -211,8 +213,8 @@ func (b *Backend) session(ctx context.Context) (*session, error) {
 		}
 	}
 	b.mu.Lock()
-	prev := b.hs
-	b.hs = s
+	prev := b.last
+	b.hs, b.last = s, s
 	b.mu.Unlock()
 	if prev == nil || prev.name != s.name || prev.version != s.version || !slices.Equal(prev.capNames(), s.capNames()) {
 		b.log.Info("Plugin handshake", logkeys.Plugin, clip(s.name), logkeys.Version, clip(s.version), logkeys.Capabilities, s.capNames())
@@ -225,10 +227,30 @@ func (b *Backend) session(ctx context.Context) (*session, error) {
 func (b *Backend) current() *session {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.hs != nil && b.hs.gen == b.dials.Load() {
+	// A connection that is not ready has lost its plugin (it may come back
+	// as another version): the next call handshakes again, reconnecting.
+	if b.hs != nil && b.hs.gen == b.dials.Load() && b.conn.GetState() == connectivity.Ready {
 		return b.hs
 	}
 	return nil
+}
+
+// sessionOrLast is session, or when the plugin cannot be reached, what its
+// last handshake said: decisions that need no call (a content-only plugin's
+// volumes are the driver's tmpfs) survive a plugin that is down, so that the
+// republish of a live volume keeps it and its last good content.
+func (b *Backend) sessionOrLast(ctx context.Context) (*session, error) {
+	s, err := b.session(ctx)
+	if err == nil {
+		return s, nil
+	}
+	b.mu.Lock()
+	last := b.last
+	b.mu.Unlock()
+	if last != nil && errors.Is(err, api.ErrUnavailable) {
+		return last, nil
+	}
+	return nil, err
 }
 
 // forget drops the handshake: the next call makes a new one.
@@ -253,7 +275,7 @@ func (b *Backend) withTimeout(ctx context.Context) (context.Context, context.Can
 func (b *Backend) Implements(iface any) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), min(handshakeTimeout, b.opts.Timeout))
 	defer cancel()
-	s, err := b.session(ctx)
+	s, err := b.sessionOrLast(ctx)
 	if err != nil {
 		return true
 	}
@@ -290,11 +312,12 @@ func (b *Backend) start(ctx context.Context) (context.Context, context.CancelFun
 // volumes are the driver's tmpfs, whose rules apply too (the tmpfs attributes
 // when the plugin does not validate, the size in any case).
 func (b *Backend) Validate(v *api.Volume) error {
-	ctx, cancel, s, err := b.start(context.Background())
+	ctx, cancel := b.withTimeout(context.Background())
+	defer cancel()
+	s, err := b.sessionOrLast(ctx)
 	if err != nil {
 		return err
 	}
-	defer cancel()
 	if !s.has(pb.Capability_CAPABILITY_VALIDATE) {
 		if s.has(pb.Capability_CAPABILITY_CREATE) {
 			return v.Params.Only()
@@ -388,18 +411,19 @@ func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
 	}
 }
 
-// Delete asks the plugin to free a volume it created; a volume of the
-// driver's tmpfs has nothing to free.
+// Delete asks the plugin to free a volume's storage (CREATE; also for a
+// volume known only by its ID, as the reconcile and the GC may have it). A
+// content-only plugin's volume is the driver's tmpfs: nothing to free.
 func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
-	if v.State[storageKey] == "" {
-		return nil
-	}
 	ctx, cancel, s, err := b.start(ctx)
 	if err != nil {
 		return err
 	}
 	defer cancel()
 	if !s.has(pb.Capability_CAPABILITY_CREATE) {
+		if v.State[storageKey] == "" {
+			return nil // the driver's tmpfs: nothing outside the mount
+		}
 		return fmt.Errorf("%w: plugin %s created the storage of volume %s but no longer implements CREATE (%s %s): it cannot be deleted until a version that does runs",
 			api.ErrUnavailable, b.opts.Name, v.ID, clip(s.name), clip(s.version))
 	}

@@ -186,7 +186,7 @@ func (s *Server) logCalls(ctx context.Context, req any, info *grpc.UnaryServerIn
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			err = status.Errorf(codes.Internal, "plugin %s: %s panicked: %v", s.opts.Name, info.FullMethod, r)
+			err = statusf(codes.Internal, "plugin %s: %s panicked: %v", s.opts.Name, info.FullMethod, r)
 			s.opts.Logger.Error(nil, "Plugin call panicked", logkeys.Method, info.FullMethod, logkeys.Err, fmt.Sprint(r))
 		}
 		var id string
@@ -211,13 +211,13 @@ func (s *Server) has(c pb.Capability) bool { return slices.Contains(s.caps, c) }
 
 // unimplemented is the answer to a call the handshake did not offer.
 func (s *Server) unimplemented(c pb.Capability) error {
-	return status.Errorf(codes.Unimplemented, "plugin %s does not implement %s", s.opts.Name, strings.TrimPrefix(c.String(), "CAPABILITY_"))
+	return statusf(codes.Unimplemented, "plugin %s does not implement %s", s.opts.Name, strings.TrimPrefix(c.String(), "CAPABILITY_"))
 }
 
 // Handshake implements the protocol's handshake.
 func (s *Server) Handshake(_ context.Context, req *pb.HandshakeRequest) (*pb.HandshakeResponse, error) {
 	if !slices.Contains(req.GetProtocolVersions(), plugin.ProtocolVersion) {
-		return nil, status.Errorf(codes.FailedPrecondition, "plugin %s speaks protocol %s; the driver offered %q",
+		return nil, statusf(codes.FailedPrecondition, "plugin %s speaks protocol %s; the driver offered %q",
 			s.opts.Name, plugin.ProtocolVersion, req.GetProtocolVersions())
 	}
 	return &pb.HandshakeResponse{Name: s.opts.Name, Version: s.opts.Version, ProtocolVersion: plugin.ProtocolVersion, Capabilities: s.caps}, nil
@@ -258,13 +258,13 @@ func (s *Server) source(src api.Source) (*pb.Source, error) {
 	if src.IsDir() {
 		rel, err := filepath.Rel(s.opts.Dir, src.Path)
 		if s.opts.Dir == "" || err != nil || !filepath.IsLocal(rel) {
-			return nil, status.Errorf(codes.Internal, "plugin %s: the backend returned directory %q, which is not below the directory shared with the driver (Options.Dir %q)",
+			return nil, statusf(codes.Internal, "plugin %s: the backend returned directory %q, which is not below the directory shared with the driver (Options.Dir %q)",
 				s.opts.Name, src.Path, s.opts.Dir)
 		}
 		return &pb.Source{Kind: &pb.Source_Directory{Directory: &pb.Directory{Path: filepath.ToSlash(rel)}}}, nil
 	}
 	if src.FSType != "tmpfs" {
-		return nil, status.Errorf(codes.Internal, "plugin %s: the backend returned a %s filesystem on %q; protocol %s carries directories and tmpfs only",
+		return nil, statusf(codes.Internal, "plugin %s: the backend returned a %s filesystem on %q; protocol %s carries directories and tmpfs only",
 			s.opts.Name, src.FSType, src.Path, plugin.ProtocolVersion)
 	}
 	t := &pb.Tmpfs{}
@@ -358,34 +358,4 @@ func (s *Server) Authorize(ctx context.Context, req *pb.AuthorizeRequest) (*pb.A
 	default:
 		return nil, toStatus(err)
 	}
-}
-
-// toStatus maps the api sentinel errors to the codes the protocol names; a
-// gRPC status passes through.
-func toStatus(err error) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	case errors.Is(err, api.ErrInvalidParams), errors.Is(err, api.ErrNotSupported):
-		code = codes.InvalidArgument
-	case errors.Is(err, api.ErrPermissionDenied):
-		code = codes.PermissionDenied
-	case errors.Is(err, api.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, api.ErrAlreadyExists):
-		code = codes.AlreadyExists
-	case errors.Is(err, api.ErrResourceExhausted):
-		code = codes.ResourceExhausted
-	case errors.Is(err, api.ErrUnavailable):
-		code = codes.Unavailable
-	case errors.Is(err, api.ErrBusy):
-		code = codes.Aborted
-	}
-	return status.Error(code, err.Error())
 }
