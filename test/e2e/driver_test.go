@@ -24,15 +24,18 @@ import (
 
 const driverName = "scratch.csi.ephemera.dev"
 
-// driver is the scratch driver binary running as a host process (as the
-// DaemonSet's privileged container would, in the host mount namespace). Its
-// stderr (klog) goes to logs/driver.log, appended across restarts.
+// driver is an Ephemera driver binary running as a host process (as the
+// DaemonSet's privileged container would, in the host mount namespace): the
+// scratch driver (clu.drv), or an example driver a test runs beside it. Its
+// stderr (klog) goes to logs/<proc>.log, appended across restarts.
 type driver struct {
 	c        *cluster
 	bin      string
 	name     string
+	proc     string // startProc's name: the log is logs/<proc>.log
 	endpoint string
 	stateDir string
+	extra    []string // flags of this driver beyond the framework's (args)
 	p        *proc
 	logPath  string
 }
@@ -77,12 +80,14 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 		}
 		c.step("driver built (go build ./drivers/scratch)", t0)
 	}
-	dir := filepath.Join(c.root, "driver")
-	c.drv = &driver{
-		c: c, bin: bin, name: driverName,
-		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
-		stateDir: filepath.Join(dir, "state"),
-		logPath:  filepath.Join(c.logDir, "driver.log"),
+	c.drv = c.newDriver("driver", driverName, bin)
+	c.drv.extra = []string{
+		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
+		// the API server. It only acts on volumes whose pod directory is gone, which
+		// no other test produces.
+		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
+		// Pod events (TestDriverEvents), through the admin kubeconfig.
+		"--events", "--kubeconfig=" + filepath.Join(c.root, "admin.kubeconfig"),
 	}
 	if err := os.MkdirAll(c.drv.stateDir, 0o700); err != nil {
 		return err
@@ -95,6 +100,18 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 	return nil
 }
 
+// newDriver describes the driver name built at bin, run as process proc: its
+// socket and state live in <root>/<proc>, its log is logs/<proc>.log.
+func (c *cluster) newDriver(proc, name, bin string) *driver {
+	dir := filepath.Join(c.root, proc)
+	return &driver{
+		c: c, bin: bin, name: name, proc: proc,
+		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
+		stateDir: filepath.Join(dir, "state"),
+		logPath:  filepath.Join(c.logDir, proc+".log"),
+	}
+}
+
 // registrations counts the kubelet's "Register new plugin" lines for the driver.
 func (d *driver) registrations() int {
 	return countInFile(d.c.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
@@ -105,28 +122,25 @@ func (d *driver) registrations() int {
 func (d *driver) start(ctx context.Context) error {
 	before := d.registrations()
 	var err error
-	d.p, err = d.c.startProc("driver", d.bin, d.args(true), nil)
+	d.p, err = d.c.startProc(d.proc, d.bin, d.args(true), nil)
 	if err != nil {
 		return err
 	}
 	return d.waitRegistered(ctx, before)
 }
 
-// args are the driver's flags; register adds --register (the embedded registrar).
+// args are the driver's flags: the framework's (framework.BindFlags, which every
+// Ephemera driver has), then extra; register adds --register (the embedded
+// registrar).
 func (d *driver) args(register bool) []string {
 	a := []string{
 		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
 		"--kubelet-root=" + d.c.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
-		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
-		// the API server. It only acts on volumes whose pod directory is gone, which
-		// no other test produces.
-		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
-		// Pod events (TestDriverEvents), through the admin kubeconfig.
-		"--events", "--kubeconfig=" + filepath.Join(d.c.root, "admin.kubeconfig"),
 		// /metrics on a port of its own choosing (TestManyPods reads
 		// ephemera_rpc_duration_seconds); the address is read back from the log.
 		"--metrics-address=127.0.0.1:0",
 	}
+	a = append(a, d.extra...)
 	if register {
 		a = append(a, "--register")
 	}

@@ -27,7 +27,7 @@ func TestSidecarStyleRegistration(t *testing.T) {
 	regDir := filepath.Join(c.kubeletRoot, "plugins_registry")
 	before := d.registrations()
 	var err error
-	if d.p, err = c.startProc("driver", d.bin, d.args(false), nil); err != nil {
+	if d.p, err = c.startProc(d.proc, d.bin, d.args(false), nil); err != nil {
 		t.Fatal(err)
 	}
 	sidecar, err := c.startProc("registrar", bin, []string{

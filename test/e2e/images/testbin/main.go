@@ -11,6 +11,7 @@
 //	write FILE BYTES   create FILE with BYTES bytes of a repeating pattern
 //	append FILE TEXT   append TEXT and a newline to FILE
 //	read FILE          print FILE's size and sha256 (and content when short text)
+//	cat FILE           print FILE's size and whole content (quoted), e.g. a token or /proc/self/mountinfo
 //	ls DIR             list DIR
 //	rm FILE            remove FILE
 //	stat PATH          print PATH's permission bits, uid and gid
@@ -107,6 +108,15 @@ func run(s []string) (string, error) {
 			out += " content=" + strconv.Quote(string(b))
 		}
 		return out, nil
+	case "cat":
+		if err := need(1); err != nil {
+			return "", err
+		}
+		b, err := os.ReadFile(s[1])
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("size=%d content=%s", len(b), strconv.Quote(string(b))), nil
 	case "ls":
 		if err := need(1); err != nil {
 			return "", err
