@@ -207,8 +207,6 @@ func capNames(cs []pb.Capability) []string {
 	return out
 }
 
-func (s *Server) has(c pb.Capability) bool { return slices.Contains(s.caps, c) }
-
 // unimplemented is the answer to a call the handshake did not offer.
 func (s *Server) unimplemented(c pb.Capability) error {
 	return statusf(codes.Unimplemented, "plugin %s does not implement %s", s.opts.Name, strings.TrimPrefix(c.String(), "CAPABILITY_"))
