@@ -39,7 +39,7 @@ export EPHEMERA_GOTAGS := $(GOTAGS)
 PKGS        := ./...
 EXAMPLES    := examples/hello examples/tokenfile
 
-.PHONY: all build run test lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test deps proto proto-check lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
 
 all: build
@@ -61,7 +61,7 @@ run: build
 ## for e2e build in the background from the start, at the lowest CPU and I/O priority, so they
 ## take only what the steps leave idle; e2e raises the build to normal priority and waits for it
 ## (build-k8s.sh's lock).
-TEST_STEPS := verify vet lint cross test-unit test-model test-examples manifests image-check e2e
+TEST_STEPS := deps verify vet lint cross test-unit test-model test-examples manifests image-check e2e
 test:
 	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; \
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
@@ -75,6 +75,10 @@ test:
 	done; \
 	echo "make test: $$(( $$(date +%s) - t0 ))s"; cat $(OUT)/test-times.txt; \
 	grep -h '^build-k8s: built' $(OUT)/build-k8s.log 2>/dev/null | sed 's/^/background /'; exit $$rc
+
+## deps: the Debian packages make test needs (containerd, runc, mkfs, losetup, protoc; root; a no-op when present)
+deps:
+	test/e2e/install-deps.sh
 
 ## test-unit: all Go tests of the module with -race (root tests run when root)
 test-unit:

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Installs the container runtime used by the e2e tests in containerd mode
-# (containerd + runc from Debian). Idempotent: does nothing when both are present.
+# Installs the Debian packages make test needs: the container runtime of the e2e
+# tests in containerd mode (containerd + runc), mkfs for the loop backend's tests
+# (e2fsprogs, xfsprogs), losetup (util-linux) and protoc (protobuf-compiler: make
+# verify regenerates the plugin protocol's Go). Idempotent: does nothing when all
+# are present.
 set -euo pipefail
-if command -v containerd >/dev/null && command -v runc >/dev/null && command -v ctr >/dev/null; then
-	echo "install-deps: containerd $(containerd --version | awk '{print $3}') and $(runc --version | head -1) already installed" >&2
+missing=()
+for pair in containerd:containerd runc:runc ctr:containerd mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs \
+	losetup:util-linux protoc:protobuf-compiler; do
+	command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+if [[ ${#missing[@]} == 0 ]]; then
+	echo "install-deps: containerd $(containerd --version | awk '{print $3}'), $(runc --version | head -1), mkfs, losetup and protoc already installed" >&2
 	exit 0
 fi
 sudo=""
 [[ $(id -u) == 0 ]] || sudo=sudo
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends containerd runc
+$sudo apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u)
+$sudo modprobe loop 2>/dev/null || true
 # The harness runs its own private containerd instance; the system service is not needed.
 if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
 	$sudo systemctl disable --now containerd >/dev/null 2>&1 || true
