@@ -29,10 +29,13 @@ const driverName = "scratch.csi.ephemera.dev"
 // stderr (klog) goes to logs/driver.log, appended across restarts.
 type driver struct {
 	c        *cluster
+	n        *node // the node it serves (--nodeid, --kubelet-root)
 	bin      string
 	name     string
+	procName string // "driver" for the first node's; also its log's name
 	endpoint string
 	stateDir string
+	extra    []string // flags after the harness's own
 	p        *proc
 	logPath  string
 }
@@ -77,14 +80,8 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 		}
 		c.step("driver built (go build ./drivers/scratch)", t0)
 	}
-	dir := filepath.Join(c.root, "driver")
-	c.drv = &driver{
-		c: c, bin: bin, name: driverName,
-		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
-		stateDir: filepath.Join(dir, "state"),
-		logPath:  filepath.Join(c.logDir, "driver.log"),
-	}
-	if err := os.MkdirAll(c.drv.stateDir, 0o700); err != nil {
+	var err error
+	if c.drv, err = c.newDriver(&c.node, bin, filepath.Join(c.root, "driver"), "driver"); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -95,9 +92,27 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 	return nil
 }
 
+// newDriver describes (does not start) the scratch driver of node n as its
+// DaemonSet pod would run it there: its own --nodeid, kubelet root, state dir
+// (<dir>/state) and CSI socket (<dir>/csi.sock). procName names its process and
+// log; extra flags go after the harness's.
+func (c *cluster) newDriver(n *node, bin, dir, procName string, extra ...string) (*driver, error) {
+	d := &driver{
+		c: c, n: n, bin: bin, name: driverName, procName: procName,
+		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
+		stateDir: filepath.Join(dir, "state"),
+		extra:    extra,
+		logPath:  filepath.Join(c.logDir, procName+".log"),
+	}
+	if err := os.MkdirAll(d.stateDir, 0o700); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
 // registrations counts the kubelet's "Register new plugin" lines for the driver.
 func (d *driver) registrations() int {
-	return countInFile(d.c.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
+	return countInFile(d.n.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
 }
 
 // start starts the driver and waits until the kubelet has registered it (a new
@@ -105,7 +120,7 @@ func (d *driver) registrations() int {
 func (d *driver) start(ctx context.Context) error {
 	before := d.registrations()
 	var err error
-	d.p, err = d.c.startProc("driver", d.bin, d.args(true), nil)
+	d.p, err = d.c.startProc(d.procName, d.bin, d.args(true), nil)
 	if err != nil {
 		return err
 	}
@@ -115,8 +130,8 @@ func (d *driver) start(ctx context.Context) error {
 // args are the driver's flags; register adds --register (the embedded registrar).
 func (d *driver) args(register bool) []string {
 	a := []string{
-		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
-		"--kubelet-root=" + d.c.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
+		"--endpoint=" + d.endpoint, "--nodeid=" + d.n.name, "--state-dir=" + d.stateDir,
+		"--kubelet-root=" + d.n.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
 		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
 		// the API server. It only acts on volumes whose pod directory is gone, which
 		// no other test produces.
@@ -130,7 +145,7 @@ func (d *driver) args(register bool) []string {
 	if register {
 		a = append(a, "--register")
 	}
-	return a
+	return append(a, d.extra...)
 }
 
 // waitRegistered waits for a kubelet registration of the driver newer than
@@ -143,7 +158,7 @@ func (d *driver) waitRegistered(ctx context.Context, before int) error {
 		if d.registrations() <= before {
 			return false, nil
 		}
-		n, err := d.c.cs.StorageV1().CSINodes().Get(ctx, nodeName, metav1.GetOptions{})
+		n, err := d.c.cs.StorageV1().CSINodes().Get(ctx, d.n.name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
