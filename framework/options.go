@@ -84,9 +84,13 @@ type Options struct {
 	// Pods, when set, confirms with the API server that an orphan's pod is gone
 	// before the GC removes its volume (see framework/kube).
 	Pods PodChecker
-	// MaxVolumesPerNode is reported in NodeGetInfo (the scheduler then places at
-	// most that many pods using this driver's volumes on a node) and enforced at
-	// publish. Defaults to 0: no limit.
+	// MaxVolumesPerNode is reported in NodeGetInfo (the kubelet puts it in the
+	// CSINode object as the driver's allocatable count) and enforced at publish
+	// (ResourceExhausted; the kubelet retries). The scheduler does not count
+	// inline CSI volumes against it: kube-scheduler's NodeVolumeLimits (v1.34)
+	// counts volumes of PVCs, generic ephemeral volumes and migrated in-tree
+	// volumes only, so a pod beyond the limit is still placed on the node and
+	// waits there until one of its volumes ends. Defaults to 0: no limit.
 	MaxVolumesPerNode int64
 	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
 	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it

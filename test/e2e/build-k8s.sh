@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds kubelet, kube-apiserver, etcd and fakecri from the Go module proxy (module
-# test/e2e/k8s) into a cache directory keyed by version. Idempotent: skips the build
+# Builds kubelet, kube-apiserver, kube-scheduler, etcd and fakecri from the Go module
+# proxy (module test/e2e/k8s) into a cache directory keyed by version. Idempotent: skips the build
 # when every binary is already cached. Prints the binary directory on stdout.
 #
 #   EPHEMERA_E2E_CACHE     cache base (default /var/cache/ephemera-e2e)
@@ -13,10 +13,11 @@ set -euo pipefail
 K8S_VERSION=v1.34.4
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${EPHEMERA_E2E_CACHE:-/var/cache/ephemera-e2e}"
-# The key includes a hash of the module files so a change of pins rebuilds.
-modhash="$(cat "$here/k8s/go.mod" "$here/k8s/go.sum" "$here/k8s/cmd/"*/*.go | sha256sum | cut -c1-12)"
+# The key includes a hash of the module files so a change of pins (or of the
+# commands tools.go pins) rebuilds.
+modhash="$(cat "$here/k8s/go.mod" "$here/k8s/go.sum" "$here/k8s/tools.go" "$here/k8s/cmd/"*/*.go | sha256sum | cut -c1-12)"
 out="$cache/k8s-${K8S_VERSION}-${modhash}"
-bins=(kubelet kube-apiserver etcd fakecri)
+bins=(kubelet kube-apiserver kube-scheduler etcd fakecri)
 
 have_all() {
 	local b
@@ -58,7 +59,8 @@ start=$(date +%s)
 	cd "$here/k8s"
 	# One go build shares the package graph between all binaries.
 	GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver ./cmd/etcd ./cmd/fakecri
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+		./cmd/etcd ./cmd/fakecri
 )
 for b in "${bins[@]}"; do [[ -x "$tmp/$b" ]] || { echo "build-k8s: $b missing" >&2; exit 1; }; done
 chmod 755 "$tmp"

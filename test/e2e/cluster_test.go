@@ -33,15 +33,20 @@ import (
 )
 
 const (
-	k8sVersion        = "v1.34.4"
-	nodeName          = "e2e-node"
+	k8sVersion = "v1.34.4"
+	nodeName   = "e2e-node"
+	// secondNodeName is TestTwoNodes' extra node. Its kubelet token is in the static
+	// token file from the start (the API server reads it once).
+	secondNodeName    = "e2e-node-b"
 	runtimeFake       = "fake"
 	runtimeContainerd = "containerd"
 )
 
-// cluster is a one-node Kubernetes cluster made of host processes under one run root:
-// etcd, kube-apiserver, a container runtime (fake CRI or a private containerd), the
-// kubelet and the driver under test.
+// cluster is a Kubernetes cluster made of host processes under one run root: etcd,
+// kube-apiserver, one node (a container runtime, fake CRI or a private containerd,
+// and the kubelet) and the driver under test. The node is embedded: c.kubelet,
+// c.kubeletRoot, c.ctr ... are the first node's. TestTwoNodes adds a second node
+// (addNode) and a kube-scheduler for itself.
 type cluster struct {
 	repoRoot string // the project's module root
 	base     string // EPHEMERA_E2E_BASE: parent of run roots
@@ -53,16 +58,12 @@ type cluster struct {
 	pidMu sync.Mutex
 	pki   *pki
 
-	etcdPort, apiPort, kubeletPort, kubeletHealthzPort int
-	apiURL                                             string
+	etcdPort, apiPort int
+	apiURL            string
 
-	etcd, apiserver, cri, kubelet *proc
-	kubeletArgs                   []string
-	kubeletRoot, podLogsDir       string
-	criEndpoint                   string
+	etcd, apiserver *proc
 
-	// containerd mode
-	ctrSock, runcRoot string
+	node // the first node
 
 	// images
 	testbinHost           string // the static test binary on the host
@@ -76,6 +77,53 @@ type cluster struct {
 	timingsMu sync.Mutex
 	timings   []string
 	latencies map[string]latency
+}
+
+// node is one Kubernetes node: a kubelet with its own container runtime (a private
+// containerd, or the fake CRI), root dir, ports, pod logs and volume plugin dir.
+// Every kubelet needs a runtime of its own: its container GC removes the sandboxes
+// of pods it does not know, so two kubelets on one runtime would kill each other's
+// pods.
+type node struct {
+	c      *cluster
+	name   string // the Node object's name (--hostname-override)
+	dir    string // its files: the run root for the first node, <root>/nodes/<x> for others
+	suffix string // of its processes' names (and log files): "" for the first node
+	token  string // the kubelet's bearer token (system:node:<name>)
+
+	kubeletPort, kubeletHealthzPort int
+	cri, kubelet                    *proc
+	kubeletArgs                     []string
+	kubeletRoot, podLogsDir         string
+	criEndpoint                     string
+
+	// containerd mode
+	ctrSock, runcRoot string
+}
+
+// newNode sets up a node's directories and ports; startRuntime and startKubelet
+// start it.
+func (c *cluster) newNode(name, dir, suffix string) (*node, error) {
+	n := &node{
+		c: c, name: name, dir: dir, suffix: suffix, token: c.pki.NodeTokens[name],
+		kubeletRoot: filepath.Join(dir, "kubelet"),
+		podLogsDir:  filepath.Join(dir, "pod-logs"),
+	}
+	if n.token == "" {
+		return nil, fmt.Errorf("no kubelet token for node %s in the PKI", name)
+	}
+	for _, d := range []string{n.kubeletRoot, n.podLogsDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range []*int{&n.kubeletPort, &n.kubeletHealthzPort} {
+		var err error
+		if *p, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
 }
 
 func (c *cluster) logf(format string, args ...any) {
@@ -178,24 +226,10 @@ func ownerAlive(dir string) (int, bool) {
 // below it (deepest first) and removes it.
 func cleanupRoot(dir string) []string {
 	killRecorded(dir)
-	// Containers started by containerd for this run: let runc delete them (kills
-	// the container's processes), then kill shims that reference the root.
-	runcRoot := filepath.Join(dir, "runc", "k8s.io")
-	ids, _ := os.ReadDir(runcRoot)
-	if len(ids) > 0 {
-		if runc, err := exec.LookPath("runc"); err == nil {
-			for _, id := range ids {
-				_ = exec.Command(runc, "--root", runcRoot, "delete", "--force", id.Name()).Run()
-			}
-		}
-	}
-	killByCmdline(dir + "/")
-	// A SIGKILLed shim leaves its socket in /run/containerd/s (containerd 1.6 puts it
-	// there whatever its state dir): unix:///run/containerd/s/<sha256(address/ns/id)>.
-	for _, id := range ids {
-		sum := sha256.Sum256([]byte(filepath.Join(dir, "containerd", "c.sock", "k8s.io", id.Name())))
-		_ = os.Remove(filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])))
-	}
+	// Every node's containers: the first node's runtime lives in the root, the
+	// others' in <root>/nodes/*.
+	nodeDirs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*"))
+	removeContainers(dir, append([]string{dir}, nodeDirs...)...)
 	var problems []string
 	if failed := unmountAllUnder(dir); len(failed) > 0 {
 		problems = append(problems, failed...)
@@ -208,6 +242,36 @@ func cleanupRoot(dir string) []string {
 		problems = append(problems, err.Error())
 	}
 	return problems
+}
+
+// removeContainers deletes the containers that the containerd of each node dir
+// (<nodeDir>/containerd, runc root <nodeDir>/runc) started, then kills every
+// process whose command line names dir (the shims, and anything else of the run
+// left alive) and removes the shims' sockets.
+func removeContainers(dir string, nodeDirs ...string) {
+	// Let runc delete the containers (kills the container's processes), then kill
+	// the shims that reference the root.
+	ids := map[string][]os.DirEntry{}
+	runc, lookErr := exec.LookPath("runc")
+	for _, nd := range nodeDirs {
+		runcRoot := filepath.Join(nd, "runc", "k8s.io")
+		ids[nd], _ = os.ReadDir(runcRoot)
+		if lookErr != nil {
+			continue
+		}
+		for _, id := range ids[nd] {
+			_ = exec.Command(runc, "--root", runcRoot, "delete", "--force", id.Name()).Run()
+		}
+	}
+	killByCmdline(dir + "/")
+	// A SIGKILLed shim leaves its socket in /run/containerd/s (containerd 1.6 puts it
+	// there whatever its state dir): unix:///run/containerd/s/<sha256(address/ns/id)>.
+	for nd, es := range ids {
+		for _, id := range es {
+			sum := sha256.Sum256([]byte(filepath.Join(nd, "containerd", "c.sock", "k8s.io", id.Name())))
+			_ = os.Remove(filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])))
+		}
+	}
 }
 
 // removeContainerLogLinks removes the kubelet's symlinks in /var/log/containers (a
@@ -254,9 +318,7 @@ func (c *cluster) start(ctx context.Context) error {
 		_ = os.WriteFile(filepath.Join(root, "owner"), []byte(fmt.Sprintf("%d %s\n", os.Getpid(), st)), 0o644)
 	}
 	c.logDir = filepath.Join(root, "logs")
-	c.kubeletRoot = filepath.Join(root, "kubelet")
-	c.podLogsDir = filepath.Join(root, "pod-logs")
-	for _, d := range []string{c.logDir, c.kubeletRoot, c.podLogsDir, filepath.Join(root, "etcd"), filepath.Join(root, "bin")} {
+	for _, d := range []string{c.logDir, filepath.Join(root, "etcd"), filepath.Join(root, "bin")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return err
 		}
@@ -273,14 +335,19 @@ func (c *cluster) start(ctx context.Context) error {
 	c.step("binaries ready", t0)
 
 	bringUp := time.Now()
-	if c.pki, err = newPKI(filepath.Join(root, "pki"), nodeName); err != nil {
+	if c.pki, err = newPKI(filepath.Join(root, "pki"), nodeName, secondNodeName); err != nil {
 		return fmt.Errorf("pki: %w", err)
 	}
-	for _, p := range []*int{&c.etcdPort, &c.apiPort, &c.kubeletPort, &c.kubeletHealthzPort} {
+	for _, p := range []*int{&c.etcdPort, &c.apiPort} {
 		if *p, err = freePort(); err != nil {
 			return err
 		}
 	}
+	first, err := c.newNode(nodeName, root, "")
+	if err != nil {
+		return err
+	}
+	c.node = *first
 	if err := c.startEtcd(ctx); err != nil {
 		return err
 	}
@@ -543,16 +610,17 @@ func (c *cluster) applyCSIDriver(ctx context.Context) error {
 	return err
 }
 
-func (c *cluster) startRuntime(ctx context.Context) error {
+func (n *node) startRuntime(ctx context.Context) error {
+	c := n.c
 	t0 := time.Now()
-	defer c.step("container runtime ready", t0)
+	defer c.step("container runtime ready"+n.suffix, t0)
 	if c.runtime == runtimeFake {
-		sock := filepath.Join(c.root, "fakecri.sock")
-		c.criEndpoint = "unix://" + sock
+		sock := filepath.Join(n.dir, "fakecri.sock")
+		n.criEndpoint = "unix://" + sock
 		c.testImage, c.pauseImage = testImageRef, pauseImageRef
 		var err error
-		c.cri, err = c.startProc("fakecri", filepath.Join(c.binDir, "fakecri"), []string{
-			"--endpoint=" + c.criEndpoint, "--images=" + testImageRef + "," + pauseImageRef,
+		n.cri, err = c.startProc("fakecri"+n.suffix, filepath.Join(c.binDir, "fakecri"), []string{
+			"--endpoint=" + n.criEndpoint, "--images=" + testImageRef + "," + pauseImageRef,
 		}, nil)
 		if err != nil {
 			return err
@@ -562,10 +630,10 @@ func (c *cluster) startRuntime(ctx context.Context) error {
 			return err == nil, nil
 		})
 	}
-	return c.startContainerd(ctx)
+	return n.startContainerd(ctx)
 }
 
-func (c *cluster) kubeletConfig() string {
+func (n *node) kubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -602,39 +670,41 @@ maxPods: 200
 kubeAPIQPS: 100
 kubeAPIBurst: 200
 registerNode: true
-`, c.kubeletPort, c.kubeletHealthzPort, c.criEndpoint, c.podLogsDir, filepath.Join(c.root, "volume-plugins"))
+`, n.kubeletPort, n.kubeletHealthzPort, n.criEndpoint, n.podLogsDir, filepath.Join(n.dir, "volume-plugins"))
 }
 
-func (c *cluster) startKubelet(ctx context.Context) error {
-	cfg := filepath.Join(c.root, "kubelet-config.yaml")
-	if err := os.WriteFile(cfg, []byte(c.kubeletConfig()), 0o644); err != nil {
+func (n *node) startKubelet(ctx context.Context) error {
+	c := n.c
+	cfg := filepath.Join(n.dir, "kubelet-config.yaml")
+	if err := os.WriteFile(cfg, []byte(n.kubeletConfig()), 0o644); err != nil {
 		return err
 	}
-	kc := filepath.Join(c.root, "kubelet.kubeconfig")
-	if err := os.WriteFile(kc, []byte(c.pki.kubeconfig(c.apiURL, "kubelet", c.pki.KubeletToken)), 0o600); err != nil {
+	kc := filepath.Join(n.dir, "kubelet.kubeconfig")
+	if err := os.WriteFile(kc, []byte(c.pki.kubeconfig(c.apiURL, "kubelet", n.token)), 0o600); err != nil {
 		return err
 	}
-	c.kubeletArgs = []string{
-		"--config=" + cfg, "--kubeconfig=" + kc, "--root-dir=" + c.kubeletRoot,
-		"--hostname-override=" + nodeName, "--v=" + envOr("EPHEMERA_E2E_KUBELET_V", "2"),
+	n.kubeletArgs = []string{
+		"--config=" + cfg, "--kubeconfig=" + kc, "--root-dir=" + n.kubeletRoot,
+		"--hostname-override=" + n.name, "--v=" + envOr("EPHEMERA_E2E_KUBELET_V", "2"),
 	}
-	return c.runKubelet(ctx, true)
+	return n.runKubelet(ctx, true)
 }
 
 // runKubelet starts the kubelet and waits until it is healthy (and, the first
 // time, until its Node object exists).
-func (c *cluster) runKubelet(ctx context.Context, first bool) error {
+func (n *node) runKubelet(ctx context.Context, first bool) error {
+	c := n.c
 	var err error
-	c.kubelet, err = c.startProc("kubelet", filepath.Join(c.binDir, "kubelet"), c.kubeletArgs, nil)
+	n.kubelet, err = c.startProc("kubelet"+n.suffix, filepath.Join(c.binDir, "kubelet"), n.kubeletArgs, nil)
 	if err != nil {
 		return err
 	}
 	hc := &http.Client{Timeout: time.Second}
 	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet healthz", func() (bool, error) {
-		if c.kubelet.exited() {
-			return false, stop(fmt.Errorf("kubelet exited, see %s", c.kubelet.logPath))
+		if n.kubelet.exited() {
+			return false, stop(fmt.Errorf("kubelet exited, see %s", n.kubelet.logPath))
 		}
-		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", c.kubeletHealthzPort))
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", n.kubeletHealthzPort))
 		if err != nil {
 			return false, nil
 		}
@@ -644,20 +714,20 @@ func (c *cluster) runKubelet(ctx context.Context, first bool) error {
 	if err != nil || !first {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "node "+nodeName+" registered", func() (bool, error) {
-		if c.kubelet.exited() {
-			return false, stop(fmt.Errorf("kubelet exited, see %s", c.kubelet.logPath))
+	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "node "+n.name+" registered", func() (bool, error) {
+		if n.kubelet.exited() {
+			return false, stop(fmt.Errorf("kubelet exited, see %s", n.kubelet.logPath))
 		}
-		_, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		_, err := c.cs.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		return err == nil, nil
 	})
 }
 
 // restartKubelet stops the kubelet with SIGTERM and starts it again with the same
 // arguments.
-func (c *cluster) restartKubelet(ctx context.Context) error {
-	c.kubelet.stop(15 * time.Second)
-	return c.runKubelet(ctx, false)
+func (n *node) restartKubelet(ctx context.Context) error {
+	n.kubelet.stop(15 * time.Second)
+	return n.runKubelet(ctx, false)
 }
 
 // teardown deletes the test pods (so the kubelet unpublishes their volumes while

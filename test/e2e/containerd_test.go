@@ -27,8 +27,8 @@ const (
 // containerdConfig is a private containerd instance: own root, state, sockets, runc
 // root and CNI dirs below the run root. restrict_oom_score_adj is required on these
 // VMs (a negative oom_score_adj write fails and runc then cannot start containers).
-func (c *cluster) containerdConfig() string {
-	d := filepath.Join(c.root, "containerd")
+func (n *node) containerdConfig() string {
+	d := filepath.Join(n.dir, "containerd")
 	return fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -70,12 +70,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
-`, filepath.Join(d, "root"), filepath.Join(d, "state"), c.ctrSock, c.ctrSock+".ttrpc",
-		filepath.Join(d, "opt"), pauseImageRef, c.runcRoot,
+`, filepath.Join(d, "root"), filepath.Join(d, "state"), n.ctrSock, n.ctrSock+".ttrpc",
+		filepath.Join(d, "opt"), pauseImageRef, n.runcRoot,
 		filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
 }
 
-func (c *cluster) startContainerd(ctx context.Context) error {
+func (n *node) startContainerd(ctx context.Context) error {
+	c := n.c
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
 		return fmt.Errorf("EPHEMERA_E2E_RUNTIME=containerd needs containerd and runc: run test/e2e/install-deps.sh (or set EPHEMERA_E2E_RUNTIME=fake): %w", err)
@@ -83,30 +84,30 @@ func (c *cluster) startContainerd(ctx context.Context) error {
 	if _, err := exec.LookPath("runc"); err != nil {
 		return fmt.Errorf("runc not found: run test/e2e/install-deps.sh: %w", err)
 	}
-	d := filepath.Join(c.root, "containerd")
+	d := filepath.Join(n.dir, "containerd")
 	for _, sub := range []string{"root", "state", "opt", "cni-bin", "cni-conf"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o711); err != nil {
 			return err
 		}
 	}
-	c.ctrSock = filepath.Join(d, "c.sock")
+	n.ctrSock = filepath.Join(d, "c.sock")
 	// runc keeps its state in <Root>/<namespace>; below the run root a later run can
 	// find and delete containers that a crashed run left behind.
-	c.runcRoot = filepath.Join(c.root, "runc")
+	n.runcRoot = filepath.Join(n.dir, "runc")
 	cfg := filepath.Join(d, "config.toml")
-	if err := os.WriteFile(cfg, []byte(c.containerdConfig()), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(n.containerdConfig()), 0o644); err != nil {
 		return err
 	}
-	c.criEndpoint = "unix://" + c.ctrSock
-	c.cri, err = c.startProc("containerd", bin, []string{"--config", cfg, "--log-level", "info"}, nil)
+	n.criEndpoint = "unix://" + n.ctrSock
+	n.cri, err = c.startProc("containerd"+n.suffix, bin, []string{"--config", cfg, "--log-level", "info"}, nil)
 	if err != nil {
 		return err
 	}
 	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "containerd socket", func() (bool, error) {
-		if c.cri.exited() {
-			return false, stop(fmt.Errorf("containerd exited, see %s", c.cri.logPath))
+		if n.cri.exited() {
+			return false, stop(fmt.Errorf("containerd exited, see %s", n.cri.logPath))
 		}
-		out, err := exec.Command("ctr", "--address", c.ctrSock, "version").CombinedOutput()
+		out, err := exec.Command("ctr", "--address", n.ctrSock, "version").CombinedOutput()
 		if err != nil {
 			return false, nil
 		}
@@ -116,24 +117,24 @@ func (c *cluster) startContainerd(ctx context.Context) error {
 		return err
 	}
 	t0 := time.Now()
-	tarPath := filepath.Join(c.root, "images.tar")
+	tarPath := filepath.Join(n.dir, "images.tar")
 	if err := writeDockerArchive(tarPath, c.testbinHost, map[string][]string{
 		testImageRef:  {"pause"},
 		pauseImageRef: {"pause"},
 	}); err != nil {
 		return fmt.Errorf("build images: %w", err)
 	}
-	if out, err := c.ctr(ctx, "images", "import", tarPath); err != nil {
+	if out, err := n.ctr(ctx, "images", "import", tarPath); err != nil {
 		return fmt.Errorf("ctr images import: %v\n%s", err, out)
 	}
 	c.testImage, c.pauseImage = testImageRef, pauseImageRef
-	c.step("images built and imported", t0)
+	c.step("images built and imported"+n.suffix, t0)
 	return nil
 }
 
 // ctr runs the containerd CLI against the private instance in the k8s.io namespace.
-func (c *cluster) ctr(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.ctrSock, "--namespace", "k8s.io"}, args...)...)
+func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -30,6 +30,7 @@ const driverName = "scratch.csi.ephemera.dev"
 // stderr (klog) goes to logs/<proc>.log, appended across restarts.
 type driver struct {
 	c        *cluster
+	n        *node // the node it serves (--nodeid, --kubelet-root)
 	bin      string
 	name     string
 	proc     string // startProc's name: the log is logs/<proc>.log
@@ -80,16 +81,8 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 		}
 		c.step("driver built (go build ./drivers/scratch)", t0)
 	}
-	c.drv = c.newDriver("driver", driverName, bin)
-	c.drv.extra = []string{
-		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
-		// the API server. It only acts on volumes whose pod directory is gone, which
-		// no other test produces.
-		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
-		// Pod events (TestDriverEvents), through the admin kubeconfig.
-		"--events", "--kubeconfig=" + filepath.Join(c.root, "admin.kubeconfig"),
-	}
-	if err := os.MkdirAll(c.drv.stateDir, 0o700); err != nil {
+	var err error
+	if c.drv, err = c.newDriver(&c.node, driverName, bin, filepath.Join(c.root, "driver"), "driver"); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -100,21 +93,47 @@ func (c *cluster) setupDriver(ctx context.Context) error {
 	return nil
 }
 
-// newDriver describes the driver name built at bin, run as process proc: its
-// socket and state live in <root>/<proc>, its log is logs/<proc>.log.
-func (c *cluster) newDriver(proc, name, bin string) *driver {
-	dir := filepath.Join(c.root, proc)
-	return &driver{
-		c: c, bin: bin, name: name, proc: proc,
+// newDriver describes (does not start) driver name, built at bin, on node n
+// as its DaemonSet pod would run it there: its own --nodeid, kubelet root,
+// state dir (<dir>/state, created) and CSI socket (<dir>/csi.sock). proc names
+// its process and its log (logs/<proc>.log). A scratch driver (driverName), on
+// any node, gets scratchFlags; extra flags go after those.
+func (c *cluster) newDriver(n *node, name, bin, dir, proc string, extra ...string) (*driver, error) {
+	d := &driver{
+		c: c, n: n, bin: bin, name: name, proc: proc,
 		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
 		stateDir: filepath.Join(dir, "state"),
 		logPath:  filepath.Join(c.logDir, proc+".log"),
+	}
+	if name == driverName {
+		d.extra = c.scratchFlags()
+	}
+	d.extra = append(d.extra, extra...)
+	if err := os.MkdirAll(d.stateDir, 0o700); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// scratchFlags are the scratch driver's own flags (drivers/scratch, not
+// framework.BindFlags: an example driver such as tokenfile has neither these
+// nor the fast GC) that every scratch driver of the harness runs with.
+func (c *cluster) scratchFlags() []string {
+	return []string{
+		// A fast orphan GC (TestOrphanGCRemovesVolumeOfVanishedPod), confirming with
+		// the API server (TestTwoNodes: node B's GC confirms through its own
+		// node's informer). It only acts on volumes whose pod directory is gone,
+		// which no other test produces.
+		"--gc-interval=1s", "--orphan-grace-period=2s", "--gc-confirm-with-api",
+		// Pod events (TestDriverEvents; TestTwoNodes' ResourceExhausted on node B),
+		// through the admin kubeconfig.
+		"--events", "--kubeconfig=" + filepath.Join(c.root, "admin.kubeconfig"),
 	}
 }
 
 // registrations counts the kubelet's "Register new plugin" lines for the driver.
 func (d *driver) registrations() int {
-	return countInFile(d.c.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
+	return countInFile(d.n.kubelet.logPath, "Register new plugin with name: "+d.name+" ")
 }
 
 // start starts the driver and waits until the kubelet has registered it (a new
@@ -134,8 +153,8 @@ func (d *driver) start(ctx context.Context) error {
 // registrar).
 func (d *driver) args(register bool) []string {
 	a := []string{
-		"--endpoint=" + d.endpoint, "--nodeid=" + nodeName, "--state-dir=" + d.stateDir,
-		"--kubelet-root=" + d.c.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
+		"--endpoint=" + d.endpoint, "--nodeid=" + d.n.name, "--state-dir=" + d.stateDir,
+		"--kubelet-root=" + d.n.kubeletRoot, "--v=" + envOr("EPHEMERA_E2E_DRIVER_V", "5"),
 		// /metrics on a port of its own choosing (TestManyPods reads
 		// ephemera_rpc_duration_seconds); the address is read back from the log.
 		"--metrics-address=127.0.0.1:0",
@@ -157,7 +176,7 @@ func (d *driver) waitRegistered(ctx context.Context, before int) error {
 		if d.registrations() <= before {
 			return false, nil
 		}
-		n, err := d.c.cs.StorageV1().CSINodes().Get(ctx, nodeName, metav1.GetOptions{})
+		n, err := d.c.cs.StorageV1().CSINodes().Get(ctx, d.n.name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}

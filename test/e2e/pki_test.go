@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -24,6 +25,7 @@ type pki struct {
 	SAPub, SAKey                    string
 	TokenFile                       string
 	AdminToken, KubeletToken        string
+	NodeTokens                      map[string]string // node name → kubelet token (KubeletToken is the first node's)
 }
 
 func writePEM(path, typ string, der []byte) error {
@@ -38,21 +40,30 @@ func randToken() string {
 
 // newPKI writes a CA, an API server serving certificate (SANs 127.0.0.1, localhost,
 // kubernetes.default...), an RSA service-account key pair and a static token file with
-// an admin token (system:masters) and a kubelet token (system:node:NODE).
-func newPKI(dir, nodeName string) (*pki, error) {
+// an admin token (system:masters) and a kubelet token (system:node:NODE) for each
+// node name (the first one's is KubeletToken).
+func newPKI(dir string, nodeNames ...string) (*pki, error) {
+	if len(nodeNames) == 0 {
+		return nil, fmt.Errorf("newPKI: no node name")
+	}
+	nodeName := nodeNames[0]
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	p := &pki{
-		CAFile:       filepath.Join(dir, "ca.crt"),
-		ServingCert:  filepath.Join(dir, "apiserver.crt"),
-		ServingKey:   filepath.Join(dir, "apiserver.key"),
-		SAPub:        filepath.Join(dir, "sa.pub"),
-		SAKey:        filepath.Join(dir, "sa.key"),
-		TokenFile:    filepath.Join(dir, "tokens.csv"),
-		AdminToken:   randToken(),
-		KubeletToken: randToken(),
+		CAFile:      filepath.Join(dir, "ca.crt"),
+		ServingCert: filepath.Join(dir, "apiserver.crt"),
+		ServingKey:  filepath.Join(dir, "apiserver.key"),
+		SAPub:       filepath.Join(dir, "sa.pub"),
+		SAKey:       filepath.Join(dir, "sa.key"),
+		TokenFile:   filepath.Join(dir, "tokens.csv"),
+		AdminToken:  randToken(),
+		NodeTokens:  map[string]string{},
 	}
+	for _, n := range nodeNames {
+		p.NodeTokens[n] = randToken()
+	}
+	p.KubeletToken = p.NodeTokens[nodeName]
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -116,8 +127,10 @@ func newPKI(dir, nodeName string) (*pki, error) {
 	}
 
 	// token,user,uid,"group1,group2"
-	tokens := p.AdminToken + `,admin,admin,"system:masters"` + "\n" +
-		p.KubeletToken + ",system:node:" + nodeName + ",kubelet-" + nodeName + `,"system:nodes"` + "\n"
+	tokens := p.AdminToken + `,admin,admin,"system:masters"` + "\n"
+	for _, n := range nodeNames {
+		tokens += p.NodeTokens[n] + ",system:node:" + n + ",kubelet-" + n + `,"system:nodes"` + "\n"
+	}
 	if err := os.WriteFile(p.TokenFile, []byte(tokens), 0o600); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -75,8 +74,8 @@ func TestTokenRotation(t *testing.T) {
 	if err := c.goBuildIn(ctx, filepath.Join(c.repoRoot, tokenfileDir), bin, "."); err != nil {
 		t.Fatal(err)
 	}
-	d := c.newDriver("tokenfile", tokenfileDriver, bin)
-	if err := os.MkdirAll(d.stateDir, 0o700); err != nil {
+	d, err := c.newDriver(&c.node, tokenfileDriver, bin, filepath.Join(c.root, "tokenfile"), "tokenfile")
+	if err != nil {
 		t.Fatal(err)
 	}
 
