@@ -37,7 +37,10 @@ GOSTATIC     = CGO_ENABLED=0 $(GO)
 LINTENV      = CGO_ENABLED=0 GOFLAGS="$$($(GO) env GOFLAGS) -trimpath$(if $(taglist), -tags=$(taglist))"
 export EPHEMERA_GOTAGS := $(GOTAGS)
 PKGS        := ./...
-EXAMPLES    := examples/hello examples/tokenfile
+EXAMPLES    := examples/hello examples/tokenfile examples/plugin-node
+# The example plugin in JavaScript: its npm dependencies (package-lock.json) go into its node_modules.
+NODE_EXAMPLE := examples/plugin-node
+NPM          ?= npm
 
 .PHONY: all build run test deps proto proto-check lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
@@ -101,9 +104,19 @@ test-crash:
 test-sanity:
 	$(GOSTATIC) test -count=1 $(STATICFLAGS) -v ./test/sanity/
 
-## test-examples: the example drivers' own modules
-test-examples:
-	@for d in $(EXAMPLES); do (cd $$d && $(GOSTATIC) vet $(STATICFLAGS) ./... && $(GO) test -race -count=1 $(GOBUILDFLAGS) ./...) || exit 1; done
+## test-examples: the example drivers' own modules (examples/plugin-node's test runs its plugin with node,
+## after npm ci; EPHEMERA_REQUIRE_NODE makes a missing node or node_modules fail it instead of skipping)
+test-examples: $(NODE_EXAMPLE)/node_modules/.package-lock.json
+	@for d in $(EXAMPLES); do (cd $$d && $(GOSTATIC) vet $(STATICFLAGS) ./... && EPHEMERA_REQUIRE_NODE=1 $(GO) test -race -count=1 $(GOBUILDFLAGS) ./...) || exit 1; done
+
+.PHONY: node-modules
+## node-modules: the exact npm dependencies of examples/plugin-node (npm ci, again only when package-lock.json
+## changes: npm ci writes node_modules/.package-lock.json; no install scripts run; the lock's integrity hashes
+## make the npm cache (~/.npm) safe to prefer)
+node-modules: $(NODE_EXAMPLE)/node_modules/.package-lock.json
+$(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package-lock.json $(NODE_EXAMPLE)/package.json
+	cd $(NODE_EXAMPLE) && $(NPM) ci --prefer-offline --ignore-scripts --no-audit --no-fund
+	@touch $@
 
 ## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached),
 ## with the image's driver binary (build-static); the harness builds testbin and the registrar with the
@@ -228,10 +241,11 @@ cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
 	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
-## image-check: every COPY source of deploy/images/Dockerfile.* exists after the builds (no container engine needed;
-## Dockerfile.driver, the template for an author's driver, copies the whole context)
+## image-check: every COPY source of deploy/images/Dockerfile.* and examples/plugin-node/Dockerfile exists after the
+## builds (no container engine needed; Dockerfile.driver, the template for an author's driver, copies the whole context)
 image-check: build-static build-windows
-	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver \
+	  $(NODE_EXAMPLE)/Dockerfile
 
 ## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
 image: image-check
