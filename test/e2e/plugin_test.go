@@ -239,3 +239,10 @@ func jwtAudience(t *testing.T, tok string) string {
 	}
 	return claims.Aud[0]
 }
+
+// The plugin deployments' rendered targets (test/manifests) must be present
+// for TestDeployManifestsDryRun, which applies every rendered file.
+func init() {
+	wantManifests = append(wantManifests,
+		"kustomize-linux-plugin-sidecar.yaml", "kustomize-plugin-daemonset.yaml", "helm-plugins.yaml")
+}
