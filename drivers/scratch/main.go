@@ -130,8 +130,9 @@ type config struct {
 	loop          loopFlags
 	vhdx          vhdxFlags
 	api           apiFlags
-	version       bool   // --version
-	logFormat     string // --log-format
+	plugins       pluginFlags // --plugin, repeatable
+	version       bool        // --version
+	logFormat     string      // --log-format
 }
 
 // tmpfsFlags configure the tmpfs backend.
@@ -185,6 +186,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
+	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted.")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
 }
 
@@ -218,7 +220,7 @@ func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error
 
 // run builds the backends and the driver, then serves until SIGINT or SIGTERM
 // (or, for "state rebuild", rebuilds the state and returns).
-func run(c config) error {
+func run(c config) (err error) {
 	opts := c.opts
 	opts.Version = version
 	if opts.StateDir == "" {
@@ -255,6 +257,19 @@ func run(c config) error {
 		}
 		opts.Backends[name] = b
 	}
+	plugins, err := c.plugins.backends(func() (*tmpfs.Backend, error) { return c.tmpfs.backend(tmpfsSize) },
+		opts.DriverName, opts.NodeID, opts.Logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := closePlugins(plugins); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if err := addPlugins(opts.Backends, plugins); err != nil {
+		return err
+	}
 	d, err := framework.New(opts)
 	if err != nil {
 		return err
@@ -268,7 +283,7 @@ func run(c config) error {
 }
 
 // backend returns the tmpfs backend; defaultSize is --default-size, parsed.
-func (f tmpfsFlags) backend(defaultSize int64) (framework.Backend, error) {
+func (f tmpfsFlags) backend(defaultSize int64) (*tmpfs.Backend, error) {
 	if f.maxInodes < 1 {
 		return nil, fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", f.maxInodes)
 	}

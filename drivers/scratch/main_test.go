@@ -27,7 +27,7 @@ func TestFlags(t *testing.T) {
 		"backend", "backends", "capacity", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
-		"metrics-address", "nodeid", "orphan-grace-period", "register", "state-dir", "state-recovery",
+		"metrics-address", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic",
 	}
 	if !slices.Equal(names, want) {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"os/signal"
 	"slices"
 	"strings"
@@ -24,6 +25,10 @@ import (
 )
 
 const driverName = "tokenfile.csi.ephemera.dev"
+
+// csiDriverName names the CSIDriver object in messages: this driver's, or in
+// plugin mode that of the driver running the plugin.
+var csiDriverName = "CSIDriver " + driverName
 
 // Volume attributes of this driver (tmpfs's own, and "size", are accepted too).
 const (
@@ -65,7 +70,7 @@ func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 	audience := v.Attributes.String(paramAudience)
 	tok, ok := v.Tokens[audience]
 	if !ok {
-		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: CSIDriver %s must list audience %q in spec.tokenRequests", audience, driverName, audience)
+		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: %s must list audience %q in spec.tokenRequests", audience, csiDriverName, audience)
 	}
 	data := []byte(tok.Token)
 	var err error
@@ -104,6 +109,15 @@ func allowNamespaces(list string) framework.Authorizer {
 
 func main() {
 	klog.InitFlags(nil)
+	if len(os.Args) > 1 && os.Args[1] == "plugin" {
+		// tokenfile plugin --endpoint=unix:///...: see plugin.go.
+		if err := pluginMain(os.Args[2:]); err != nil {
+			klog.ErrorS(err, "Plugin failed")
+			klog.Flush()
+			os.Exit(1)
+		}
+		return
+	}
 	opts, err := Options()
 	if err != nil {
 		klog.Fatal(err)

@@ -131,7 +131,8 @@ func TestCSIDriver(t *testing.T) {
 			if d.Name() != driverName {
 				t.Errorf("%s: CSIDriver %q, want %q", r.Name, d.Name(), driverName)
 			}
-			want["requiresRepublish"], want["fsGroupPolicy"] = false, "File"
+			// The tokens plugin's targets refresh tokens (requiresRepublish).
+			want["requiresRepublish"], want["fsGroupPolicy"] = r.plugins(), "File"
 		}
 		for field, want := range want {
 			if got := d.Get("spec", field); got != want {
@@ -153,10 +154,10 @@ func TestDaemonSet(t *testing.T) {
 			continue
 		}
 		dss := r.find("DaemonSet")
-		if len(dss) != 1 {
-			t.Fatalf("%s: %d DaemonSets, want 1", r.Name, len(dss))
+		if want := 1 + r.pluginDaemonSets(); len(dss) != want {
+			t.Fatalf("%s: %d DaemonSets, want %d", r.Name, len(dss), want)
 		}
-		ds := dss[0]
+		ds := r.driverDaemonSet(t)
 		if r.windows() {
 			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds) })
 			continue
@@ -209,13 +210,17 @@ func checkDaemonSet(t *testing.T, r rendered, ds Object) {
 		if co.Get("resources", "requests", "cpu") == nil || co.Get("resources", "requests", "memory") == nil || co.Get("resources", "limits", "memory") == nil {
 			t.Errorf("container %s: resources %v, want cpu+memory requests and a memory limit", co.Name2(), co.Get("resources"))
 		}
-		if co.Get("livenessProbe") == nil {
+		// A plugin container has no HTTP endpoint to probe; one that exits is
+		// restarted, and while it is down publishes fail with Unavailable.
+		if co.Get("livenessProbe") == nil && !strings.HasPrefix(co.Name2(), "plugin-") {
 			t.Errorf("container %s: no livenessProbe", co.Name2())
 		}
 	}
 	if driver == nil {
 		t.Fatalf("no driver container in %v", names)
 	}
+	// Plugin sidecars (plugin-NAME) are checked by TestPluginSidecars.
+	names = slices.DeleteFunc(names, func(n string) bool { return strings.HasPrefix(n, "plugin-") })
 	if r.embedded() {
 		if !slices.Equal(names, []string{"driver"}) {
 			t.Errorf("containers %v, want only the driver (embedded registrar: no sidecars)", names)

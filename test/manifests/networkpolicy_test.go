@@ -14,6 +14,9 @@ import (
 func TestMetricsExposure(t *testing.T) {
 	for _, r := range renderAll(t) {
 		for _, ds := range r.find("DaemonSet") {
+			if isPluginDaemonSet(ds) {
+				continue // no port: TestPluginDaemonSet
+			}
 			t.Run(r.Name, func(t *testing.T) {
 				driver := driverContainer(t, rendered{r.Target, []Object{ds}})
 				addr := metricsAddress(driver)

@@ -83,9 +83,30 @@ func Targets() []Target {
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+		{Name: "kustomize-linux-plugin-sidecar", Kustomize: "deploy/overlays/linux-plugin-sidecar"},
+		{Name: "kustomize-plugin-daemonset", Kustomize: "deploy/plugin-daemonset"},
+		{Name: "helm-plugins", HelmValues: PluginValues()},
 		{Name: "helm-example-hello", Example: "examples/hello"},
 		{Name: "helm-example-tokenfile", Example: "examples/tokenfile"},
 		{Name: "kustomize-example-hello-embedded-registrar", Kustomize: "examples/hello/deploy", Example: "examples/hello"},
+	}
+}
+
+// PluginValues are the chart values of the helm-plugins target: the tokenfile
+// example in plugin mode as backend "tokens", with the CSIDriver's token
+// requests it needs.
+func PluginValues() map[string]any {
+	return map[string]any{
+		"plugins": []any{map[string]any{
+			"name":      "tokens",
+			"image":     map[string]any{"repository": "ghcr.io/ephemera-csi/ephemera-tokenfile", "tag": "v0.1.0"},
+			"args":      []any{"plugin", "--endpoint=$(PLUGIN_ENDPOINT)", "--v=2"},
+			"resources": map[string]any{"requests": map[string]any{"cpu": "5m", "memory": "16Mi"}, "limits": map[string]any{"memory": "64Mi"}},
+		}},
+		"csiDriver": map[string]any{
+			"tokenRequests":     []any{map[string]any{"audience": "vault", "expirationSeconds": 3600}},
+			"requiresRepublish": true,
+		},
 	}
 }
 

@@ -65,6 +65,12 @@ repository:tag.
 {{- end -}}
 {{- end -}}
 
+{{/* Directory of an out-of-process plugin's socket (a plugins item), the same in
+the driver's and the plugin's container. */}}
+{{- define "ephemera-driver.pluginSocketDir" -}}
+{{- .socketDir | default (printf "/run/ephemera/plugins/%s" .name) -}}
+{{- end -}}
+
 {{/* Host path of the plugin directory and the CSI socket. */}}
 {{- define "ephemera-driver.pluginDir" -}}
 {{- printf "%s/plugins/%s" .Values.kubeletRoot .Values.driver.name -}}
@@ -80,4 +86,16 @@ repository:tag.
 {{- $parts = append $parts (printf "%s=%s" $k $v) -}}
 {{- end -}}
 {{- join "," $parts -}}
+{{- end -}}
+
+{{/* The "backend" values the admission policy allows: admission.allowedBackends
+and every plugin's name (an operator who deploys a plugin means pods to use it). */}}
+{{- define "ephemera-driver.allowedBackends" -}}
+{{- $out := .Values.admission.allowedBackends -}}
+{{- range .Values.plugins -}}
+{{- if not (has .name $out) -}}
+{{- $out = append $out .name -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
