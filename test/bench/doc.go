@@ -7,6 +7,12 @@
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestLatencyTable -v
 //	go test ./test/bench -run '^$' -bench . -benchtime 400x
 //
+// TestPluginOverhead (plugin_test.go) runs the kubelet-shaped cycles against
+// tmpfs volumes with content provided in process and by an out-of-process
+// plugin (this test binary re-executed as a pluginserver), alternated:
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestPluginOverhead -v
+//
 // TestDriverMemory (memory_test.go, make bench-memory) measures the scratch
 // driver's resident memory as a subprocess, idle and with 1,000 published
 // volumes:
@@ -14,5 +20,5 @@
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverMemory -v
 //
 // The measurements are Linux-only (bench_test.go, load_test.go,
-// memory_test.go) and need root.
+// memory_test.go, plugin_test.go) and need root.
 package bench
