@@ -117,6 +117,13 @@ func (p Params) FileMode(key string, def fs.FileMode) (fs.FileMode, error) {
 	if err != nil || n > 0o7777 {
 		return 0, InvalidParamf("attribute %q: %q is not an octal mode such as 0755", key, v)
 	}
+	return FileModeOf(uint32(n)), nil
+}
+
+// FileModeOf returns the FileMode of the octal mode bits n (permission bits,
+// 0o1000 sticky, 0o2000 setgid, 0o4000 setuid; others ignored): the inverse
+// of ModeBits.
+func FileModeOf(n uint32) fs.FileMode {
 	m := fs.FileMode(n & 0o777)
 	if n&0o1000 != 0 {
 		m |= fs.ModeSticky
@@ -127,7 +134,7 @@ func (p Params) FileMode(key string, def fs.FileMode) (fs.FileMode, error) {
 	if n&0o4000 != 0 {
 		m |= fs.ModeSetuid
 	}
-	return m, nil
+	return m
 }
 
 // ModeBits returns m's permission, sticky, setgid and setuid bits as the octal

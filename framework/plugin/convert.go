@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"io/fs"
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -84,20 +83,4 @@ func TokensFromProto(ts map[string]*pb.Token) api.Tokens {
 		out[aud] = api.Token{Token: t.GetToken(), ExpirationTimestamp: time.Unix(t.GetExpirationUnix(), 0).UTC()}
 	}
 	return out
-}
-
-// modeOf turns protocol permission bits (with 0o1000 sticky, 0o2000 setgid,
-// 0o4000 setuid) into a FileMode.
-func modeOf(n uint32) fs.FileMode {
-	m := fs.FileMode(n & 0o777)
-	if n&0o1000 != 0 {
-		m |= fs.ModeSticky
-	}
-	if n&0o2000 != 0 {
-		m |= fs.ModeSetgid
-	}
-	if n&0o4000 != 0 {
-		m |= fs.ModeSetuid
-	}
-	return m
 }

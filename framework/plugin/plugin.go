@@ -133,7 +133,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.Name == "" {
 		return nil, errors.New("plugin: Options.Name is required")
 	}
-	p, err := socketPath(opts.Endpoint)
+	p, err := unixsock.EndpointPath(opts.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", opts.Name, err)
 	}
@@ -162,18 +162,6 @@ func New(opts Options) (*Backend, error) {
 	}
 	b.client = pb.NewPluginClient(b.conn)
 	return b, nil
-}
-
-// socketPath returns the path of a "unix://" endpoint or an absolute path.
-func socketPath(endpoint string) (string, error) {
-	p, isURL := strings.CutPrefix(endpoint, "unix://")
-	if !isURL && strings.Contains(endpoint, "://") {
-		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
-	}
-	if !filepath.IsAbs(p) {
-		return "", fmt.Errorf("endpoint %q: want unix:///absolute/path.sock or an absolute path", endpoint)
-	}
-	return p, nil
 }
 
 // Close closes the connection to the plugin.
@@ -507,7 +495,7 @@ func (b *Backend) Content(ctx context.Context, v *api.Volume) (map[string]api.Fi
 		if total > b.opts.MaxContentBytes {
 			return nil, b.garbage("Content", "the files exceed %d bytes", b.opts.MaxContentBytes)
 		}
-		files[p] = api.File{Data: f.GetData(), Mode: modeOf(f.GetMode())}
+		files[p] = api.File{Data: f.GetData(), Mode: api.FileModeOf(f.GetMode())}
 	}
 	return files, nil
 }

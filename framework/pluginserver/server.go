@@ -146,9 +146,9 @@ func (s *Server) Register(g grpc.ServiceRegistrar) { pb.RegisterPluginServer(g, 
 // Run listens on Options.Endpoint and serves until ctx ends, then stops
 // gracefully (calls in flight finish) and removes the socket.
 func (s *Server) Run(ctx context.Context) error {
-	p, isURL := strings.CutPrefix(s.opts.Endpoint, "unix://")
-	if (!isURL && strings.Contains(p, "://")) || !filepath.IsAbs(p) {
-		return fmt.Errorf("pluginserver: endpoint %q: want unix:///absolute/path.sock", s.opts.Endpoint)
+	p, err := unixsock.EndpointPath(s.opts.Endpoint)
+	if err != nil {
+		return fmt.Errorf("pluginserver: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
 		return fmt.Errorf("pluginserver: %w", err)

@@ -2,11 +2,27 @@ package unixsock
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"path/filepath"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
+
+// EndpointPath returns the socket path of a plugin endpoint:
+// "unix:///absolute/path.sock" or an absolute path.
+func EndpointPath(endpoint string) (string, error) {
+	p, isURL := strings.CutPrefix(endpoint, "unix://")
+	if !isURL && strings.Contains(endpoint, "://") {
+		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
+	}
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("endpoint %q: want unix:///absolute/path.sock or an absolute path", endpoint)
+	}
+	return p, nil
+}
 
 // DialGRPC returns a gRPC client of the server on the UNIX socket path, as the
 // kubelet connects to a CSI driver: no TLS, authority "localhost", the socket
