@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -150,15 +149,6 @@ func readFile(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-func isTmpfs(t *testing.T, p string) bool {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Type == unix.TMPFS_MAGIC
 }
 
 var size = map[string]string{"size": "4Mi"}
@@ -383,17 +373,6 @@ func TestPluginLostStateAdopted(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(shared, "volumes")); len(entries) != 0 {
 		t.Errorf("the plugin's directory still holds %d volumes after the pod's deletion", len(entries))
 	}
-}
-
-func isMountPoint(p string) (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		return false, err
-	}
-	if err := unix.Lstat(filepath.Dir(p), &parent); err != nil {
-		return false, err
-	}
-	return st.Dev != parent.Dev, nil
 }
 
 // grpcServer serves a hand-written plugin service (one that breaks the
