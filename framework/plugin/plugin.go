@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -34,6 +35,9 @@ const ProtocolVersion = "v1alpha1"
 const (
 	DefaultTimeout         = 30 * time.Second
 	DefaultMaxContentBytes = 64 << 20
+	// DefaultReconnectMaxDelay: the longest a plugin that is back waits
+	// for the driver to notice.
+	DefaultReconnectMaxDelay = 5 * time.Second
 )
 
 // handshakeTimeout bounds the handshake Implements makes when it has none.
@@ -71,6 +75,12 @@ type Options struct {
 	Timeout time.Duration
 	// MaxContentBytes bounds one Content answer. Default DefaultMaxContentBytes.
 	MaxContentBytes int
+	// ReconnectMaxDelay bounds the wait between two attempts to reconnect
+	// to a plugin that went away; calls fail with Unavailable meanwhile.
+	// gRPC's own bound (2 minutes) would keep a plugin that comes back after
+	// a long outage (a CrashLoopBackOff) unused that long. Default
+	// DefaultReconnectMaxDelay.
+	ReconnectMaxDelay time.Duration
 	// Logger defaults to klog's.
 	Logger klog.Logger
 }
@@ -79,7 +89,9 @@ type Options struct {
 // interface the protocol carries (Validator, Lister, HealthChecker,
 // ContentProvider, Authorizer) and is a framework.DynamicBackend: which of
 // them the plugin really implements comes from its handshake, made on first
-// use and again after each reconnect.
+// use and again after each reconnect. For a content-only plugin (no CREATE)
+// it is also a Finder and MountOnly, as the tmpfs backend is; for a plugin
+// whose handshake it does not know yet, neither.
 type Backend struct {
 	opts   Options
 	path   string
@@ -118,6 +130,8 @@ func (s *session) capNames() []string {
 
 var (
 	_ framework.DynamicBackend  = (*Backend)(nil)
+	_ framework.Finder          = (*Backend)(nil)
+	_ framework.MountOnly       = (*Backend)(nil)
 	_ framework.Validator       = (*Backend)(nil)
 	_ framework.Lister          = (*Backend)(nil)
 	_ framework.HealthChecker   = (*Backend)(nil)
@@ -146,6 +160,9 @@ func New(opts Options) (*Backend, error) {
 	if opts.MaxContentBytes <= 0 {
 		opts.MaxContentBytes = DefaultMaxContentBytes
 	}
+	if opts.ReconnectMaxDelay <= 0 {
+		opts.ReconnectMaxDelay = DefaultReconnectMaxDelay
+	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = klog.Background()
 	}
@@ -156,12 +173,22 @@ func New(opts Options) (*Backend, error) {
 		}
 	}
 	b.conn, err = unixsock.DialGRPC(p, func() { b.dials.Add(1) },
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxContentBytes+1<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxContentBytes+1<<20)),
+		grpc.WithConnectParams(reconnect(opts.ReconnectMaxDelay)))
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", opts.Name, err)
 	}
 	b.client = pb.NewPluginClient(b.conn)
 	return b, nil
+}
+
+// reconnect is gRPC's default backoff (1 s growing 1.6 times per failed
+// attempt, 20% jitter) bounded by maxDelay.
+func reconnect(maxDelay time.Duration) grpc.ConnectParams {
+	bc := backoff.DefaultConfig
+	bc.BaseDelay = min(bc.BaseDelay, maxDelay)
+	bc.MaxDelay = maxDelay
+	return grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 20 * time.Second}
 }
 
 // Close closes the connection to the plugin.
@@ -265,9 +292,19 @@ func (b *Backend) Implements(iface any) bool {
 	defer cancel()
 	s, err := b.sessionOrLast(ctx)
 	if err != nil {
+		switch iface.(type) {
+		case *framework.Finder, *framework.MountOnly:
+			// These let the framework skip its intent record: claimed only
+			// when known to be true.
+			return false
+		}
 		return true
 	}
 	switch iface.(type) {
+	case *framework.Finder, *framework.MountOnly:
+		// A content-only plugin's volumes are the driver's tmpfs: nothing
+		// but their mounts.
+		return !s.has(pb.Capability_CAPABILITY_CREATE)
 	case *framework.Validator:
 		// Without VALIDATE or CREATE the volume is the driver's tmpfs, whose
 		// attributes (mode, uid, gid, nr_inodes) and size rules apply.
@@ -420,6 +457,18 @@ func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
 	}
 	return nil
 }
+
+// Find returns where a content-only plugin's volume is published from: the
+// driver's tmpfs (the framework asks only when Implements says Finder, that
+// is for a plugin without CREATE).
+func (b *Backend) Find(ctx context.Context, v *api.Volume) (api.Source, error) {
+	return b.tmpfs.Find(ctx, v)
+}
+
+// MountOnly: a content-only plugin's volume is nothing but its tmpfs mount
+// (Implements says so only for a plugin without CREATE). With Find, the
+// framework writes no intent record at a first publish and no synced record.
+func (b *Backend) MountOnly() {}
 
 // List returns the volumes the plugin holds storage for (LIST).
 func (b *Backend) List(ctx context.Context) ([]string, error) {

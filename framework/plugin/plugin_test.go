@@ -41,10 +41,13 @@ func sockDir(t *testing.T) string {
 	return d
 }
 
-// serveInProcess serves opts on a new socket until the test ends.
+// serveInProcess serves opts until the test ends, on a new socket unless
+// opts.Endpoint names one.
 func serveInProcess(t *testing.T, opts pluginserver.Options) string {
 	t.Helper()
-	opts.Endpoint = "unix://" + filepath.Join(sockDir(t), "p.sock")
+	if opts.Endpoint == "" {
+		opts.Endpoint = "unix://" + filepath.Join(sockDir(t), "p.sock")
+	}
 	if opts.Name == "" {
 		opts.Name = "in-process"
 	}

@@ -41,11 +41,14 @@ import (
 //     with Content only; one Content call per publish, nothing at unpublish),
 //     the common shape of a plugin;
 //   - intent: in process as the first, but the tmpfs backend without Finder
-//     and MountOnly, which a plugin's backend does not have either: its
-//     records are durable (fdatasync) instead of relaxed, and a first publish
-//     writes an intent record before Create (docs/design.md, needsIntent and
-//     "Durability"). The plugins' distance to this row is what crossing the
-//     socket costs; their distance to in-process adds that store policy.
+//     and MountOnly, which the backend of a plugin that creates storage does
+//     not have either: its records are durable (fdatasync) instead of
+//     relaxed, and a first publish writes an intent record before Create
+//     (docs/design.md, needsIntent and "Durability"). The plugin row's
+//     distance to this row is what crossing the socket costs; its distance
+//     to in-process adds that store policy. A content-only plugin's backend
+//     is a Finder and MountOnly (its volumes are the driver's tmpfs): its
+//     distance to in-process is the socket alone.
 //
 // The plugins are this test binary re-executed (TestMain, EPHEMERA_BENCH_PLUGIN),
 // killed at cleanup. The driver is the same for all three (one bbolt file),
@@ -77,9 +80,9 @@ var backendOf = map[string]string{kindInProcess: "tmpfs", kindPlugin: "plugin", 
 // pluginKinds are the kinds of TestPluginOverhead, the reference first.
 var pluginKinds = []string{kindInProcess, kindPlugin, kindContentOnly, kindIntent}
 
-// intentTmpfs is the tmpfs backend as the framework sees a plugin's: a
-// Validator without Finder and MountOnly, so that its records are durable and
-// a first publish writes an intent record.
+// intentTmpfs is the tmpfs backend as the framework sees the backend of a
+// plugin that creates storage: a Validator without Finder and MountOnly, so
+// that its records are durable and a first publish writes an intent record.
 type intentTmpfs struct{ b *tmpfs.Backend }
 
 func (t intentTmpfs) Validate(v *api.Volume) error { return t.b.Validate(v) }
