@@ -208,8 +208,8 @@ bench-memory: build-static
 ## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
 ## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
 manifests:
-	cd test/manifests && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 ./... && \
-	  $(GO) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
+	cd test/manifests && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && $(GOSTATIC) test -count=1 ./... && \
+	  $(GOSTATIC) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
 
 ## chart-readme: regenerate deploy/helm/ephemera-driver/README.md from the chart's values.yaml (every value
 ## and its comment), values.schema.json and Chart.yaml; make manifests fails when it is not current

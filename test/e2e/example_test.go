@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -135,9 +134,7 @@ func TestExampleFromChart(t *testing.T) {
 	if err := os.WriteFile(valuesFile, vb, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", "run", "./cmd/render", "-out", dir, "-target", helloTarget, "-values", valuesFile)
-	cmd.Dir = filepath.Join(c.repoRoot, "test", "manifests")
-	if b, err := cmd.CombinedOutput(); err != nil {
+	if b, err := c.render("-out", dir, "-target", helloTarget, "-values", valuesFile).CombinedOutput(); err != nil {
 		t.Fatalf("render %s: %v\n%s", helloTarget, err, b)
 	}
 	objs, err := readObjects(filepath.Join(dir, helloTarget+".yaml"))
