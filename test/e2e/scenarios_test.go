@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -524,7 +525,8 @@ func TestNamespacesIsolated(t *testing.T) {
 }
 
 // TestManyPods: pod start with an inline tmpfs volume against the kubelet's own
-// emptyDir{medium: Memory} (issue 11, target 4: at most 1.1x). Three rounds; in
+// emptyDir{medium: Memory} (issue 11, target 4: at most 1.1x). Three rounds
+// (EPHEMERA_E2E_MANYPODS_ROUNDS; make test runs one, see the Makefile); in
 // each, 30 pods of one kind are created at once, must all run with their volume
 // mounted, and are deleted and cleaned up (no mount, no target, and at the end
 // no bbolt record) before 30 pods of the other kind start. The order alternates
@@ -544,9 +546,12 @@ func TestNamespacesIsolated(t *testing.T) {
 func TestManyPods(t *testing.T) {
 	c := clu
 	d := requireDriver(t)
+	rounds := 3
+	if r, err := strconv.Atoi(os.Getenv("EPHEMERA_E2E_MANYPODS_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
 	const (
 		n      = 30
-		rounds = 3
 		inline = "inline"
 		empty  = "emptydir"
 	)
