@@ -118,6 +118,13 @@ $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package-lock.js
 	cd $(NODE_EXAMPLE) && $(NPM) ci --prefer-offline --ignore-scripts --no-audit --no-fund
 	@touch $@
 
+# TestManyPods' rounds of 30 + 30 pods: one is the functional check and a sample; the latency
+# figure of test/e2e/README.md pools three (make e2e E2E_MANYPODS_ROUNDS=3).
+E2E_MANYPODS_ROUNDS ?= 1
+# 1: TestFullNode also starts 110 emptyDir and 110 inline pods without faults first, for the
+# time-to-all-Running ratio (about three minutes more).
+E2E_FULLNODE_COMPARE ?=
+
 ## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached),
 ## with the image's driver binary (build-static); the harness builds testbin and the registrar with the
 ## images' flags (STATICFLAGS).
@@ -126,7 +133,8 @@ e2e: build-static
 	@if [ -f $(OUT)/build-k8s.pid ]; then pg=$$(cat $(OUT)/build-k8s.pid); \
 	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; true; fi
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
-	EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
+	EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
+	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
 TOOLS          := $(CURDIR)/$(OUT)/tools

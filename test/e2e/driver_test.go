@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -213,12 +214,19 @@ func (d *driver) log() string {
 	return string(b)
 }
 
+// logSince is the driver log from offset off (from logSize) on; only that part
+// is read.
 func (d *driver) logSince(off int64) string {
-	s := d.log()
-	if off > int64(len(s)) {
+	f, err := os.Open(d.logPath)
+	if err != nil {
 		return ""
 	}
-	return s[off:]
+	defer f.Close()
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(f)
+	return string(b)
 }
 
 // volumeHandle is the kubelet's handle for an inline volume: csi-sha256(podUID+volName).

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -524,7 +525,8 @@ func TestNamespacesIsolated(t *testing.T) {
 }
 
 // TestManyPods: pod start with an inline tmpfs volume against the kubelet's own
-// emptyDir{medium: Memory} (issue 11, target 4: at most 1.1x). Three rounds; in
+// emptyDir{medium: Memory} (issue 11, target 4: at most 1.1x). Three rounds
+// (EPHEMERA_E2E_MANYPODS_ROUNDS; make test runs one, see the Makefile); in
 // each, 30 pods of one kind are created at once, must all run with their volume
 // mounted, and are deleted and cleaned up (no mount, no target, and at the end
 // no bbolt record) before 30 pods of the other kind start. The order alternates
@@ -544,9 +546,12 @@ func TestNamespacesIsolated(t *testing.T) {
 func TestManyPods(t *testing.T) {
 	c := clu
 	d := requireDriver(t)
+	rounds := 3
+	if r, err := strconv.Atoi(os.Getenv("EPHEMERA_E2E_MANYPODS_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
 	const (
 		n      = 30
-		rounds = 3
 		inline = "inline"
 		empty  = "emptydir"
 	)
@@ -725,6 +730,17 @@ func publishDelta(t *testing.T, before, after scrape, pods int, podMean time.Dur
 // every 100 ms (from just before its Create call).
 func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) corev1.Volume) ([]*corev1.Pod, []time.Duration) {
 	t.Helper()
+	pods, created := c.createMany(t, prefix, n, vol, nil)
+	running := c.waitManyRunning(t, prefix, pods, created, 4*time.Minute, nil)
+	t.Logf("%d %s pods Running: %s", n, prefix, summarize(running))
+	return pods, running
+}
+
+// createMany creates n pods named <prefix>-NN, labelled batch=<prefix>, at once
+// (one goroutine each) and returns them with the time just before each Create
+// call. mutate, if not nil, changes each pod before it is created.
+func (c *cluster) createMany(t *testing.T, prefix string, n int, vol func(int) corev1.Volume, mutate func(*corev1.Pod)) ([]*corev1.Pod, []time.Time) {
+	t.Helper()
 	ctx := context.Background()
 	pods := make([]*corev1.Pod, n)
 	created := make([]time.Time, n)
@@ -736,6 +752,9 @@ func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) co
 			defer wg.Done()
 			p := c.newPod("default", fmt.Sprintf("%s-%02d", prefix, i), vol(i), nil)
 			p.Labels["batch"] = prefix
+			if mutate != nil {
+				mutate(p)
+			}
 			created[i] = time.Now()
 			out, err := c.cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
 			if err != nil {
@@ -750,8 +769,20 @@ func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) co
 	for err := range errs {
 		t.Fatalf("create: %v", err)
 	}
+	return pods, created
+}
+
+// waitManyRunning waits until every pod of the batch (from createMany) is
+// Running, with one List of the batch every 100 ms (not a watch or a Get per
+// pod), and returns each pod's create->Running time: from created[i] to the
+// first List that shows it Running. progress, if not nil, gets the number of
+// Running pods after every List.
+func (c *cluster) waitManyRunning(t *testing.T, prefix string, pods []*corev1.Pod, created []time.Time, timeout time.Duration, progress func(running int)) []time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	n := len(pods)
 	running := make([]time.Duration, n)
-	err := waitFor(ctx, 4*time.Minute, 100*time.Millisecond, fmt.Sprintf("%d %s pods Running", n, prefix), func() (bool, error) {
+	err := waitFor(ctx, timeout, 100*time.Millisecond, fmt.Sprintf("%d %s pods Running", n, prefix), func() (bool, error) {
 		list, err := c.cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "batch=" + prefix})
 		if err != nil {
 			return false, err
@@ -768,6 +799,9 @@ func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) co
 				done++
 			}
 		}
+		if progress != nil {
+			progress(done)
+		}
 		if done < n {
 			return false, fmt.Errorf("%d/%d Running", done, n)
 		}
@@ -782,18 +816,41 @@ func (c *cluster) startMany(t *testing.T, prefix string, n int, vol func(int) co
 		}
 		t.Fatal(err)
 	}
-	t.Logf("%d %s pods Running: %s", n, prefix, summarize(running))
-	return pods, running
+	return running
 }
 
+// deleteMany deletes the pods and waits until all are gone from the API, with
+// one List per 250 ms (the kubelet removes a pod object only after its volumes
+// are torn down).
 func (c *cluster) deleteMany(t *testing.T, pods []*corev1.Pod) {
 	t.Helper()
+	ctx := context.Background()
 	t0 := time.Now()
+	uids := map[string]*corev1.Pod{}
 	for _, p := range pods {
 		c.deletePod(t, p, 0)
+		uids[string(p.UID)] = p
 	}
-	for _, p := range pods {
-		c.waitPodGone(t, p, 3*time.Minute)
+	var left *corev1.Pod
+	err := waitFor(ctx, 3*time.Minute, 250*time.Millisecond, fmt.Sprintf("%d pods gone", len(pods)), func() (bool, error) {
+		list, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: "e2e=ephemera"})
+		if err != nil {
+			return false, err
+		}
+		n := 0
+		for i := range list.Items {
+			if p, ok := uids[string(list.Items[i].UID)]; ok {
+				left = p
+				n++
+			}
+		}
+		if n > 0 {
+			return false, fmt.Errorf("%d of %d left, e.g. %s", n, len(pods), left.Name)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\nevents of %s:\n%s", err, left.Name, c.podEvents(left))
 	}
 	t.Logf("%d pods deleted and gone in %v", len(pods), time.Since(t0).Round(time.Millisecond))
 }
