@@ -251,6 +251,13 @@ func TestLoopFilesystemsStats(t *testing.T) {
 	})
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "p")
+	// A failure half-way (mkfs.xfs missing, say) still detaches the ext4
+	// volume's loop device: this runs before the harness stops the driver.
+	t.Cleanup(func() {
+		if err := k.DeletePod(context.Background(), pod); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
 	for _, tc := range []struct {
 		fsType string
 		size   int64
