@@ -45,7 +45,8 @@ type Interface interface {
 	// Mount publishes src at target, which MakeTarget created. Linux mounts the
 	// filesystem or bind-mounts the directory (not recursively), always nosuid
 	// and nodev, and returns only once the new mount is verified to be at target
-	// ([ErrTargetMoved] otherwise, with the mount removed again). A target that
+	// by a check made when no rename can move it any more ([ErrTargetMoved]
+	// otherwise, with the mount removed again). A target that
 	// is already a mount point is [ErrMounted]: nothing is ever stacked. Windows
 	// needs a directory source that exists (else [ErrNotSupported] or an error
 	// wrapping fs.ErrNotExist), replaces an empty target directory with a
@@ -66,7 +67,8 @@ type Interface interface {
 	// behind a Windows link is never touched.
 	Unmount(root, target string) error
 	// IsMountPoint reports whether something is published at target; false and
-	// nil when target does not exist. On Windows, a link at target whose
+	// nil when target does not exist. On Linux, true means the mount stays at
+	// target: no rename still in flight can carry it away (see Mount). On Windows, a link at target whose
 	// destination exists is what "published" means.
 	IsMountPoint(root, target string) (bool, error)
 	// Inspect describes what is published at target, or returns nil when nothing

@@ -216,12 +216,14 @@ func (m *linuxMounter) RemoveTarget(root, target string) error {
 
 // Mount resolves target beneath root to a file descriptor, creates the mount
 // detached from any path (fsopen/fsconfig/fsmount for a filesystem, open_tree
-// for a bind), attaches it to that descriptor with move_mount, and then checks
-// that target, resolved afresh, shows the new mount. A rename can move the
-// resolved directory elsewhere between the resolution and the attach (a rename
-// does not lock the directories below the one it moves); the check catches
-// that, and the stray mount is detached again before the call returns, so a
-// publish is never answered for a volume that is not at its target.
+// for a bind), attaches it to that descriptor with move_mount, waits until no
+// rename can move the new mount point any more (settle), and then checks that
+// target, resolved afresh, shows the new mount. A rename can move the resolved
+// directory elsewhere between the resolution and the attach (a rename does not
+// lock the directories below the one it moves), or, once past its own check,
+// right after the attach; the check catches both, and the stray mount is
+// detached again before the call returns, so a publish is never answered for a
+// volume that is not at its target.
 func (m *linuxMounter) Mount(root string, src api.Source, target string) error {
 	tfd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
@@ -250,9 +252,45 @@ func (m *linuxMounter) Mount(root string, src api.Source, target string) error {
 			return fmt.Errorf("remount bind mount on %q nosuid,nodev: %w", target, err)
 		}
 	}
+	// Only a check made once nothing can move the target any more counts
+	// (settle); then the target, resolved afresh, must be this mount.
+	if err := settle(tfd, filepath.Base(target)); err != nil {
+		detach(mfd)
+		return fmt.Errorf("mount on %q: %w", target, err)
+	}
 	if err := verifyAt(root, target, mfd); err != nil {
 		detach(mfd)
 		return err
+	}
+	return nil
+}
+
+// settle returns once no rename can move the directory fd refers to any more
+// (fd is that directory, or the root of a mount on it; name is what it is
+// expected to be called). A mount point cannot be renamed (EBUSY), but
+// rename(2) checks that under the lock of the parent directory, and attaching
+// a mount does not take that lock: a rename already past its check when the
+// mount was attached still carries the new mount point away, after any check
+// of the target's name made in the meantime. Taking the parent's lock once
+// waits for such a rename to finish; every rename after it meets the mount
+// point. The lock is taken by a rename of name onto itself in the parent,
+// which changes nothing (rename(2) returns before any change when both names
+// are the same file; ENOENT, for a name that is gone, is looked up under the
+// lock too).
+func settle(fd int, name string) error {
+	pfd, err := unix.Openat(fd, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the target's parent directory: %w", err)
+	}
+	defer unix.Close(pfd)
+	for {
+		err = unix.Renameat(pfd, name, pfd, name)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("%w: waiting for renames in its directory to finish (a rename of %q onto itself): %v", ErrTargetMoved, name, err)
 	}
 	return nil
 }
@@ -465,8 +503,21 @@ func (m *linuxMounter) SetReadOnly(root, target string, readOnly bool) error {
 	return nil
 }
 
+// IsMountPoint answers true only for a mount that stays at target: a mount
+// found there is settled (see settle) and target resolved and checked again,
+// so that a rename still in flight cannot carry it away after the answer.
 func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
-	fd, _, _, err := openMountRoot(func() (int, error) { return openBeneath(root, target, unix.O_PATH) }, target)
+	open := func() (int, error) { return openBeneath(root, target, unix.O_PATH) }
+	fd, _, _, err := openMountRoot(open, target)
+	if fd < 0 {
+		return false, err
+	}
+	err = settle(fd, filepath.Base(target))
+	unix.Close(fd)
+	if err != nil {
+		return false, fmt.Errorf("mount at %q: %w", target, err)
+	}
+	fd, _, _, err = openMountRoot(open, target)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
