@@ -17,8 +17,10 @@ import (
 // volume after a crash or a retry, and Delete for storage that may already be gone.
 type Backend interface {
 	// Create provisions the storage for v and returns what to publish at the
-	// target. It may record data it needs at teardown in v.State. Errors should
-	// wrap one of the api sentinel errors.
+	// target. It may record data it needs at teardown in v.State; the
+	// rollback of a failed first publish passes Delete v.State as Create left
+	// it, also when Create failed. Errors should wrap one of the api sentinel
+	// errors.
 	Create(ctx context.Context, v *api.Volume) (api.Source, error)
 	// Delete frees the storage of v. It returns nil when it is already gone. It
 	// receives the volume as persisted at Create (without Secrets).
@@ -67,6 +69,34 @@ type Finder interface {
 // for storage that outlives its mount).
 type MountOnly interface {
 	MountOnly()
+}
+
+// Planner is implemented by backends whose Create does not always do the
+// same kind of thing: an out-of-process plugin (framework/plugin) has the
+// plugin create storage, or only describes a tmpfs of the driver's, as the
+// version of the plugin running decides. A first publish calls Plan before it
+// writes or creates anything: Plan decides what Create will do for v and
+// records that in v.State, which the volume's record keeps from then on (the
+// intent record written before Create included), so that Create and Delete
+// follow what was decided instead of asking again. Tearing the volume down
+// then depends on a component that may be down (the plugin) only when that
+// component was asked to create something.
+//
+// Plan must create nothing. Its Plan.MountOnly replaces MountOnly for that
+// volume: the publish writes no intent record and relaxed records for it only
+// when the backend is also a Finder (by its type; Find must find such a
+// volume's storage), and writes the intent record otherwise. Create receives
+// v.State as Plan left it, and Delete what Create left (also when Create
+// failed: a Create that knows it created nothing can say so in v.State).
+type Planner interface {
+	Plan(ctx context.Context, v *api.Volume) (Plan, error)
+}
+
+// Plan is what a Planner's Create will do for one volume.
+type Plan struct {
+	// MountOnly: Create changes nothing on the node, the volume is nothing
+	// but its mount (as for a MountOnly backend).
+	MountOnly bool
 }
 
 // Stamper is implemented by backends whose storage outlives the driver process
@@ -208,7 +238,7 @@ const (
 // (framework/plugin) says so in its handshake, and may say otherwise after it
 // restarts. The framework asks Implements before each use of an optional
 // interface (Validator, Lister, HealthChecker, ContentProvider, Authorizer,
-// Finder, MountOnly, Stamper) that b's type has; As does the same for code
+// Finder, MountOnly, Stamper, Planner) that b's type has; As does the same for code
 // outside the framework.
 type DynamicBackend interface {
 	Backend

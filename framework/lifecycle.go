@@ -190,9 +190,10 @@ func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state ma
 	return err
 }
 
-// publishNew is the first publish of a volume: durable intent (when the backend
-// needs one: needsIntent), backend, target, mount, content, durable completion.
-// On failure everything is rolled back.
+// publishNew is the first publish of a volume: the backend's plan (a
+// Planner), durable intent (when the backend needs one: needsIntent, or the
+// plan), backend, target, mount, content, durable completion. On failure
+// everything is rolled back.
 func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
 	log := klog.FromContext(ctx)
 	v := pr.vol
@@ -218,8 +219,25 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
 		return nil, err
 	}
+	var intent, relax bool
+	if p, ok := As[Planner](pr.backend); !ok {
+		intent, relax = needsIntent(pr.backend), relaxed(pr.backend)
+	} else {
+		// What Create will do is decided once, here, and recorded in
+		// v.State: the intent record and the decisions below follow it, not
+		// a later answer of a backend that may have changed (a plugin
+		// restarted as another version) or be down at teardown.
+		plan, err := p.Plan(ctx, v)
+		if err != nil {
+			d.capacity.release(v.Backend, v.Size)
+			return nil, fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
+		}
+		_, finds := pr.backend.(Finder)
+		relax = plan.MountOnly && finds
+		intent = !relax
+	}
 	rec := newRecord(pr, store.PhasePublishing)
-	intent := needsIntent(pr.backend)
+	rec.State = v.State
 	if intent {
 		if err := d.store.Put(ctx, rec); err != nil {
 			d.capacity.release(v.Backend, v.Size)
@@ -251,16 +269,17 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	}()
 
 	src, err := d.createStorage(ctx, pr.backend, v)
+	rec.State = v.State // what the rollback's Delete needs, also of a failed Create
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
 	failpoint.Hit(failpoint.PublishAfterCreate)
-	rec.Source, rec.State = &src, v.State
+	rec.Source = &src
 	if err := d.mountAndFill(ctx, pr, src); err != nil {
 		return nil, err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
-	if err := d.putRecord(ctx, pr.backend, rec); err != nil {
+	if err := d.putRecordRelaxed(ctx, relax, rec); err != nil {
 		return nil, transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
@@ -452,7 +471,12 @@ func relaxed(b Backend) bool {
 // putRecord saves rec of a volume of backend b: relaxed when b allows it and
 // the store can, durably otherwise.
 func (d *Driver) putRecord(ctx context.Context, b Backend, rec *store.Record) error {
-	if rs, ok := d.store.(store.Relaxed); ok && relaxed(b) {
+	return d.putRecordRelaxed(ctx, relaxed(b), rec)
+}
+
+// putRecordRelaxed saves rec, relaxed when relax and the store can.
+func (d *Driver) putRecordRelaxed(ctx context.Context, relax bool, rec *store.Record) error {
+	if rs, ok := d.store.(store.Relaxed); ok && relax {
 		return rs.PutRelaxed(ctx, rec)
 	}
 	return d.store.Put(ctx, rec)

@@ -8,7 +8,7 @@ import (
 )
 
 // toProto is v as the protocol carries it: never its secrets or tokens, which
-// go on the calls that need them, nor the driver's own state key.
+// go on the calls that need them, nor the driver's own state keys.
 func toProto(v *api.Volume) *pb.Volume {
 	pv := &pb.Volume{
 		Id:   v.ID,
@@ -28,7 +28,7 @@ func toProto(v *api.Volume) *pb.Volume {
 	if len(v.State) > 0 {
 		pv.State = make(map[string]string, len(v.State))
 		for k, val := range v.State {
-			if k != storageKey {
+			if !reserved(k) {
 				pv.State[k] = val
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"path/filepath"
 	"slices"
@@ -43,11 +44,52 @@ const (
 // handshakeTimeout bounds the handshake Implements makes when it has none.
 const handshakeTimeout = 5 * time.Second
 
-// storageKey marks, in a volume's State, a volume whose storage the plugin
-// created (CREATE), so that it is deleted through the plugin even if a later
-// version of the plugin no longer creates storage. It is never sent to the
-// plugin.
-const storageKey = "ephemera.dev/plugin-storage"
+// The driver's own keys in a volume's State, never sent to the plugin nor
+// taken from it.
+const (
+	// createsKey records, before anything is created (Plan, or Create for a
+	// volume published before it existed), whether the volume's storage is
+	// the plugin's: "true" once Create is about to ask the plugin for it
+	// (CREATE), "false" for the driver's tmpfs (a content-only plugin, or a
+	// Create that never reached the plugin). Create and Delete follow it, not
+	// the handshake of the moment: a volume of the driver's is torn down
+	// without the plugin, and one that may hold the plugin's storage only
+	// through it.
+	createsKey = "ephemera.dev/plugin-creates"
+	// storageKey marks a volume whose storage the plugin created (its Create
+	// answered), so that it is deleted through the plugin even if a later
+	// version of the plugin no longer creates storage.
+	storageKey = "ephemera.dev/plugin-storage"
+)
+
+// reserved reports whether k is one of the driver's own State keys.
+func reserved(k string) bool { return k == createsKey || k == storageKey }
+
+// withState returns a copy of state with k set to val: State maps may be
+// shared with the volume's record and are never changed in place.
+func withState(state map[string]string, k, val string) map[string]string {
+	out := make(map[string]string, len(state)+1)
+	maps.Copy(out, state)
+	out[k] = val
+	return out
+}
+
+// pluginStorage reports what v's State says of its storage: whether the
+// plugin was asked to create it (or did), and whether that was recorded at
+// all (not for a volume published by a driver before createsKey, nor for one
+// whose record was rebuilt from the node).
+func pluginStorage(v *api.Volume) (plugins, known bool) {
+	if v.State[storageKey] != "" {
+		return true, true
+	}
+	switch v.State[createsKey] {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
 
 // Options configure the driver's side of one plugin.
 type Options struct {
@@ -137,6 +179,7 @@ var (
 	_ framework.HealthChecker   = (*Backend)(nil)
 	_ framework.ContentProvider = (*Backend)(nil)
 	_ framework.Authorizer      = (*Backend)(nil)
+	_ framework.Planner         = (*Backend)(nil)
 )
 
 // New returns the plugin at opts.Endpoint as a backend. Nothing is dialed
@@ -288,6 +331,9 @@ func (b *Backend) withTimeout(ctx context.Context) (context.Context, context.Can
 // cannot be reached is said to implement it: the call then fails with
 // Unavailable.
 func (b *Backend) Implements(iface any) bool {
+	if _, ok := iface.(*framework.Planner); ok {
+		return true // whatever the plugin says: Plan asks it
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(handshakeTimeout, b.opts.Timeout))
 	defer cancel()
 	s, err := b.sessionOrLast(ctx)
@@ -369,16 +415,49 @@ func (b *Backend) Validate(v *api.Volume) error {
 	return nil
 }
 
+// Plan decides, before anything is created for a first publish, whether the
+// volume's storage is the plugin's (CREATE) or the driver's tmpfs (a
+// content-only plugin), from the plugin's handshake (its last one when it
+// cannot be reached: nothing is asked of it then), and records it in v.State
+// for Create and Delete to follow.
+func (b *Backend) Plan(ctx context.Context, v *api.Volume) (framework.Plan, error) {
+	ctx, cancel := b.withTimeout(ctx)
+	defer cancel()
+	s, err := b.sessionOrLast(ctx)
+	if err != nil {
+		return framework.Plan{}, err
+	}
+	creates := s.has(pb.Capability_CAPABILITY_CREATE)
+	v.State = withState(v.State, createsKey, strconv.FormatBool(creates))
+	return framework.Plan{MountOnly: !creates}, nil
+}
+
 // Create asks the plugin for the volume's storage (CREATE), or returns the
-// driver's tmpfs for a content-only plugin.
+// driver's tmpfs for a volume planned as one (a content-only plugin's), as
+// v.State records; a volume without a plan (published by an older driver,
+// or rebuilt from the node) is decided by the handshake now.
 func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
+	plugins, known := pluginStorage(v)
+	if known && !plugins {
+		return b.tmpfs.Create(ctx, v) // the driver's: nothing to ask the plugin
+	}
 	ctx, cancel, s, err := b.start(ctx)
 	if err != nil {
+		b.createdNothing(v)
 		return api.Source{}, err
 	}
 	defer cancel()
 	if !s.has(pb.Capability_CAPABILITY_CREATE) {
+		if known {
+			b.createdNothing(v)
+			return api.Source{}, fmt.Errorf("%w: plugin %s (%s %s) no longer implements CREATE, and volume %s was to get its storage from it: it was replaced since; the kubelet retries",
+				api.ErrUnavailable, b.opts.Name, clip(s.name), clip(s.version), v.ID)
+		}
+		v.State = withState(v.State, createsKey, "false")
 		return b.tmpfs.Create(ctx, v)
+	}
+	if !known {
+		v.State = withState(v.State, createsKey, "true")
 	}
 	resp, err := b.client.Create(ctx, &pb.CreateRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)})
 	if err != nil {
@@ -388,15 +467,24 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 	if err != nil {
 		return api.Source{}, err
 	}
-	v.State = map[string]string{}
+	state := map[string]string{}
 	for k, val := range resp.GetState() {
-		if k == storageKey {
-			return api.Source{}, b.garbage("Create", "state key %q is reserved", storageKey)
+		if reserved(k) {
+			return api.Source{}, b.garbage("Create", "state key %q is reserved", k)
 		}
-		v.State[k] = val
+		state[k] = val
 	}
-	v.State[storageKey] = "true"
+	state[createsKey], state[storageKey] = "true", "true"
+	v.State = state
 	return src, nil
+}
+
+// createdNothing records that a Create that did not reach the plugin left
+// nothing of the plugin's, unless an earlier Create of the volume did.
+func (b *Backend) createdNothing(v *api.Volume) {
+	if v.State[storageKey] == "" {
+		v.State = withState(v.State, createsKey, "false")
+	}
 }
 
 // source checks what the plugin answered Create and turns it into what the
@@ -438,24 +526,49 @@ func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
 
 // Delete asks the plugin to free a volume's storage (CREATE; also for a
 // volume known only by its ID, as the reconcile and the GC may have it). A
-// content-only plugin's volume is the driver's tmpfs: nothing to free.
+// volume that v.State says is the driver's tmpfs (a content-only plugin's) has
+// nothing to free, and is deleted without the plugin, which may be down.
 func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
+	plugins, known := pluginStorage(v)
+	if known && !plugins {
+		return nil // the driver's tmpfs: nothing outside the mount
+	}
 	ctx, cancel, s, err := b.start(ctx)
 	if err != nil {
-		return err
+		return b.deleteBlocked(v, known, err)
 	}
 	defer cancel()
 	if !s.has(pb.Capability_CAPABILITY_CREATE) {
 		if v.State[storageKey] == "" {
-			return nil // the driver's tmpfs: nothing outside the mount
+			// A volume without a plan (an older driver's: then a content-only
+			// plugin's), or one whose Create never answered: this version
+			// of the plugin keeps no storage to delete.
+			return nil
 		}
-		return fmt.Errorf("%w: plugin %s created the storage of volume %s but no longer implements CREATE (%s %s): it cannot be deleted until a version that does runs",
+		return fmt.Errorf("%w: plugin %s created the storage of volume %s but no longer implements CREATE (%s %s): it cannot be deleted until a version that does runs; the kubelet retries (docs/operations.md, \"Pod stuck in Terminating\")",
 			api.ErrUnavailable, b.opts.Name, v.ID, clip(s.name), clip(s.version))
 	}
 	if _, err := b.client.Delete(ctx, &pb.DeleteRequest{Volume: toProto(v)}); err != nil {
-		return b.callError("Delete", err)
+		return b.deleteBlocked(v, known, b.callError("Delete", err))
 	}
 	return nil
+}
+
+// deleteBlocked is the error of a Delete the plugin did not take (err): for
+// storage that is the plugin's, with the way out.
+func (b *Backend) deleteBlocked(v *api.Volume, known bool, err error) error {
+	if !errors.Is(err, api.ErrUnavailable) {
+		return err
+	}
+	what := "created the storage of volume " + v.ID
+	switch {
+	case v.State[storageKey] == "" && known:
+		what = "was asked to create the storage of volume " + v.ID + " (its Create did not answer)"
+	case !known:
+		what = "may hold storage of volume " + v.ID + " (its record does not say whose storage it is: published by an older driver, or rebuilt from the node)"
+	}
+	return fmt.Errorf("%w; plugin %s %s and only it can delete it: start plugin %s again (any version that implements CREATE); the kubelet's next retry finishes the teardown (docs/operations.md, \"Pod stuck in Terminating\")",
+		err, b.opts.Name, what, b.opts.Name)
 }
 
 // Find returns where a content-only plugin's volume is published from: the
