@@ -10,8 +10,8 @@ import (
 // the defaults shown. A driver adds its own flags beside them.
 //
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
-//	--max-volumes-per-node --metrics-address --gc-interval --orphan-grace-period
-//	--gc-dry-run --gc-max-orphan-share
+//	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
+//	--orphan-grace-period --gc-dry-run --gc-max-orphan-share
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -39,6 +39,10 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.BoolVar(&o.RegisterWithKubelet, "register", o.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", o.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz, /readyz and /volumes over HTTP on this address, e.g. :9809. Empty: off.")
+	if o.VolumesEndpoint == nil {
+		o.VolumesEndpoint = new(true)
+	}
+	fs.BoolVar(o.VolumesEndpoint, "volumes-endpoint", *o.VolumesEndpoint, "Serve GET /volumes on --metrics-address: the pods (namespace, name, UID), targets, backends, sizes and usage of this node's volumes, for ephemera-scratch volumes and kubectl ephemera volumes. false: 404.")
 	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
 	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")

@@ -59,7 +59,9 @@ func (d *Driver) initObservability() {
 	mux.Handle("GET /metrics", d.metrics.Handler())
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
-	mux.HandleFunc("GET /volumes", d.serveVolumes)
+	if d.opts.VolumesEndpoint == nil || *d.opts.VolumesEndpoint {
+		mux.HandleFunc("GET /volumes", d.serveVolumes)
+	}
 	d.http.handler = mux
 }
 
@@ -87,7 +89,8 @@ func methodNames(ms []grpc.MethodDesc) []string {
 //   - /volumes: the volumes the driver holds on this node, as a [api.VolumeList]
 //     in JSON (pod namespace, name and UID, volume name, backend, size,
 //     phase, creation time, and the usage of mounted volumes; never
-//     attributes or secrets); 503 until the driver serves.
+//     attributes or secrets); 503 until the driver serves; not served (404)
+//     with Options.VolumesEndpoint false.
 //
 // It may be mounted before Run starts; /readyz then says not ready.
 func (d *Driver) Handler() http.Handler { return d.http.handler }

@@ -141,6 +141,14 @@ type Options struct {
 	// startup reconcile until Run returns (see Driver.Handler to mount them in
 	// a server of your own instead). Defaults to "": not served.
 	MetricsAddress string
+	// VolumesEndpoint says whether Handler (and so the MetricsAddress
+	// server) serves GET /volumes: for every volume on this node its ID, the
+	// pod's namespace, name and UID, the volume's name, target path, backend,
+	// size, phase, creation time and usage, to whoever reaches the address
+	// (never attributes, secrets or tokens). ephemera-scratch volumes and
+	// kubectl ephemera volumes read it. False: /volumes answers 404, as any
+	// unknown path, and nothing else changes. Defaults to nil: served.
+	VolumesEndpoint *bool
 	// Events, when set, receives Kubernetes events for pods whose volume failed
 	// to provision or refresh, or was removed by the orphan GC (see EventSink
 	// and package framework/events). Defaults to nil: no events.

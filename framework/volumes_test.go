@@ -102,3 +102,35 @@ func TestVolumesBeforeRun(t *testing.T) {
 		t.Errorf("GET /volumes before Run: %s, want 503", resp.Status)
 	}
 }
+
+// With Options.VolumesEndpoint false, GET /volumes answers 404 (on the
+// MetricsAddress server and on Handler) and nothing else changes: /metrics,
+// /healthz and /readyz answer as with it on, and volumes are published.
+func TestVolumesEndpointOff(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		h, fake, _ := fakeHarness(t, func(o *framework.Options) {
+			o.MetricsAddress = "127.0.0.1:0"
+			if !on {
+				o.VolumesEndpoint = new(false)
+			}
+		})
+		pod := h.Kubelet.NewPod("ns", "web")
+		if err := publishFake(t, h, fake, pod, dirVolume("cache")); err != nil {
+			t.Fatalf("on=%v: publish: %v", on, err)
+		}
+		want := map[string]int{"/metrics": http.StatusOK, "/healthz": http.StatusOK, "/readyz": http.StatusOK, "/volumes": http.StatusOK}
+		if !on {
+			want["/volumes"] = http.StatusNotFound
+		}
+		for path, code := range want {
+			if got := statusOf(t, "http://"+h.Driver().MetricsAddr()+path); got != code {
+				t.Errorf("on=%v: GET %s over HTTP: %d, want %d", on, path, got, code)
+			}
+			resp, _ := handlerGet(h.Driver().Handler(), path)()
+			resp.Body.Close()
+			if resp.StatusCode != code {
+				t.Errorf("on=%v: GET %s from Handler: %d, want %d", on, path, resp.StatusCode, code)
+			}
+		}
+	}
+}

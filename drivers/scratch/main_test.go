@@ -28,7 +28,7 @@ func TestFlags(t *testing.T) {
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
-		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic",
+		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("flags %q, want %q", names, want)
@@ -39,7 +39,7 @@ func TestFlags(t *testing.T) {
 	}
 	for name, def := range map[string]string{
 		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
-		"tmpfs-max-inodes": "1048576", "events": "false", "gc-confirm-with-api": "false",
+		"tmpfs-max-inodes": "1048576", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
 	} {
 		if got := fs.Lookup(name).DefValue; got != def {
 			t.Errorf("--%s defaults to %q, want %q", name, got, def)

@@ -150,7 +150,7 @@ func askDriver(address string, timeout time.Duration) (*api.VolumeList, error) {
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
-		return nil, fmt.Errorf("the driver at %s does not serve /volumes (%s): it is older than this binary; use the binary of the running image", address, resp.Status)
+		return nil, fmt.Errorf("the driver at %s does not serve /volumes (%s): it runs with --volumes-endpoint=false, or is older than this binary (then use the binary of the running image)", address, resp.Status)
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("the driver at %s: %s: %s", address, resp.Status, strings.TrimSpace(string(body)))
 	}

@@ -105,3 +105,25 @@ func readFile(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// A driver running with --volumes-endpoint=false answers 404: the command
+// says so instead of waiting for the state file the driver holds.
+func TestVolumesCommandEndpointOff(t *testing.T) {
+	fake := mount.NewFake()
+	b, err := dir.New(dir.Options{Root: filepath.Join(t.TempDir(), "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := drivertest.Start(t, framework.Options{
+		DriverName:      DriverName,
+		Backends:        map[string]framework.Backend{"dir": b},
+		Mounter:         fake,
+		MetricsAddress:  "127.0.0.1:0",
+		VolumesEndpoint: new(false),
+	})
+	var out, errb bytes.Buffer
+	code := volumesCommand([]string{"--state-dir", h.Options.StateDir, "--address", h.Driver().MetricsAddr(), "--timeout", "300ms"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "404") || !strings.Contains(errb.String(), "--volumes-endpoint=false") {
+		t.Errorf("volumes of a driver without the endpoint: %d %q", code, errb.String())
+	}
+}

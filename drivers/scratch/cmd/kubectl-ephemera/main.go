@@ -178,13 +178,17 @@ func (c *client) get(ctx context.Context, query url.Values, out any, path ...str
 	}
 	if resp.StatusCode != http.StatusOK {
 		var st struct {
+			Kind    string `json:"kind"`
 			Message string `json:"message"`
 		}
-		msg := string(body)
-		if json.Unmarshal(body, &st) == nil && st.Message != "" {
-			msg = st.Message
+		se := &statusError{code: resp.StatusCode, msg: string(body)}
+		if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
+			se.apiServer = true
+			if st.Message != "" {
+				se.msg = st.Message
+			}
 		}
-		return &statusError{code: resp.StatusCode, msg: msg}
+		return se
 	}
 	return json.Unmarshal(body, out)
 }
@@ -192,6 +196,9 @@ func (c *client) get(ctx context.Context, query url.Values, out any, path ...str
 type statusError struct {
 	code int
 	msg  string
+	// apiServer: the answer is a Kubernetes Status, the API server's (else
+	// it came from the driver pod through the proxy).
+	apiServer bool
 }
 
 func (e *statusError) Error() string {
@@ -239,6 +246,9 @@ func (c *client) volumes(ctx context.Context, ns, name string, port int) (*api.V
 	var se *statusError
 	if errors.As(err, &se) && se.code == http.StatusForbidden {
 		return nil, fmt.Errorf("pod %s: %w (RBAC: get on pods/proxy in %s)", name, err, ns)
+	}
+	if errors.As(err, &se) && se.code == http.StatusNotFound && !se.apiServer {
+		return nil, fmt.Errorf("pod %s: %w (the driver does not serve /volumes: it runs with --volumes-endpoint=false, or is older than this plugin)", name, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: %w", name, err)

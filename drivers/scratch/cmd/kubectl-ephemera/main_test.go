@@ -22,6 +22,12 @@ import (
 // fakeAPI answers the pod list and the pod proxy as kube-apiserver does, for
 // two driver pods (node-1, node-2; a third is Pending), and records requests.
 func fakeAPI(t *testing.T, forbidProxy bool) (kubeconfig string, seen func() []string) {
+	return fakeAPIWith(t, forbidProxy, false)
+}
+
+// fakeAPIWith is fakeAPI whose driver pods answer 404 (a driver with
+// --volumes-endpoint=false) when volumesOff.
+func fakeAPIWith(t *testing.T, forbidProxy, volumesOff bool) (kubeconfig string, seen func() []string) {
 	t.Helper()
 	var mu sync.Mutex
 	var reqs []string
@@ -59,6 +65,12 @@ func fakeAPI(t *testing.T, forbidProxy bool) (kubeconfig string, seen func() []s
 			if forbidProxy {
 				w.WriteHeader(http.StatusForbidden)
 				fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods \"x\" is forbidden: User \"alice\" cannot get resource \"pods/proxy\"","reason":"Forbidden","code":403}`)
+				return
+			}
+			if volumesOff { // the driver's mux, through the proxy
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprintln(w, "404 page not found")
 				return
 			}
 			node := map[string]string{"ephemera-scratch-node-0:9809": "node-1", "ephemera-scratch-node-1:9809": "node-2"}[strings.Split(r.URL.Path, "/")[6]]
@@ -145,6 +157,17 @@ func TestVolumesProxyForbidden(t *testing.T) {
 	}
 	if strings.Contains(errb.String(), "secret-token") {
 		t.Error("the token in an error")
+	}
+}
+
+// A driver that does not serve /volumes (--volumes-endpoint=false) is named
+// as such, not taken for a missing pod.
+func TestVolumesEndpointOff(t *testing.T) {
+	kubeconfig, _ := fakeAPIWith(t, false, true)
+	var out, errb bytes.Buffer
+	code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--node", "node-1"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "404 Not Found") || !strings.Contains(errb.String(), "--volumes-endpoint=false") {
+		t.Errorf("volumes endpoint off: %d %q", code, errb.String())
 	}
 }
 
