@@ -69,6 +69,7 @@ run: build
 TEST_STEPS := deps verify vet test-unit test-model test-examples manifests e2e
 TEST_BESIDE_E2E := lint cross image-check
 test:
+	@test/e2e/build-k8s.sh --check
 	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; : >$(OUT)/beside-e2e.log; \
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
 	  echo "test: building the Kubernetes binaries in the background (log: $(OUT)/build-k8s.log)"; \
