@@ -83,7 +83,7 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION}"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor}"
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 
-echo "build-k8s: building ${bins[*]} ${K8S_VERSION} into $out (cold: 17-25 min on 2 cores)" >&2
+echo "build-k8s: building ${bins[*]} ${K8S_VERSION} into $out (cold: 7-25 min on 2 cores, depending on the load)" >&2
 start=$(date +%s)
 (
 	cd "$here/k8s"
