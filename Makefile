@@ -42,7 +42,7 @@ EXAMPLES    := examples/hello examples/tokenfile examples/plugin-node
 NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
-.PHONY: all build run test deps proto proto-check lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
 
 all: build
@@ -69,6 +69,7 @@ run: build
 TEST_STEPS := deps verify vet test-unit test-model test-examples manifests e2e
 TEST_BESIDE_E2E := lint cross image-check
 test:
+	@test/e2e/build-k8s.sh --check
 	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; : >$(OUT)/beside-e2e.log; \
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
 	  echo "test: building the Kubernetes binaries in the background (log: $(OUT)/build-k8s.log)"; \
@@ -138,10 +139,17 @@ E2E_MANYPODS_ROUNDS ?= 1
 # time-to-all-Running ratio (about three minutes more).
 E2E_FULLNODE_COMPARE ?=
 
-## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes v1.34.4 once, cached),
-## with the image's driver binary (build-static); the harness builds testbin and the registrar with the
-## images' flags (STATICFLAGS).
+# K8S_VERSION: the Kubernetes release of e2e (and of make test's e2e step). The default is the one
+# test/e2e/k8s/go.mod pins (v1.37.2); each other supported minor has test/e2e/k8s/v1.MINOR.mod (+ .sum), which
+# pins one patch release (test/e2e/README.md, "Kubernetes versions"). build-k8s.sh refuses any other.
+K8S_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' test/e2e/k8s/go.mod)
+export K8S_VERSION
+
+## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) once, cached;
+## make e2e K8S_VERSION=v1.35.4 for another supported release), with the image's driver binary
+## (build-static); the harness builds testbin and the registrar with the images' flags (STATICFLAGS).
 e2e: build-static
+	@test/e2e/build-k8s.sh --check
 	test/e2e/install-deps.sh
 	@if [ -f $(OUT)/build-k8s.pid ]; then pg=$$(cat $(OUT)/build-k8s.pid); \
 	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; true; fi
@@ -206,13 +214,19 @@ cross: cross-test-windows
 	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
-## verify: gofmt clean, go.mod tidy, no tracked file over 1 MiB and every main package's go build output ignored (.ci/check-tree)
-verify: proto-check
+## verify: gofmt clean, go.mod tidy, every module file of test/e2e/k8s verified (go mod verify), no tracked
+## file over 1 MiB and every main package's go build output ignored (.ci/check-tree)
+verify: proto-check verify-e2e-modules
 	.ci/check-tree
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@cp go.mod /tmp/go.mod.bak; cp go.sum /tmp/go.sum.bak; $(GO) mod tidy; \
 	  if ! diff -q go.mod /tmp/go.mod.bak >/dev/null || ! diff -q go.sum /tmp/go.sum.bak >/dev/null; then \
 	    echo "go.mod/go.sum not tidy (run go mod tidy)"; cp /tmp/go.mod.bak go.mod; cp /tmp/go.sum.bak go.sum; exit 1; fi
+
+## verify-e2e-modules: go mod verify for each Kubernetes module file of test/e2e/k8s (go.mod, v1.*.mod):
+## the downloaded modules each pins are the ones its .sum names
+verify-e2e-modules:
+	@cd test/e2e/k8s && for m in go.mod v1.*.mod; do echo "go mod verify -modfile=$$m"; $(GO) mod verify -modfile=$$m || exit 1; done
 
 ## bench: the latency table against the raw-syscall floor, the kubelet-shaped comparison with a
 ## stateless reference driver (ratios), the overhead of a plugin process over the same backend in process

@@ -33,8 +33,7 @@ import (
 )
 
 const (
-	k8sVersion = "v1.34.4"
-	nodeName   = "e2e-node"
+	nodeName = "e2e-node"
 	// secondNodeName is TestTwoNodes' extra node. Its kubelet token is in the static
 	// token file from the start (the API server reads it once).
 	secondNodeName    = "e2e-node-b"
@@ -53,7 +52,9 @@ type cluster struct {
 	root     string // this run's root; everything lives below it
 	logDir   string
 	binDir   string // kubelet, kube-apiserver, etcd, fakecri
-	runtime  string
+	// k8sVersion is the kubelet's version ("v1.37.2"), from kubelet --version.
+	k8sVersion string
+	runtime    string
 
 	pidMu sync.Mutex
 	pki   *pki
@@ -386,6 +387,21 @@ func (c *cluster) findBinaries(ctx context.Context) error {
 			return fmt.Errorf("binary %s missing in %s: %w", b, c.binDir, err)
 		}
 	}
+	out, err := exec.CommandContext(ctx, filepath.Join(c.binDir, "kubelet"), "--version").Output()
+	if err != nil {
+		return fmt.Errorf("kubelet --version: %w", err)
+	}
+	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
+	if !ok {
+		return fmt.Errorf("kubelet --version: %q, want \"Kubernetes v1.N.P\"", out)
+	}
+	// K8S_VERSION (make's, which build-k8s.sh builds) must be what runs: an
+	// EPHEMERA_E2E_K8S_BIN of another release would silently test that one.
+	if want := os.Getenv("K8S_VERSION"); want != "" && want != v {
+		return fmt.Errorf("K8S_VERSION=%s, but the kubelet in %s is %s", want, c.binDir, v)
+	}
+	c.k8sVersion = v
+	c.logf("Kubernetes %s (%s)", v, c.binDir)
 	return nil
 }
 

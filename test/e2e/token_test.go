@@ -3,10 +3,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -66,108 +68,8 @@ func TestTokenRotation(t *testing.T) {
 	}
 	requireDriver(t) // the scratch driver runs too, as in every other test
 	ctx := context.Background()
-	tStart := time.Now()
-
-	// The driver: examples/tokenfile built from its own module, run as a host
-	// process as the scratch driver is (TestExampleFromChart covers the chart).
-	bin := filepath.Join(c.root, "bin", "tokenfile")
-	if err := c.goBuildIn(ctx, filepath.Join(c.repoRoot, tokenfileDir), bin, "."); err != nil {
-		t.Fatal(err)
-	}
-	d, err := c.newDriver(&c.node, tokenfileDriver, bin, filepath.Join(c.root, "tokenfile"), "tokenfile")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// Its CSIDriver: the example's, with the test's audience and the minimum TTL.
-	var cd storagev1.CSIDriver
-	if err := decodeFile(filepath.Join(c.repoRoot, tokenfileDir, "csidriver.yaml"), &cd); err != nil {
-		t.Fatal(err)
-	}
-	if cd.Name != tokenfileDriver || cd.Spec.RequiresRepublish == nil || !*cd.Spec.RequiresRepublish || len(cd.Spec.TokenRequests) == 0 {
-		t.Fatalf("%s/csidriver.yaml: want CSIDriver %s with requiresRepublish and tokenRequests, got %s %+v", tokenfileDir, tokenfileDriver, cd.Name, cd.Spec)
-	}
-	cd.Spec.TokenRequests = tokenRequests(tokenAudience)
-	if _, err := c.cs.StorageV1().CSIDrivers().Create(ctx, &cd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last registered first: the pod (while the driver still
-	// runs, so that it is unpublished), then the driver, then the CSIDriver.
-	t.Cleanup(func() {
-		if err := c.cs.StorageV1().CSIDrivers().Delete(ctx, tokenfileDriver, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete CSIDriver %s: %v", tokenfileDriver, err)
-		}
-	})
-	t.Cleanup(func() {
-		d.stop()
-		err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+tokenfileDriver, func() (bool, error) {
-			ok, err := csiNodeLists(ctx, c, tokenfileDriver)
-			return !ok, err
-		})
-		if err != nil {
-			t.Error(err)
-		}
-	})
-	if err := d.start(ctx); err != nil {
-		t.Fatalf("start %s: %v", tokenfileDriver, err)
-	}
-	c.step("tokenfile built, started and registered", tStart)
-
-	// The pod: examples/tokenfile/pod.yaml with the harness's image and the
-	// test's audience, in a namespace of its own.
-	if err := c.ensureNamespace(ctx, tokenNS); err != nil {
-		t.Fatal(err)
-	}
-	var p corev1.Pod
-	if err := decodeFile(filepath.Join(c.repoRoot, tokenfileDir, "pod.yaml"), &p); err != nil {
-		t.Fatal(err)
-	}
-	if len(p.Spec.Containers) != 1 || len(p.Spec.Containers[0].VolumeMounts) != 1 || len(p.Spec.Volumes) != 1 ||
-		p.Spec.Volumes[0].CSI == nil || p.Spec.Volumes[0].CSI.Driver != tokenfileDriver || p.Spec.Volumes[0].CSI.VolumeAttributes["audience"] == "" {
-		t.Fatalf("%s/pod.yaml: want one container and one inline volume of %s with an audience", tokenfileDir, tokenfileDriver)
-	}
-	mnt := p.Spec.Containers[0].VolumeMounts[0].MountPath
-	tokenPath := mnt + "/token" // the default fileName
-	grace, no := int64(1), false
-	p.Namespace = tokenNS
-	p.Spec.NodeName = nodeName
-	p.Spec.HostNetwork = true
-	p.Spec.DNSPolicy = corev1.DNSDefault
-	p.Spec.EnableServiceLinks = &no
-	p.Spec.AutomountServiceAccountToken = &no
-	p.Spec.TerminationGracePeriodSeconds = &grace
-	p.Spec.Volumes[0].CSI.VolumeAttributes["audience"] = tokenAudience
-	ctn := &p.Spec.Containers[0]
-	ctn.Image, ctn.ImagePullPolicy = c.testImage, corev1.PullNever
-	ctn.Command, ctn.Args = []string{"/testbin"}, []string{"pause"}
-	tPod := time.Now()
-	pod := c.createPod(t, &p)
-	t.Cleanup(func() {
-		c.deletePod(t, pod, goneTimeout)
-		c.cleanedUp(t, pod, pod.Spec.Volumes[0])
-	})
-	pod = c.waitRunning(t, pod, runningTimeout)
-	vol := pod.Spec.Volumes[0]
-	h := volumeHandle(string(pod.UID), vol.Name)
-	c.step("tokenfile's example pod Running", tPod)
-
-	sa, err := c.cs.CoreV1().ServiceAccounts(tokenNS).Get(ctx, pod.Spec.ServiceAccountName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// What stays the same throughout: the mount on the node and in the container.
-	host := c.published(t, pod, vol)
-	inCtr := c.containerMount(t, pod, mnt)
-	t.Logf("mount: node ID %d at %s (%s), container ID %d at %s (%s, %s)", host.ID, host.MountPoint, host.FSType, inCtr.ID, mnt, inCtr.FSType, inCtr.Options)
-	sameMount := func(when string) {
-		t.Helper()
-		if m := c.published(t, pod, vol); m.ID != host.ID {
-			t.Errorf("%s: the node's mount at the target is now ID %d, was %d (remounted)", when, m.ID, host.ID)
-		}
-		if m := c.containerMount(t, pod, mnt); m.ID != inCtr.ID {
-			t.Errorf("%s: the container's mount at %s is now ID %d, was %d (remounted)", when, mnt, m.ID, inCtr.ID)
-		}
-	}
+	tr := c.startTokenfile(t, "tokenfile", false)
+	d, pod, sa, h, tokenPath, sameMount := tr.d, tr.pod, tr.sa, tr.h, tr.tokenPath, tr.sameMount
 
 	// 1. The first token.
 	tok1 := c.readToken(t, pod, tokenPath)
@@ -218,7 +120,7 @@ func TestTokenRotation(t *testing.T) {
 		t.Fatalf("restart kubelet: %v", err)
 	}
 	var tok2 string
-	err = waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
+	err := waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
 		tok2 = c.readToken(t, pod, tokenPath)
 		return tok2 != tok1, nil
 	})
@@ -259,6 +161,235 @@ func TestTokenRotation(t *testing.T) {
 		}
 	}
 	c.step("token rotation (failing refresh, recovery, kubelet restart)", tFail)
+}
+
+// TestTokenInSecrets is TestTokenRotation with the CSIDriver's
+// spec.serviceAccountTokenInSecrets: true (Kubernetes 1.35 beta, on by default;
+// GA in 1.36): the kubelet puts csi.storage.k8s.io/serviceAccount.tokens in
+// NodePublishVolume's secrets instead of its volume_context
+// (pkg/volume/csi/csi_mounter.go), and tokenfile reads it from there.
+//
+//  1. first publish: every NodePublishVolume of the volume carries secrets (the
+//     pod names no nodePublishSecretRef, so they are the token's) and no
+//     serviceAccount.tokens key in its volume_context, as the driver's
+//     sanitized request log shows (protosanitizer replaces the secrets map as a
+//     whole); the container reads a token for the audience, bound to the pod
+//     (claims and TokenReview, as TestTokenRotation checks them);
+//  2. rotation: after a kubelet restart the re-sent NodePublishVolume, again
+//     with the token in secrets only, carries a new token (other jti, later
+//     iat), which the running container reads from the same mount.
+//
+// No line of any component's log (driver, kubelet, API server, etcd,
+// containerd) contains either token or its signature. Skipped where the API
+// server drops the field (its feature gate off: before 1.35).
+func TestTokenInSecrets(t *testing.T) {
+	c := clu
+	if c.runtime != runtimeContainerd {
+		t.Skip("reads the token file and mountinfo inside a running container: EPHEMERA_E2E_RUNTIME=containerd")
+	}
+	requireDriver(t)
+	ctx := context.Background()
+	tr := c.startTokenfile(t, "tokenfile-secrets", true)
+	d, pod, h := tr.d, tr.pod, tr.h
+	inSecretsOnly := func(since int64, when string) {
+		t.Helper()
+		pub := d.rpcLines(since, "NodePublishVolume", h)
+		if len(pub) == 0 {
+			t.Errorf("%s: no NodePublishVolume request for %s in %s", when, h, d.logPath)
+		}
+		for _, l := range pub {
+			if !strings.Contains(l, `\"secrets\":\"***stripped***\"`) || strings.Contains(l, "serviceAccount.tokens") {
+				t.Errorf("%s: NodePublishVolume without secrets, or with the tokens in its volume_context: %s", when, l)
+			}
+		}
+	}
+
+	// 1. The first token, from secrets.
+	inSecretsOnly(0, "first publish")
+	tok1 := c.readToken(t, pod, tr.tokenPath)
+	cl1 := c.checkToken(t, tok1, pod, tr.sa)
+	t.Logf("first token: iat %d, exp %d, jti %s", cl1.Iat, cl1.Exp, cl1.Jti)
+
+	// 2. Rotation by a kubelet restart (an empty token cache).
+	tRot := time.Now()
+	since := d.logSize()
+	if err := c.restartKubelet(ctx); err != nil {
+		t.Fatalf("restart kubelet: %v", err)
+	}
+	var tok2 string
+	err := waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
+		tok2 = c.readToken(t, pod, tr.tokenPath)
+		return tok2 != tok1, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("new token in the container %v after the kubelet restart began", time.Since(tRot).Round(time.Millisecond))
+	inSecretsOnly(since, "after the kubelet restart")
+	cl2 := c.checkToken(t, tok2, pod, tr.sa)
+	t.Logf("new token: iat %d, exp %d, jti %s", cl2.Iat, cl2.Exp, cl2.Jti)
+	if cl2.Jti == cl1.Jti || cl2.Iat <= cl1.Iat {
+		t.Errorf("new token: jti %s iat %d, first token: jti %s iat %d; want another jti and a later iat", cl2.Jti, cl2.Iat, cl1.Jti, cl1.Iat)
+	}
+	if f := d.failedLines(since, h); len(f) > 0 {
+		t.Errorf("a NodePublishVolume after the kubelet restart failed:\n%s", strings.Join(f, "\n"))
+	}
+	if n := len(d.rpcLines(since, "NodeUnpublishVolume", h)); n > 0 {
+		t.Errorf("%d NodeUnpublishVolume calls after the kubelet restart, want none", n)
+	}
+	tr.sameMount("after the rotation")
+
+	ents, err := os.ReadDir(c.logDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(c.logDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, tok := range []string{tok1, tok2} {
+			if bytes.Contains(b, []byte(tok)) || bytes.Contains(b, []byte(strings.SplitN(tok, ".", 3)[2])) {
+				t.Errorf("token %d appears in %s", i+1, filepath.Join(c.logDir, e.Name()))
+			}
+		}
+	}
+	c.step("token in secrets (first publish, kubelet restart)", tRot)
+}
+
+// tokenfileRun is a running examples/tokenfile driver with its example pod
+// Running (startTokenfile).
+type tokenfileRun struct {
+	d         *driver
+	pod       *corev1.Pod
+	sa        *corev1.ServiceAccount
+	h         string // the volume handle
+	tokenPath string // the token file in the container
+	// sameMount fails the test if the node's or the container's mount of the
+	// volume is another than at the first publish (a remount).
+	sameMount func(when string)
+}
+
+// startTokenfile builds and starts examples/tokenfile (process and log name,
+// dir below the run root) with its own CSIDriver (examples/tokenfile/csidriver.yaml
+// with the test's audience and the minimum TTL; inSecrets: with
+// spec.serviceAccountTokenInSecrets, skipping the test where the API server drops
+// it) and starts examples/tokenfile/pod.yaml. Cleanups delete the pod (checking
+// that nothing is left), stop the driver and delete the CSIDriver.
+func (c *cluster) startTokenfile(t *testing.T, name string, inSecrets bool) *tokenfileRun {
+	t.Helper()
+	ctx := context.Background()
+	tStart := time.Now()
+
+	// The driver: examples/tokenfile built from its own module, run as a host
+	// process as the scratch driver is (TestExampleFromChart covers the chart).
+	bin := filepath.Join(c.root, "bin", "tokenfile")
+	if err := c.goBuildIn(ctx, filepath.Join(c.repoRoot, tokenfileDir), bin, "."); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.newDriver(&c.node, tokenfileDriver, bin, filepath.Join(c.root, name), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Its CSIDriver: the example's, with the test's audience and the minimum TTL.
+	var cd storagev1.CSIDriver
+	if err := decodeFile(filepath.Join(c.repoRoot, tokenfileDir, "csidriver.yaml"), &cd); err != nil {
+		t.Fatal(err)
+	}
+	if cd.Name != tokenfileDriver || cd.Spec.RequiresRepublish == nil || !*cd.Spec.RequiresRepublish || len(cd.Spec.TokenRequests) == 0 {
+		t.Fatalf("%s/csidriver.yaml: want CSIDriver %s with requiresRepublish and tokenRequests, got %s %+v", tokenfileDir, tokenfileDriver, cd.Name, cd.Spec)
+	}
+	cd.Spec.TokenRequests = tokenRequests(tokenAudience)
+	if inSecrets {
+		cd.Spec.ServiceAccountTokenInSecrets = ptrTo(true)
+	}
+	created, err := c.cs.StorageV1().CSIDrivers().Create(ctx, &cd, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last registered first: the pod (while the driver still
+	// runs, so that it is unpublished), then the driver, then the CSIDriver.
+	t.Cleanup(func() {
+		if err := c.cs.StorageV1().CSIDrivers().Delete(ctx, tokenfileDriver, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete CSIDriver %s: %v", tokenfileDriver, err)
+		}
+	})
+	if inSecrets && created.Spec.ServiceAccountTokenInSecrets == nil {
+		// The API server drops the field while its feature gate is off.
+		t.Skipf("the API server (Kubernetes %s) dropped the CSIDriver's spec.serviceAccountTokenInSecrets: feature gate CSIServiceAccountTokenSecrets is off (alpha before 1.35, beta and on by default in 1.35, GA in 1.36)", c.k8sVersion)
+	}
+	t.Cleanup(func() {
+		d.stop()
+		err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+tokenfileDriver, func() (bool, error) {
+			ok, err := csiNodeLists(ctx, c, tokenfileDriver)
+			return !ok, err
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	if err := d.start(ctx); err != nil {
+		t.Fatalf("start %s: %v", tokenfileDriver, err)
+	}
+	c.step(name+" built, started and registered", tStart)
+
+	// The pod: examples/tokenfile/pod.yaml with the harness's image and the
+	// test's audience, in a namespace of its own.
+	if err := c.ensureNamespace(ctx, tokenNS); err != nil {
+		t.Fatal(err)
+	}
+	var p corev1.Pod
+	if err := decodeFile(filepath.Join(c.repoRoot, tokenfileDir, "pod.yaml"), &p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Spec.Containers) != 1 || len(p.Spec.Containers[0].VolumeMounts) != 1 || len(p.Spec.Volumes) != 1 ||
+		p.Spec.Volumes[0].CSI == nil || p.Spec.Volumes[0].CSI.Driver != tokenfileDriver || p.Spec.Volumes[0].CSI.VolumeAttributes["audience"] == "" {
+		t.Fatalf("%s/pod.yaml: want one container and one inline volume of %s with an audience", tokenfileDir, tokenfileDriver)
+	}
+	mnt := p.Spec.Containers[0].VolumeMounts[0].MountPath
+	tokenPath := mnt + "/token" // the default fileName
+	grace, no := int64(1), false
+	p.Namespace = tokenNS
+	p.Spec.NodeName = nodeName
+	p.Spec.HostNetwork = true
+	p.Spec.DNSPolicy = corev1.DNSDefault
+	p.Spec.EnableServiceLinks = &no
+	p.Spec.AutomountServiceAccountToken = &no
+	p.Spec.TerminationGracePeriodSeconds = &grace
+	p.Spec.Volumes[0].CSI.VolumeAttributes["audience"] = tokenAudience
+	ctn := &p.Spec.Containers[0]
+	ctn.Image, ctn.ImagePullPolicy = c.testImage, corev1.PullNever
+	ctn.Command, ctn.Args = []string{"/testbin"}, []string{"pause"}
+	tPod := time.Now()
+	pod := c.createPod(t, &p)
+	t.Cleanup(func() {
+		c.deletePod(t, pod, goneTimeout)
+		c.cleanedUp(t, pod, pod.Spec.Volumes[0])
+	})
+	pod = c.waitRunning(t, pod, runningTimeout)
+	vol := pod.Spec.Volumes[0]
+	h := volumeHandle(string(pod.UID), vol.Name)
+	c.step(name+"'s example pod Running", tPod)
+
+	sa, err := c.cs.CoreV1().ServiceAccounts(tokenNS).Get(ctx, pod.Spec.ServiceAccountName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What stays the same throughout: the mount on the node and in the container.
+	host := c.published(t, pod, vol)
+	inCtr := c.containerMount(t, pod, mnt)
+	t.Logf("mount: node ID %d at %s (%s), container ID %d at %s (%s, %s)", host.ID, host.MountPoint, host.FSType, inCtr.ID, mnt, inCtr.FSType, inCtr.Options)
+	sameMount := func(when string) {
+		t.Helper()
+		if m := c.published(t, pod, vol); m.ID != host.ID {
+			t.Errorf("%s: the node's mount at the target is now ID %d, was %d (remounted)", when, m.ID, host.ID)
+		}
+		if m := c.containerMount(t, pod, mnt); m.ID != inCtr.ID {
+			t.Errorf("%s: the container's mount at %s is now ID %d, was %d (remounted)", when, mnt, m.ID, inCtr.ID)
+		}
+	}
+	return &tokenfileRun{d: d, pod: pod, sa: sa, h: h, tokenPath: tokenPath, sameMount: sameMount}
 }
 
 // tokenRequests is the CSIDriver's tokenRequests for one audience, for tokenTTL.

@@ -176,7 +176,7 @@ func (c *cluster) scheduledPod(name, app string, vol corev1.Volume) *corev1.Pod 
 //     node's kubelet root and never seen by the other driver.
 //   - --max-volumes-per-node reaches CSINode (allocatable.count 2 on node B, none
 //     on the first node, whose driver has no limit). The scheduler does not count
-//     inline CSI volumes against it: in kube-scheduler v1.34.4 the NodeVolumeLimits
+//     inline CSI volumes against it: in kube-scheduler v1.34.4 to v1.37.2 the NodeVolumeLimits
 //     plugin (pkg/scheduler/framework/plugins/nodevolumelimits/csi.go) counts
 //     volumes of PVCs, generic ephemeral volumes and migrated in-tree inline volumes
 //     only; its PreFilter returns Skip for a pod whose volumes are all CSI inline
@@ -327,7 +327,7 @@ func TestTwoNodes(t *testing.T) {
 		t.Errorf("pod beyond the limit: PodScheduled is not True: %+v", cur.Status.Conditions)
 	}
 	if evs := c.eventsWithReason(ctx, over, "FailedScheduling"); len(evs) > 0 {
-		t.Errorf("the scheduler refused the pod beyond the limit (inline CSI volumes are not counted in v1.34.4, so it should not): %q", evs)
+		t.Errorf("the scheduler refused the pod beyond the limit (inline CSI volumes are not counted in v1.34.4 to v1.37.2, so it should not): %q", evs)
 	}
 	// A slot frees: the pod starts at the kubelet's next mount retry.
 	freed := perNode[secondNodeName][0]
