@@ -19,17 +19,7 @@ import (
 // stopped driver's from its state file, read-only; it never changes the file.
 func TestVolumesCommand(t *testing.T) {
 	fake := mount.NewFake()
-	b, err := dir.New(dir.Options{Root: filepath.Join(t.TempDir(), "volumes")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := drivertest.Start(t, framework.Options{
-		DriverName:     DriverName,
-		Backends:       map[string]framework.Backend{"dir": b},
-		Mounter:        fake,
-		MetricsAddress: "127.0.0.1:0",
-		Version:        "v0.0.1-test",
-	})
+	h := startVolumesDriver(t, fake, func(o *framework.Options) { o.Version = "v0.0.1-test" })
 	pod := h.Kubelet.NewPod("team-a", "web")
 	vol := drivertest.InlineVolume{Name: "scratch"}
 	fake.AddDir(filepath.Dir(h.Kubelet.TargetPath(pod, vol.Name)))
@@ -97,6 +87,24 @@ func TestVolumesCommand(t *testing.T) {
 	}
 }
 
+// startVolumesDriver starts the driver with a dir backend on fake, its HTTP
+// endpoint on loopback, and what mutate sets.
+func startVolumesDriver(t *testing.T, fake *mount.Fake, mutate func(*framework.Options)) *drivertest.Harness {
+	t.Helper()
+	b, err := dir.New(dir.Options{Root: filepath.Join(t.TempDir(), "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := framework.Options{
+		DriverName:     DriverName,
+		Backends:       map[string]framework.Backend{"dir": b},
+		Mounter:        fake,
+		MetricsAddress: "127.0.0.1:0",
+	}
+	mutate(&opts)
+	return drivertest.Start(t, opts)
+}
+
 func readFile(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -109,18 +117,7 @@ func readFile(t *testing.T, path string) []byte {
 // A driver running with --volumes-endpoint=false answers 404: the command
 // says so instead of waiting for the state file the driver holds.
 func TestVolumesCommandEndpointOff(t *testing.T) {
-	fake := mount.NewFake()
-	b, err := dir.New(dir.Options{Root: filepath.Join(t.TempDir(), "volumes")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := drivertest.Start(t, framework.Options{
-		DriverName:      DriverName,
-		Backends:        map[string]framework.Backend{"dir": b},
-		Mounter:         fake,
-		MetricsAddress:  "127.0.0.1:0",
-		VolumesEndpoint: new(false),
-	})
+	h := startVolumesDriver(t, mount.NewFake(), func(o *framework.Options) { o.VolumesEndpoint = new(false) })
 	var out, errb bytes.Buffer
 	code := volumesCommand([]string{"--state-dir", h.Options.StateDir, "--address", h.Driver().MetricsAddr(), "--timeout", "300ms"}, &out, &errb)
 	if code != 1 || !strings.Contains(errb.String(), "404") || !strings.Contains(errb.String(), "--volumes-endpoint=false") {

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,14 +54,7 @@ func TestContentOnlyPluginDownUnpublish(t *testing.T) {
 			// The budget holds one volume: the next one fits only when the
 			// unpublished one's capacity was released.
 			p.Start()
-			next := k.NewPod("ns", "next")
-			if err := k.Publish(ctx, next, drivertest.InlineVolume{Name: "v", Attributes: size}); err != nil {
-				t.Fatalf("publish after the unpublish released the budget: %v", err)
-			}
-			if err := k.DeletePod(ctx, next); err != nil {
-				t.Fatal(err)
-			}
-			h.RequireClean(t)
+			requireBudgetFree(ctx, t, h, "publish after the unpublish released the budget")
 		})
 	}
 }
@@ -169,16 +163,24 @@ func TestContentOnlyPluginDownFailedPublishReleasesCapacity(t *testing.T) {
 			} else {
 				p.Start()
 			}
-			next := k.NewPod("ns", "next")
-			if err := k.Publish(ctx, next, drivertest.InlineVolume{Name: "v", Attributes: size}); err != nil {
-				t.Fatalf("publish after the failed one: %v (its capacity still counted?)", err)
-			}
-			if err := k.DeletePod(ctx, next); err != nil {
-				t.Fatal(err)
-			}
-			h.RequireClean(t)
+			requireBudgetFree(ctx, t, h, "publish after the failed one (its capacity still counted?)")
 		})
 	}
+}
+
+// requireBudgetFree publishes and deletes another pod's volume, which fits a
+// budget of one volume only when none is counted any more, and checks that
+// nothing is left.
+func requireBudgetFree(ctx context.Context, t *testing.T, h *drivertest.Harness, what string) {
+	t.Helper()
+	next := h.Kubelet.NewPod("ns", "next")
+	if err := h.Kubelet.Publish(ctx, next, drivertest.InlineVolume{Name: "v", Attributes: size}); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if err := h.Kubelet.DeletePod(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	h.RequireClean(t)
 }
 
 // requireNoRecords checks that the driver holds no record.

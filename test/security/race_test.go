@@ -26,11 +26,14 @@ import (
 
 // raceIterations is how many publish/unpublish cycles each component's race
 // runs; EPHEMERA_RACE_ITERATIONS raises it.
-func raceIterations() int {
-	if n, err := strconv.Atoi(os.Getenv("EPHEMERA_RACE_ITERATIONS")); err == nil && n > 0 {
+func raceIterations() int { return iterations("EPHEMERA_RACE_ITERATIONS", 250) }
+
+// iterations is the positive integer in the environment variable name, else def.
+func iterations(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
 		return n
 	}
-	return 250
+	return def
 }
 
 // attacker swaps one path component below the kubelet root, as fast as it

@@ -25,12 +25,7 @@ import (
 // TestPublishOKOnlyAtTheTarget publishes under attack. The break it guards
 // against needed 200 to 2,300 publishes on these machines (four runs of
 // 9bf726c); EPHEMERA_VERDICT_ITERATIONS sets it (10,000 on demand).
-func verdictIterations() int {
-	if n, err := strconv.Atoi(os.Getenv("EPHEMERA_VERDICT_ITERATIONS")); err == nil && n > 0 {
-		return n
-	}
-	return 2500
-}
+func verdictIterations() int { return iterations("EPHEMERA_VERDICT_ITERATIONS", 2500) }
 
 // toggler exchanges path with decoy (renameat2 RENAME_EXCHANGE) in a tight
 // loop on a thread of its own, without ever putting anything back on its
