@@ -114,35 +114,11 @@ func TestTokenRotation(t *testing.T) {
 
 	// 4. Rotation: a restarted kubelet has an empty token cache; the
 	// NodePublishVolume it re-sends for the running pod carries a new token.
-	tRot := time.Now()
-	since = d.logSize()
-	if err := c.restartKubelet(ctx); err != nil {
-		t.Fatalf("restart kubelet: %v", err)
-	}
-	var tok2 string
-	err := waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
-		tok2 = c.readToken(t, pod, tokenPath)
-		return tok2 != tok1, nil
+	tok2 := c.rotateByKubeletRestart(ctx, t, tr, tok1, cl1, func(since int64) {
+		if n := len(d.rpcLines(since, "NodePublishVolume", h)); n < 1 {
+			t.Errorf("no NodePublishVolume after the kubelet restart, yet the token changed")
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("new token in the container %v after the kubelet restart began", time.Since(tRot).Round(time.Millisecond))
-	if n := len(d.rpcLines(since, "NodePublishVolume", h)); n < 1 {
-		t.Errorf("no NodePublishVolume after the kubelet restart, yet the token changed")
-	}
-	cl2 := c.checkToken(t, tok2, pod, sa)
-	t.Logf("new token: iat %d, exp %d, jti %s", cl2.Iat, cl2.Exp, cl2.Jti)
-	if cl2.Jti == cl1.Jti || cl2.Iat <= cl1.Iat {
-		t.Errorf("new token: jti %s iat %d, first token: jti %s iat %d; want another jti and a later iat", cl2.Jti, cl2.Iat, cl1.Jti, cl1.Iat)
-	}
-	if f := d.failedLines(since, h); len(f) > 0 {
-		t.Errorf("a NodePublishVolume after the kubelet restart failed:\n%s", strings.Join(f, "\n"))
-	}
-	if n := len(d.rpcLines(since, "NodeUnpublishVolume", h)); n > 0 {
-		t.Errorf("%d NodeUnpublishVolume calls after the kubelet restart, want none", n)
-	}
-	sameMount("after the rotation")
 
 	// Every NodePublishVolume of the volume, for the record (the cadence of
 	// requiresRepublish is the kubelet's pod resync: syncFrequency plus jitter).
@@ -212,32 +188,7 @@ func TestTokenInSecrets(t *testing.T) {
 
 	// 2. Rotation by a kubelet restart (an empty token cache).
 	tRot := time.Now()
-	since := d.logSize()
-	if err := c.restartKubelet(ctx); err != nil {
-		t.Fatalf("restart kubelet: %v", err)
-	}
-	var tok2 string
-	err := waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
-		tok2 = c.readToken(t, pod, tr.tokenPath)
-		return tok2 != tok1, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("new token in the container %v after the kubelet restart began", time.Since(tRot).Round(time.Millisecond))
-	inSecretsOnly(since, "after the kubelet restart")
-	cl2 := c.checkToken(t, tok2, pod, tr.sa)
-	t.Logf("new token: iat %d, exp %d, jti %s", cl2.Iat, cl2.Exp, cl2.Jti)
-	if cl2.Jti == cl1.Jti || cl2.Iat <= cl1.Iat {
-		t.Errorf("new token: jti %s iat %d, first token: jti %s iat %d; want another jti and a later iat", cl2.Jti, cl2.Iat, cl1.Jti, cl1.Iat)
-	}
-	if f := d.failedLines(since, h); len(f) > 0 {
-		t.Errorf("a NodePublishVolume after the kubelet restart failed:\n%s", strings.Join(f, "\n"))
-	}
-	if n := len(d.rpcLines(since, "NodeUnpublishVolume", h)); n > 0 {
-		t.Errorf("%d NodeUnpublishVolume calls after the kubelet restart, want none", n)
-	}
-	tr.sameMount("after the rotation")
+	tok2 := c.rotateByKubeletRestart(ctx, t, tr, tok1, cl1, func(since int64) { inSecretsOnly(since, "after the kubelet restart") })
 
 	ents, err := os.ReadDir(c.logDir)
 	if err != nil {
@@ -268,6 +219,45 @@ type tokenfileRun struct {
 	// sameMount fails the test if the node's or the container's mount of the
 	// volume is another than at the first publish (a remount).
 	sameMount func(when string)
+}
+
+// rotateByKubeletRestart restarts the kubelet, whose token cache is then
+// empty, and returns the new token the NodePublishVolume it re-sends for the
+// running pod brings into the volume: bound to the pod, with another jti and a
+// later iat than the first token (tok1, cl1), published by no failed call, no
+// NodeUnpublishVolume and on the same mount. between checks the driver's log
+// from the restart on, once the new token is in the container.
+func (c *cluster) rotateByKubeletRestart(ctx context.Context, t *testing.T, tr *tokenfileRun, tok1 string, cl1 tokenClaims, between func(since int64)) string {
+	t.Helper()
+	d, h := tr.d, tr.h
+	tRot := time.Now()
+	since := d.logSize()
+	if err := c.restartKubelet(ctx); err != nil {
+		t.Fatalf("restart kubelet: %v", err)
+	}
+	var tok2 string
+	err := waitFor(ctx, 60*time.Second, 250*time.Millisecond, "a new token in the container after the kubelet restart", func() (bool, error) {
+		tok2 = c.readToken(t, tr.pod, tr.tokenPath)
+		return tok2 != tok1, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("new token in the container %v after the kubelet restart began", time.Since(tRot).Round(time.Millisecond))
+	between(since)
+	cl2 := c.checkToken(t, tok2, tr.pod, tr.sa)
+	t.Logf("new token: iat %d, exp %d, jti %s", cl2.Iat, cl2.Exp, cl2.Jti)
+	if cl2.Jti == cl1.Jti || cl2.Iat <= cl1.Iat {
+		t.Errorf("new token: jti %s iat %d, first token: jti %s iat %d; want another jti and a later iat", cl2.Jti, cl2.Iat, cl1.Jti, cl1.Iat)
+	}
+	if f := d.failedLines(since, h); len(f) > 0 {
+		t.Errorf("a NodePublishVolume after the kubelet restart failed:\n%s", strings.Join(f, "\n"))
+	}
+	if n := len(d.rpcLines(since, "NodeUnpublishVolume", h)); n > 0 {
+		t.Errorf("%d NodeUnpublishVolume calls after the kubelet restart, want none", n)
+	}
+	tr.sameMount("after the rotation")
+	return tok2
 }
 
 // startTokenfile builds and starts examples/tokenfile (process and log name,
