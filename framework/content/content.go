@@ -2,6 +2,7 @@ package content
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -40,6 +41,10 @@ type Options struct {
 	// Write creates belongs to this group and files are group-readable. nil (the
 	// zero Options) leaves the group alone. Must be nil on Windows.
 	FSGroup *int64
+	// Limits bound the file set (files, path length and depth, bytes): a set
+	// beyond them is refused before anything is written. The zero value takes
+	// the defaults.
+	Limits Limits
 	// Now returns the time used to name the timestamped directory; nil means
 	// time.Now. It is a test hook.
 	Now func() time.Time
@@ -47,10 +52,14 @@ type Options struct {
 
 // Write atomically replaces the content of dir with files, keyed by slash-
 // separated relative path (see the package documentation for the layout). When
-// files equal the current content, nothing is swapped. Bad names return an error
-// wrapping api.ErrInvalidParams before anything is written.
-func Write(dir string, files map[string]api.File, opts Options) error {
-	if _, err := newPlan(files, gidOf(opts)); err != nil {
+// files equal the current content, nothing is swapped. Bad names, and a set
+// beyond opts.Limits, return an error wrapping api.ErrInvalidParams before
+// anything is written; content that does not fit the volume returns one
+// wrapping api.ErrResourceExhausted (ErrNoSpace). Write stops between two
+// files or directories once ctx is done, leaving the previous content in
+// place.
+func Write(ctx context.Context, dir string, files map[string]api.File, opts Options) error {
+	if _, err := newPlan(files, gidOf(opts), opts.Limits); err != nil {
 		return err
 	}
 	r, err := os.OpenRoot(dir)
@@ -58,17 +67,18 @@ func Write(dir string, files map[string]api.File, opts Options) error {
 		return err
 	}
 	defer r.Close()
-	return WriteRoot(r, files, opts)
+	return WriteRoot(ctx, r, files, opts)
 }
 
 // WriteRoot is Write on a directory the caller opened, for example one resolved
 // beneath the kubelet root without following links (the framework's case):
 // nothing Write does leaves r.
-func WriteRoot(r *os.Root, files map[string]api.File, opts Options) error {
-	p, err := newPlan(files, gidOf(opts))
+func WriteRoot(ctx context.Context, r *os.Root, files map[string]api.File, opts Options) error {
+	p, err := newPlan(files, gidOf(opts), opts.Limits)
 	if err != nil {
 		return err
 	}
+	p.ctx = ctx
 	now := opts.Now
 	if now == nil {
 		now = time.Now
@@ -82,19 +92,22 @@ func WriteRoot(r *os.Root, files map[string]api.File, opts Options) error {
 	}
 	ts := old
 	if cerr != nil || old == "" || !p.matches(r, old) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if ts, err = p.writeDir(r, now()); err != nil {
-			return fmt.Errorf("writing content: %w", err)
+			return p.writeError(err)
 		}
 		if err := p.swapData(r, ts); err != nil {
 			_ = r.RemoveAll(ts)
-			return fmt.Errorf("publishing content: %w", err)
+			return fmt.Errorf("swapping in the new files: %w", err)
 		}
 	}
 	if err := p.makeVisible(r); err != nil {
-		return fmt.Errorf("linking content: %w", err)
+		return fmt.Errorf("linking the files: %w", err)
 	}
 	if err := p.removeStale(r, ts); err != nil {
-		return fmt.Errorf("removing old content: %w", err)
+		return fmt.Errorf("removing old files: %w", err)
 	}
 	return syncDir(r, ".")
 }
@@ -182,6 +195,7 @@ func current(r *os.Root) (string, error) {
 
 // plan is a validated file set.
 type plan struct {
+	ctx   context.Context // checked between two steps; nil: never done
 	gid   int
 	files map[string]api.File
 	modes map[string]fs.FileMode
@@ -198,16 +212,21 @@ func gidOf(opts Options) int {
 	return int(*opts.FSGroup)
 }
 
-func newPlan(files map[string]api.File, gid int) (*plan, error) {
+// newPlan validates files against l (files, names, bytes: all before any
+// other work) and derives the directories to create. Its cost is linear in
+// the total length of the names: each name's parents are added from the
+// deepest up, stopping at the first one already known.
+func newPlan(files map[string]api.File, gid int, l Limits) (*plan, error) {
 	if gid < 0 {
 		gid = -1
+	}
+	l = l.WithDefaults()
+	if err := l.checkSet(files); err != nil {
+		return nil, err
 	}
 	p := &plan{gid: gid, files: files, modes: make(map[string]fs.FileMode, len(files)), top: map[string]bool{}}
 	dirs := map[string]bool{}
 	for name, f := range files {
-		if err := checkName(name); err != nil {
-			return nil, err
-		}
 		p.names = append(p.names, name)
 		m := f.Mode.Perm()
 		if m == 0 {
@@ -217,9 +236,13 @@ func newPlan(files map[string]api.File, gid int) (*plan, error) {
 			m |= 0o040
 		}
 		p.modes[name] = m
-		p.top[strings.SplitN(name, "/", 2)[0]] = true
-		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			dirs[d] = true
+		top, _, _ := strings.Cut(name, "/")
+		p.top[top] = true
+		for i := strings.LastIndexByte(name, '/'); i > 0; i = strings.LastIndexByte(name[:i], '/') {
+			if dirs[name[:i]] {
+				break // and so are all its parents
+			}
+			dirs[name[:i]] = true
 		}
 	}
 	for d := range dirs {
@@ -279,6 +302,9 @@ func (p *plan) matches(r *os.Root, ts string) bool {
 		if err != nil {
 			return err
 		}
+		if err := p.done(); err != nil {
+			return err
+		}
 		fi, err := d.Info()
 		if err != nil {
 			return err
@@ -315,6 +341,31 @@ func (p *plan) matches(r *os.Root, ts string) bool {
 
 var errMismatch = errors.New("content differs")
 
+// ErrNoSpace is wrapped by the error of a Write whose content does not fit the
+// volume (no space, no inodes, a quota). It wraps api.ErrResourceExhausted.
+var ErrNoSpace = fmt.Errorf("%w: the content does not fit the volume", api.ErrResourceExhausted)
+
+// done returns the plan's context's error, nil while it is not done.
+func (p *plan) done() error {
+	if p.ctx == nil {
+		return nil
+	}
+	return p.ctx.Err()
+}
+
+// writeError is the error of a failed writeDir: for content that does not fit,
+// what a pod's author can act on (the set's size, not a descriptor's path).
+func (p *plan) writeError(err error) error {
+	if !noSpace(err) {
+		return fmt.Errorf("writing the files: %w", err)
+	}
+	var n int64
+	for _, f := range p.files {
+		n += int64(len(f.Data))
+	}
+	return fmt.Errorf("%w (%d files, %d bytes of data, %d directories)", ErrNoSpace, len(p.names), n, len(p.dirs))
+}
+
 // writeDir creates and fills a fresh timestamped directory and returns its name.
 // Everything is created exclusively inside the new directory, with modes and
 // groups set through open descriptors, and fsync'd.
@@ -329,9 +380,10 @@ func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 			return "", err
 		}
 	}
+	made := ts // a failed return clears ts
 	defer func() {
 		if err != nil {
-			_ = r.RemoveAll(ts)
+			_ = r.RemoveAll(made)
 		}
 	}()
 	sub, err := r.OpenRoot(ts)
@@ -343,6 +395,9 @@ func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 		return "", err
 	}
 	for _, d := range p.dirs {
+		if err := p.done(); err != nil {
+			return "", err
+		}
 		if err := sub.Mkdir(d, 0o700); err != nil {
 			return "", err
 		}
@@ -351,6 +406,9 @@ func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 		}
 	}
 	for _, name := range p.names {
+		if err := p.done(); err != nil {
+			return "", err
+		}
 		if err := p.writeFile(sub, name); err != nil {
 			return "", err
 		}

@@ -22,7 +22,7 @@ var noGID = content.Options{}
 
 func write(t *testing.T, dir string, files map[string]api.File) {
 	t.Helper()
-	if err := content.Write(dir, files, noGID); err != nil {
+	if err := content.Write(t.Context(), dir, files, noGID); err != nil {
 		t.Fatalf("Write: %v", err)
 	}
 }
@@ -207,7 +207,7 @@ func TestIdempotent(t *testing.T) {
 func TestTimestampName(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Date(2026, 5, 1, 12, 30, 45, 0, time.UTC)
-	if err := content.Write(dir, map[string]api.File{"a": file("1")}, content.Options{Now: func() time.Time { return now }}); err != nil {
+	if err := content.Write(t.Context(), dir, map[string]api.File{"a": file("1")}, content.Options{Now: func() time.Time { return now }}); err != nil {
 		t.Fatal(err)
 	}
 	ts, _ := content.Current(dir)
@@ -291,7 +291,7 @@ func TestConcurrentReader(t *testing.T) {
 		}
 	}()
 	for n := 1; n <= 200; n++ {
-		if err := content.Write(dir, set(n), noGID); err != nil {
+		if err := content.Write(t.Context(), dir, set(n), noGID); err != nil {
 			stop.Store(true)
 			wg.Wait()
 			t.Fatalf("update %d: %v", n, err)
@@ -340,7 +340,7 @@ func TestInvalidNames(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			dir := t.TempDir()
 			tc.files["valid"] = file("ok") // must not be written either
-			err := content.Write(dir, tc.files, noGID)
+			err := content.Write(t.Context(), dir, tc.files, noGID)
 			if !errors.Is(err, api.ErrInvalidParams) {
 				t.Fatalf("Write = %v, want ErrInvalidParams", err)
 			}
@@ -428,7 +428,7 @@ func BenchmarkWrite10x1KiB(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		if err := content.Write(dir, sets[i%2], noGID); err != nil {
+		if err := content.Write(b.Context(), dir, sets[i%2], noGID); err != nil {
 			b.Fatal(err)
 		}
 		i++
@@ -441,12 +441,12 @@ func BenchmarkWriteUnchanged10x1KiB(b *testing.B) {
 	for i := range 10 {
 		set[fmt.Sprintf("f%d", i)] = api.File{Data: bytes.Repeat([]byte{'a'}, 1024)}
 	}
-	if err := content.Write(dir, set, noGID); err != nil {
+	if err := content.Write(b.Context(), dir, set, noGID); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := content.Write(dir, set, noGID); err != nil {
+		if err := content.Write(b.Context(), dir, set, noGID); err != nil {
 			b.Fatal(err)
 		}
 	}

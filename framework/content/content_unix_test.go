@@ -45,7 +45,7 @@ func TestGID(t *testing.T) {
 	group, other := int64(gid), int64(gid+1)
 	dir := t.TempDir()
 	files := map[string]api.File{"a": {Data: []byte("a"), Mode: 0o600}, "conf/b": {Data: []byte("b")}}
-	if err := content.Write(dir, files, content.Options{FSGroup: &group}); err != nil {
+	if err := content.Write(t.Context(), dir, files, content.Options{FSGroup: &group}); err != nil {
 		t.Fatal(err)
 	}
 	ts, _ := content.Current(dir)
@@ -70,13 +70,13 @@ func TestGID(t *testing.T) {
 		}
 	}
 	// Same set and gid: no swap. Different gid: swap.
-	if err := content.Write(dir, files, content.Options{FSGroup: &group}); err != nil {
+	if err := content.Write(t.Context(), dir, files, content.Options{FSGroup: &group}); err != nil {
 		t.Fatal(err)
 	}
 	if ts2, _ := content.Current(dir); ts2 != ts {
 		t.Errorf("identical Write with gid swapped")
 	}
-	if err := content.Write(dir, files, content.Options{FSGroup: &other}); err != nil {
+	if err := content.Write(t.Context(), dir, files, content.Options{FSGroup: &other}); err != nil {
 		t.Fatal(err)
 	}
 	if ts2, _ := content.Current(dir); ts2 == ts {

@@ -40,6 +40,18 @@
 // Names starting with ".." are reserved at every level of a path. An empty set
 // written into a directory that never had content creates nothing.
 //
+// # Bounds
+//
+// A set is checked against Options.Limits before anything is written: at most
+// DefaultMaxFiles files, paths of at most DefaultMaxPathBytes bytes and
+// DefaultMaxDepth components of at most MaxNameBytes bytes each, and, when
+// set, a Cost (data, path and FileOverhead per file) of at most MaxBytes.
+// Every step is linear in the names, and Write stops between two files or
+// directories once its context is done, the previous content in place and the
+// half-written directory removed. Content that does not fit the volume (no
+// space, no inodes, a quota) is ErrNoSpace, with the set's size in the
+// message, never a descriptor's path.
+//
 // # Safety
 //
 // All file-system access goes through an [os.Root] opened on dir, so no

@@ -3,10 +3,17 @@
 package content
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"syscall"
 )
+
+// noSpace reports whether err says the volume is full: no blocks, no inodes,
+// a quota or a file too large for it.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EFBIG)
+}
 
 // fileGID returns the group of fi, or -1 when unknown.
 func fileGID(fi fs.FileInfo) int {
