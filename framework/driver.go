@@ -37,9 +37,11 @@ type Driver struct {
 	inflight  chan struct{}
 	capacity  *capacity
 	refresher *refresher
-	orphans   orphans
-	ready     atomic.Bool
-	running   atomic.Bool
+	// contentBudget is Options.ContentBytesInFlight.
+	contentBudget *budget
+	orphans       orphans
+	ready         atomic.Bool
+	running       atomic.Bool
 
 	capabilities *csi.NodeGetCapabilitiesResponse
 	nodeInfo     *csi.NodeGetInfoResponse
@@ -81,6 +83,7 @@ func New(opts Options) (*Driver, error) {
 		d.mounter = mount.New()
 	}
 	d.refresher = newRefresher(d, opts.RefreshConcurrency)
+	d.contentBudget = newBudget(opts.ContentBytesInFlight)
 	d.initObservability()
 	return d, nil
 }

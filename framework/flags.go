@@ -2,7 +2,10 @@ package framework
 
 import (
 	"flag"
+	"fmt"
 	"os"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // BindFlags registers on fs the command-line flags every driver binary needs and
@@ -11,7 +14,7 @@ import (
 //
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
-//	--orphan-grace-period --gc-dry-run --gc-max-orphan-share
+//	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -46,5 +49,23 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
 	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")
+	if o.ContentBytesInFlight == 0 {
+		o.ContentBytesInFlight = DefaultContentBytesInFlight
+	}
+	fs.Var((*bytesFlag)(&o.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
 	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
+}
+
+// bytesFlag is a positive quantity of bytes, as 48Mi or 50331648.
+type bytesFlag int64
+
+func (b *bytesFlag) String() string { return bytes(int64(*b)) }
+
+func (b *bytesFlag) Set(v string) error {
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() <= 0 {
+		return fmt.Errorf("%q is not a positive quantity of bytes like 48Mi", v)
+	}
+	*b = bytesFlag(q.Value())
+	return nil
 }

@@ -129,6 +129,18 @@ type ContentProvider interface {
 	Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
 }
 
+// ContentBounder is an optional interface of a ContentProvider whose answers
+// are bounded, as those of a plugin (framework/plugin) are: an answer never
+// takes more than MaxContentBytes bytes as content.Cost counts them (data,
+// paths and content.FileOverhead per file). The driver reserves that bound
+// from Options.ContentBytesInFlight before each call and releases it once
+// the files are written. Providers without it are not counted: they are the
+// driver's own code, whose answers are in memory before the driver sees them.
+type ContentBounder interface {
+	ContentProvider
+	MaxContentBytes() int64
+}
+
 // BackendFuncs adapts plain functions to the Backend interface. A nil DeleteFunc
 // deletes nothing.
 type BackendFuncs struct {

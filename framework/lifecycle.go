@@ -328,13 +328,12 @@ func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 		}
 	}
 	if d.contentFor(v.Backend) != nil {
-		files, err := d.content(ctx, v)
+		files, release, err := d.content(ctx, v)
 		if err != nil {
 			return err
 		}
-		if err := d.writeContent(v, files); err != nil {
-			return err
-		}
+		defer release()
+		return d.writeContent(ctx, v, files)
 	}
 	return nil
 }

@@ -61,6 +61,18 @@ type Options struct {
 	// that a RefreshAll (a CA rotation, say) does not stampede the content's
 	// source. Defaults to 4.
 	RefreshConcurrency int
+	// ContentBytesInFlight bounds the memory content answers take at once. A
+	// content provider that bounds its answers (a ContentBounder, as a plugin
+	// of framework/plugin is) reserves its bound from this budget before each
+	// call and holds it until the files are written, so the answers in flight
+	// never exceed it, however many pods start at once; a call that cannot
+	// reserve within ContentTimeout fails with ResourceExhausted and the
+	// kubelet retries. At its peak an answer takes about three times its
+	// bound in memory (the message received, the files decoded, the garbage
+	// collector's headroom): the default keeps the worst case near 150MiB,
+	// under the DaemonSet's 256Mi limit. New refuses a provider whose bound
+	// exceeds the budget. Default DefaultContentBytesInFlight.
+	ContentBytesInFlight int64
 	// Authorizer, when set, approves every first publish (see Authorizer). A
 	// backend that is itself an Authorizer approves its volumes too: both
 	// must.
@@ -187,6 +199,10 @@ const (
 	NoMaxVolumeSize      int64 = -1
 )
 
+// DefaultContentBytesInFlight is Options.ContentBytesInFlight's default:
+// three plugin answers of plugin.DefaultMaxContentBytes at once.
+const DefaultContentBytesInFlight int64 = 48 << 20
+
 // Defaults of the orphan GC, shared by setDefaults and BindFlags.
 const (
 	defaultGCInterval        = time.Minute
@@ -242,6 +258,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RefreshConcurrency == 0 {
 		o.RefreshConcurrency = 4
+	}
+	if o.ContentBytesInFlight == 0 {
+		o.ContentBytesInFlight = DefaultContentBytesInFlight
 	}
 	if o.StateRecovery == "" {
 		o.StateRecovery = StateRecoveryRebuild
@@ -313,6 +332,7 @@ func (o *Options) validate() error {
 	if o.RefreshInterval < 0 || o.RefreshConcurrency < 0 {
 		errs = append(errs, errors.New("RefreshInterval and RefreshConcurrency must not be negative"))
 	}
+	errs = append(errs, o.validateContentBounds()...)
 	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
 	}
@@ -320,6 +340,30 @@ func (o *Options) validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// validateContentBounds checks that every content provider's bound fits
+// ContentBytesInFlight: a bound beyond it could never be reserved.
+func (o *Options) validateContentBounds() []error {
+	if o.ContentBytesInFlight < 0 {
+		return []error{fmt.Errorf("ContentBytesInFlight %d must be positive", o.ContentBytesInFlight)}
+	}
+	var errs []error
+	check := func(what string, x any) {
+		// Static: a plugin's handshake, which says whether it provides content,
+		// is not known yet.
+		if cb, ok := x.(ContentBounder); ok && cb.MaxContentBytes() > o.ContentBytesInFlight {
+			errs = append(errs, fmt.Errorf("%s bounds its content answers at %d bytes, beyond ContentBytesInFlight %d (--content-bytes-in-flight): raise the budget (and the driver's memory limit, about three times the budget) or lower the bound",
+				what, cb.MaxContentBytes(), o.ContentBytesInFlight))
+		}
+	}
+	if o.Content != nil {
+		check("option Content", o.Content)
+	}
+	for _, name := range backendNames(o.Backends) {
+		check("backend "+name, o.Backends[name])
+	}
+	return errs
 }
 
 // validateDriverName applies the CSI rule: at most 63 characters, alphanumerics,

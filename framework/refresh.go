@@ -290,10 +290,11 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 		return ctx.Err()
 	}
 	defer func() { <-d.refresher.sem }()
-	files, err := d.content(ctx, v)
+	files, release, err := d.content(ctx, v)
 	if err != nil {
 		return err
 	}
+	defer release()
 	if v.ReadOnly {
 		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable for the refresh: %w", err)
@@ -304,27 +305,38 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 			}
 		}()
 	}
-	return d.writeContent(v, files)
+	return d.writeContent(ctx, v, files)
 }
 
 // content calls the content provider of v's backend (contentFor) within
-// ContentTimeout.
-func (d *Driver) content(ctx context.Context, v *api.Volume) (map[string]api.File, error) {
+// ContentTimeout and, for a provider whose answers are bounded, within the
+// ContentBytesInFlight budget: its bound is reserved before the call, and
+// release returns it once the caller has written the files (until then they
+// are in memory). release is never nil.
+func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]api.File, release func(), err error) {
+	release = func() {}
 	cp := d.contentFor(v.Backend)
 	if cp == nil {
-		return nil, fmt.Errorf("backend %s has no content provider", v.Backend)
+		return nil, release, fmt.Errorf("backend %s has no content provider", v.Backend)
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
 	defer cancel()
-	files, err := cp.Content(ctx, v)
-	if err != nil {
-		return nil, fmt.Errorf("content provider: %w", err)
+	if cb, ok := cp.(ContentBounder); ok {
+		if release, err = d.contentBudget.reserve(ctx, cb.MaxContentBytes()); err != nil {
+			return nil, func() {}, err
+		}
 	}
-	return files, nil
+	files, err = cp.Content(ctx, v)
+	if err != nil {
+		release()
+		return nil, func() {}, fmt.Errorf("content provider: %w", err)
+	}
+	return files, release, nil
 }
 
 // writeContent swaps files into the volume atomically, owned by the fsGroup.
-func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
+// It stops when ctx is done, the previous content in place.
+func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
 	var opts content.Options
 	if !isWindows {
 		opts.FSGroup = v.FSGroup
@@ -334,7 +346,11 @@ func (d *Driver) writeContent(v *api.Volume, files map[string]api.File) error {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	defer r.Close()
-	if err := content.WriteRoot(r, files, opts); err != nil {
+	err = content.WriteRoot(ctx, r, files, opts)
+	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {
+		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, bytes(v.Size))
+	}
+	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
 	return nil

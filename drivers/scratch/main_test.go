@@ -24,7 +24,7 @@ func TestFlags(t *testing.T) {
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
-		"backend", "backends", "capacity", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
+		"backend", "backends", "capacity", "content-bytes-in-flight", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",

@@ -25,6 +25,7 @@ import (
 	pb "github.com/ephemera-csi/ephemera/api/plugin/v1alpha1"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
@@ -34,8 +35,10 @@ const ProtocolVersion = "v1alpha1"
 
 // Defaults of Options.
 const (
-	DefaultTimeout         = 30 * time.Second
-	DefaultMaxContentBytes = 64 << 20
+	DefaultTimeout = 30 * time.Second
+	// DefaultMaxContentBytes bounds one Content answer as content.Cost counts
+	// it: three answers of it fit framework.DefaultContentBytesInFlight.
+	DefaultMaxContentBytes = 16 << 20
 	// DefaultReconnectMaxDelay: the longest a plugin that is back waits
 	// for the driver to notice.
 	DefaultReconnectMaxDelay = 5 * time.Second
@@ -115,8 +118,18 @@ type Options struct {
 	// Validate (which gets no context from the framework). Default
 	// DefaultTimeout.
 	Timeout time.Duration
-	// MaxContentBytes bounds one Content answer. Default DefaultMaxContentBytes.
+	// MaxContentBytes bounds one Content answer, as content.Cost counts it:
+	// its data, its paths and content.FileOverhead per file, so that many
+	// small files cost what they take in memory. The driver reserves it from
+	// framework.Options.ContentBytesInFlight for each call, and New of the
+	// framework refuses a bound beyond that budget. Default
+	// DefaultMaxContentBytes.
 	MaxContentBytes int
+	// MaxContentFiles bounds the files of one Content answer. Default
+	// content.DefaultMaxFiles. Every path is also bounded in length and depth
+	// (content.DefaultMaxPathBytes, content.DefaultMaxDepth). An answer
+	// beyond a bound is refused before it is decoded.
+	MaxContentFiles int
 	// ReconnectMaxDelay bounds the wait between two attempts to reconnect
 	// to a plugin that went away; calls fail with Unavailable meanwhile.
 	// gRPC's own bound (2 minutes) would keep a plugin that comes back after
@@ -223,6 +236,16 @@ func New(opts Options) (*Backend, error) {
 	}
 	b.client = pb.NewPluginClient(b.conn)
 	return b, nil
+}
+
+// MaxContentBytes is Options.MaxContentBytes: what the driver reserves of
+// framework.Options.ContentBytesInFlight for each Content call
+// (framework.ContentBounder).
+func (b *Backend) MaxContentBytes() int64 { return int64(b.opts.MaxContentBytes) }
+
+// contentLimits are the bounds of one Content answer.
+func (b *Backend) contentLimits() content.Limits {
+	return content.Limits{MaxFiles: b.opts.MaxContentFiles, MaxBytes: int64(b.opts.MaxContentBytes)}.WithDefaults()
 }
 
 // reconnect is gRPC's default backoff (1 s growing 1.6 times per failed
@@ -636,26 +659,26 @@ func (b *Backend) Content(ctx context.Context, v *api.Volume) (map[string]api.Fi
 	if !s.has(pb.Capability_CAPABILITY_CONTENT) {
 		return nil, fmt.Errorf("%w: plugin %s (%s %s) provides no content", api.ErrUnavailable, b.opts.Name, clip(s.name), clip(s.version))
 	}
-	resp, err := b.client.Content(ctx, &pb.ContentRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)})
+	codec := &contentCodec{limits: b.contentLimits()}
+	resp, err := b.client.Content(ctx, &pb.ContentRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)}, grpc.ForceCodecV2(codec))
+	var beyond *boundError
+	switch {
+	case errors.As(codec.refused, &beyond):
+		return nil, fmt.Errorf("plugin %s: its Content answer is beyond the driver's bounds: %s (plugin.Options MaxContentBytes, MaxContentFiles)", b.opts.Name, beyond.msg)
+	case codec.refused != nil:
+		return nil, b.garbage("Content", "%v", codec.refused)
+	}
 	if err != nil {
 		return nil, b.callError("Content", err)
 	}
 	files := make(map[string]api.File, len(resp.GetFiles()))
-	total := 0
 	for _, f := range resp.GetFiles() {
-		p := f.GetPath()
-		if p == "" || strings.Contains(p, `\`) || !filepath.IsLocal(filepath.FromSlash(p)) || path.Clean(p) != p {
-			return nil, b.garbage("Content", "file path %q is not a clean relative path", clip(p))
-		}
+		p := f.GetPath() // checked by the codec: clean, relative, bounded
 		if _, dup := files[p]; dup {
 			return nil, b.garbage("Content", "file %q appears twice", clip(p))
 		}
 		if f.GetMode()&^0o7777 != 0 {
 			return nil, b.garbage("Content", "file %q has mode %#o, beyond the permission bits", clip(p), f.GetMode())
-		}
-		total += len(f.GetData())
-		if total > b.opts.MaxContentBytes {
-			return nil, b.garbage("Content", "the files exceed %d bytes", b.opts.MaxContentBytes)
 		}
 		files[p] = api.File{Data: f.GetData(), Mode: api.FileModeOf(f.GetMode())}
 	}
