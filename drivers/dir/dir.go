@@ -113,13 +113,16 @@ func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	return api.Source{Path: p}, nil
 }
 
-// Delete removes the volume's directory and everything in it.
-func (b *Backend) Delete(_ context.Context, v *api.Volume) error {
+// Delete removes the volume's directory and everything in it. It stops once
+// ctx is done (on Linux, every 256 entries), so that a tree of millions of
+// entries never holds the volume past its request's deadline; the next
+// Delete removes the rest.
+func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
 	p, err := b.path(v.ID)
 	if err != nil {
 		return err
 	}
-	return os.RemoveAll(p)
+	return removeAll(ctx, p)
 }
 
 // Find returns the volume's directory when it exists.
