@@ -22,6 +22,11 @@ type Source struct {
 	// plugin, can never publish anything outside its own area. Backends that
 	// name their own directories leave it empty.
 	Root string `json:"root,omitempty"`
+	// MountOptions are mount options of the mount at the target beside nosuid
+	// and nodev, which every published volume has: an operator's choice per
+	// backend (framework Options.MountOptions, from mount.SafeOptions), which
+	// the framework sets before it mounts. Backends leave it empty. Linux only.
+	MountOptions []string `json:"mountOptions,omitempty"`
 }
 
 // IsDir reports whether the source is a directory to bind or link.

@@ -3,9 +3,14 @@ package framework
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // BindFlags registers on fs the command-line flags every driver binary needs and
@@ -15,6 +20,7 @@ import (
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
+//	--mount-options
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -53,6 +59,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 		o.ContentBytesInFlight = DefaultContentBytesInFlight
 	}
 	fs.Var((*bytesFlag)(&o.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
+	fs.Var((*mountOptionsFlag)(&o.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
 	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
 }
 
@@ -67,5 +74,38 @@ func (b *bytesFlag) Set(v string) error {
 		return fmt.Errorf("%q is not a positive quantity of bytes like 48Mi", v)
 	}
 	*b = bytesFlag(q.Value())
+	return nil
+}
+
+// mountOptionsFlag is the repeatable --mount-options BACKEND=opt[,opt...].
+type mountOptionsFlag map[string][]string
+
+func (m *mountOptionsFlag) String() string {
+	if m == nil || *m == nil {
+		return ""
+	}
+	var out []string
+	for _, b := range slices.Sorted(maps.Keys(*m)) {
+		out = append(out, b+"="+strings.Join((*m)[b], ","))
+	}
+	return strings.Join(out, " ")
+}
+
+func (m *mountOptionsFlag) Set(v string) error {
+	backend, opts, ok := strings.Cut(v, "=")
+	if !ok || backend == "" || opts == "" {
+		return fmt.Errorf("%q is not BACKEND=opt[,opt...], e.g. tmpfs=noexec,noatime", v)
+	}
+	if _, dup := (*m)[backend]; dup {
+		return fmt.Errorf("%q: the mount options of backend %s are given twice; give them in one value", v, backend)
+	}
+	list := strings.Split(opts, ",")
+	if err := mount.CheckOptions(list); err != nil {
+		return fmt.Errorf("%q: %w", v, err)
+	}
+	if *m == nil {
+		*m = map[string][]string{}
+	}
+	(*m)[backend] = list
 	return nil
 }

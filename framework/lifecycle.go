@@ -298,6 +298,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("creating target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMkdir)
+	src.MountOptions = d.opts.MountOptions[v.Backend] // the operator's, never a backend's
 	if err := d.mounter.Mount(d.opts.KubeletRootDir, src, v.TargetPath); err != nil {
 		return fmt.Errorf("publishing at target: %w", err)
 	}

@@ -3,8 +3,10 @@ package framework
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -128,6 +130,11 @@ type Options struct {
 	// NoMaxVolumeSize (-1) lifts the cap, leaving only the backends' own and
 	// the Capacity budgets.
 	MaxVolumeSize int64
+	// MountOptions adds mount options to every volume of a backend, by backend
+	// name (for example {"tmpfs": {"noexec", "noatime"}}), from the safe list
+	// mount.SafeOptions; nosuid and nodev are always set. They are the
+	// operator's: pods cannot set mount options. Linux only. Defaults to none.
+	MountOptions map[string][]string
 	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
 	// get ResourceExhausted and the kubelet retries. Defaults to 64.
 	MaxInFlight int
@@ -333,6 +340,18 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("RefreshInterval and RefreshConcurrency must not be negative"))
 	}
 	errs = append(errs, o.validateContentBounds()...)
+	for _, name := range slices.Sorted(maps.Keys(o.MountOptions)) {
+		switch _, ok := o.Backends[name]; {
+		case !ok:
+			errs = append(errs, fmt.Errorf("MountOptions: %q is not one of the backends (%s)", name, strings.Join(backendNames(o.Backends), ", ")))
+		case isWindows && len(o.MountOptions[name]) > 0:
+			errs = append(errs, fmt.Errorf("MountOptions of backend %s: mount options are Linux only", name))
+		default:
+			if err := mount.CheckOptions(o.MountOptions[name]); err != nil {
+				errs = append(errs, fmt.Errorf("MountOptions of backend %s: %w", name, err))
+			}
+		}
+	}
 	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
 	}

@@ -27,7 +27,7 @@ func TestFlags(t *testing.T) {
 		"backend", "backends", "capacity", "content-bytes-in-flight", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
-		"metrics-address", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
+		"metrics-address", "mount-options", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint",
 	}
 	if !slices.Equal(names, want) {

@@ -2,7 +2,10 @@ package mount
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/ephemera-csi/ephemera/api"
 )
@@ -117,4 +120,33 @@ type Mounted struct {
 	FSType, Source string
 	// ReadOnly reports whether the mount is read-only.
 	ReadOnly bool
+}
+
+// SafeOptions are the mount options an operator may add to every volume of a
+// backend (api.Source.MountOptions): each only takes something away from what
+// a pod's processes can do, or changes how access times are kept. nosuid and
+// nodev are always set. Pods cannot set mount options.
+var SafeOptions = []string{"noexec", "noatime", "nodiratime", "relatime", "strictatime", "nosymfollow"}
+
+// CheckOptions reports whether opts are SafeOptions, each once, with at most
+// one of the atime modes (noatime, relatime, strictatime).
+func CheckOptions(opts []string) error {
+	seen := map[string]bool{}
+	atime := ""
+	for _, o := range opts {
+		if !slices.Contains(SafeOptions, o) {
+			return fmt.Errorf("mount option %q is not one of %s", o, strings.Join(SafeOptions, ", "))
+		}
+		if seen[o] {
+			return fmt.Errorf("mount option %q is given twice", o)
+		}
+		seen[o] = true
+		if o == "noatime" || o == "relatime" || o == "strictatime" {
+			if atime != "" {
+				return fmt.Errorf("mount options %q and %q exclude each other", atime, o)
+			}
+			atime = o
+		}
+	}
+	return nil
 }

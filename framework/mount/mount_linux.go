@@ -26,6 +26,34 @@ const maxUnmounts = 64
 // setuid binaries or device nodes into a pod.
 const publishAttrs = unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
 
+// optionAttrs are the MOUNT_ATTR_* of SafeOptions. The atime modes are values
+// of the MOUNT_ATTR__ATIME field (relatime is 0).
+var optionAttrs = map[string]uint64{
+	"noexec":      unix.MOUNT_ATTR_NOEXEC,
+	"noatime":     unix.MOUNT_ATTR_NOATIME,
+	"nodiratime":  unix.MOUNT_ATTR_NODIRATIME,
+	"relatime":    unix.MOUNT_ATTR_RELATIME,
+	"strictatime": unix.MOUNT_ATTR_STRICTATIME,
+	"nosymfollow": unix.MOUNT_ATTR_NOSYMFOLLOW,
+}
+
+// attrsOf returns the attributes of a published mount of src: publishAttrs and
+// src.MountOptions. clr has MOUNT_ATTR__ATIME when an atime mode is set
+// (mount_setattr needs it to change the mode).
+func attrsOf(src api.Source) (set, clr uint64, err error) {
+	if err := CheckOptions(src.MountOptions); err != nil {
+		return 0, 0, err
+	}
+	set = publishAttrs
+	for _, o := range src.MountOptions {
+		set |= optionAttrs[o]
+		if o == "noatime" || o == "relatime" || o == "strictatime" {
+			clr |= unix.MOUNT_ATTR__ATIME
+		}
+	}
+	return set, clr, nil
+}
+
 // resolveFlags resolve a path below the kubelet root: never through a symbolic
 // link (magic links of /proc included), never above the starting directory.
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
@@ -360,19 +388,32 @@ func (m *linuxMounter) newMount(src api.Source) (int, error) {
 		if err != nil {
 			return -1, err
 		}
+		set, clr, err := attrsOf(src)
+		if err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
 		if m.noSetattr.Load() {
+			if len(src.MountOptions) > 0 {
+				unix.Close(fd)
+				return -1, fmt.Errorf("mount options %s of a directory volume need mount_setattr (Linux 5.12 or later)", strings.Join(src.MountOptions, ","))
+			}
 			return fd, nil
 		}
-		attr := unix.MountAttr{Attr_set: publishAttrs}
+		attr := unix.MountAttr{Attr_set: set, Attr_clr: clr}
 		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 			unix.Close(fd)
 			if errors.Is(err, unix.ENOSYS) {
 				m.noSetattr.Store(true)
 				return m.newMount(src)
 			}
-			return -1, fmt.Errorf("mount_setattr nosuid,nodev: %w", err)
+			return -1, fmt.Errorf("mount_setattr %s: %w", strings.Join(append([]string{"nosuid", "nodev"}, src.MountOptions...), ","), err)
 		}
 		return fd, nil
+	}
+	set, _, err := attrsOf(src)
+	if err != nil {
+		return -1, err
 	}
 	fsfd, err := unix.Fsopen(src.FSType, unix.FSOPEN_CLOEXEC)
 	if err != nil {
@@ -399,7 +440,7 @@ func (m *linuxMounter) newMount(src api.Source) (int, error) {
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return -1, fsError(fsfd, "create", err)
 	}
-	fd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, publishAttrs)
+	fd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, int(set))
 	if err != nil {
 		return -1, fsError(fsfd, "fsmount", err)
 	}

@@ -436,8 +436,9 @@ func TestHelmOptions(t *testing.T) {
 		"metrics":   map[string]any{"port": 9999},
 		"admission": map[string]any{"maxSize": "1Gi", "maxInodes": 5000, "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
 		"scratch": map[string]any{
-			"capacity": map[string]any{"tmpfs": "8Gi"},
-			"backends": map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
+			"capacity":     map[string]any{"tmpfs": "8Gi"},
+			"backends":     map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
+			"mountOptions": map[string]any{"tmpfs": []any{"noexec", "noatime"}, "loop": []any{}},
 			// Above 2^32 and as a float64, as values.yaml's numbers are: rendered whole.
 			"tmpfsMaxInodes": 4294967296.0,
 		},
@@ -449,7 +450,7 @@ func TestHelmOptions(t *testing.T) {
 	s := string(b)
 	for _, want := range []string{
 		"name: scratch.example.com", "requiresRepublish: true", "audience: vault",
-		"--capacity=loop=50Gi,tmpfs=8Gi", "--max-volumes-per-node=50", "--backends=tmpfs\n", "--metrics-address=:9999",
+		"--capacity=loop=50Gi,tmpfs=8Gi", "--mount-options=tmpfs=noexec,noatime\n", "--max-volumes-per-node=50", "--backends=tmpfs\n", "--metrics-address=:9999",
 		"containerPort: 9999", `image: "registry.example.com/scratch:v9"`,
 		"/var/lib/kubelet/plugins/scratch.example.com/csi.sock", "/var/lib/ephemera/scratch.example.com",
 		`v.csi.driver == "scratch.example.com"`, `expression: "\"1Gi\""`, `expression: "[\"tmpfs\"]"`,
@@ -463,6 +464,9 @@ func TestHelmOptions(t *testing.T) {
 	b, err = Helm(filepath.Join(root, Chart), map[string]any{"admission": map[string]any{"enabled": false}}, Namespace)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if strings.Contains(s, "--mount-options=loop") {
+		t.Errorf("an empty list of mount options renders a flag")
 	}
 	if strings.Contains(string(b), "ValidatingAdmissionPolicy") {
 		t.Errorf("admission.enabled=false still renders the policy")
