@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -18,11 +20,13 @@ import (
 // driver's own tmpfs.
 var builtinBackends = []string{"tmpfs", "dir", "loop", "vhdx"}
 
-// pluginSpec is one --plugin NAME=unix:///path.sock[,dir=/shared/dir].
+// pluginSpec is one --plugin NAME=unix:///path.sock[,dir=/shared/dir][,max-content-bytes=16Mi][,max-content-files=N].
 type pluginSpec struct {
 	name     string
 	endpoint string
 	dir      string
+	maxBytes int64 // 0: plugin.DefaultMaxContentBytes
+	maxFiles int   // 0: content.DefaultMaxFiles
 }
 
 // pluginFlags is the repeatable --plugin flag. Set checks each value as it is
@@ -38,6 +42,12 @@ func (p *pluginFlags) String() string {
 		s[i] = x.name + "=" + x.endpoint
 		if x.dir != "" {
 			s[i] += ",dir=" + x.dir
+		}
+		if x.maxBytes != 0 {
+			s[i] += ",max-content-bytes=" + strconv.FormatInt(x.maxBytes, 10)
+		}
+		if x.maxFiles != 0 {
+			s[i] += ",max-content-files=" + strconv.Itoa(x.maxFiles)
 		}
 	}
 	return strings.Join(s, " ")
@@ -76,8 +86,20 @@ func (p *pluginFlags) Set(v string) error {
 				return fmt.Errorf("%q: dir=%q must be a clean absolute path: the directory the plugin shares with the driver", v, val)
 			}
 			s.dir = val
+		case "max-content-bytes":
+			n, err := quantity("max-content-bytes", val)
+			if err != nil || n > math.MaxInt32 {
+				return fmt.Errorf("%q: max-content-bytes=%q must be a positive quantity like 16Mi, below 2Gi: the most one Content answer may take, 512 bytes per file counted", v, val)
+			}
+			s.maxBytes = n
+		case "max-content-files":
+			n, err := strconv.Atoi(val)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("%q: max-content-files=%q must be a positive number: the most files one Content answer may have", v, val)
+			}
+			s.maxFiles = n
 		default:
-			return fmt.Errorf("%q: unknown option %q (known: dir=/shared/dir)", v, opt)
+			return fmt.Errorf("%q: unknown option %q (known: dir=/shared/dir, max-content-bytes=16Mi, max-content-files=10000)", v, opt)
 		}
 	}
 	*p = append(*p, s)
@@ -96,13 +118,16 @@ func (p pluginFlags) backends(newTmpfs func() (*tmpfs.Backend, error), driverNam
 			return nil, err
 		}
 		b, err := plugin.New(plugin.Options{
-			Name:       s.name,
-			Endpoint:   s.endpoint,
-			Dir:        s.dir,
-			Tmpfs:      mem,
-			DriverName: driverName,
-			NodeID:     nodeID,
-			Logger:     log,
+			Name:     s.name,
+			Endpoint: s.endpoint,
+			Dir:      s.dir,
+			Tmpfs:    mem,
+
+			MaxContentBytes: int(s.maxBytes),
+			MaxContentFiles: s.maxFiles,
+			DriverName:      driverName,
+			NodeID:          nodeID,
+			Logger:          log,
 		})
 		if err != nil {
 			closePlugins(out)

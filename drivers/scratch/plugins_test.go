@@ -26,17 +26,17 @@ func TestPluginFlag(t *testing.T) {
 	fs := flag.NewFlagSet("ephemera-scratch", flag.ContinueOnError)
 	c.bindFlags(fs)
 	if err := fs.Parse([]string{"--plugin=tokens=unix:///run/ephemera/plugins/tokens.sock",
-		"--plugin", "cache=unix:///run/p/cache.sock,dir=/var/lib/ephemera/cache"}); err != nil {
+		"--plugin", "cache=unix:///run/p/cache.sock,dir=/var/lib/ephemera/cache,max-content-bytes=8Mi,max-content-files=500"}); err != nil {
 		t.Fatal(err)
 	}
 	want := pluginFlags{
 		{name: "tokens", endpoint: "unix:///run/ephemera/plugins/tokens.sock"},
-		{name: "cache", endpoint: "unix:///run/p/cache.sock", dir: "/var/lib/ephemera/cache"},
+		{name: "cache", endpoint: "unix:///run/p/cache.sock", dir: "/var/lib/ephemera/cache", maxBytes: 8 << 20, maxFiles: 500},
 	}
 	if len(c.plugins) != len(want) || c.plugins[0] != want[0] || c.plugins[1] != want[1] {
 		t.Errorf("parsed %+v, want %+v", c.plugins, want)
 	}
-	if got := c.plugins.String(); got != "tokens=unix:///run/ephemera/plugins/tokens.sock cache=unix:///run/p/cache.sock,dir=/var/lib/ephemera/cache" {
+	if got := c.plugins.String(); got != "tokens=unix:///run/ephemera/plugins/tokens.sock cache=unix:///run/p/cache.sock,dir=/var/lib/ephemera/cache,max-content-bytes=8388608,max-content-files=500" {
 		t.Errorf("String() = %q", got)
 	}
 }
@@ -63,6 +63,9 @@ func TestPluginFlagRefused(t *testing.T) {
 		{[]string{"--plugin=a=unix:///run/../a.sock"}, "must be unix:///absolute/path.sock"},
 		{[]string{"--plugin=a=unix:///a.sock,dir=rel"}, `dir="rel" must be a clean absolute path`},
 		{[]string{"--plugin=a=unix:///a.sock,dir=/x/../y"}, "must be a clean absolute path"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes=-1"}, "must be a positive quantity like 16Mi"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes=4Gi"}, "below 2Gi"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-files=0"}, "must be a positive number"},
 		{[]string{"--plugin=a=unix:///a.sock,size=1Gi"}, `unknown option "size=1Gi"`},
 	} {
 		var c config
