@@ -19,6 +19,12 @@
 //
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverMemory -v
 //
-// The measurements are Linux-only (bench_test.go, load_test.go,
-// memory_test.go, plugin_test.go) and need root.
+// TestDriverContentMemory (contentmem_test.go, make bench-memory) measures its
+// peak RSS while a plugin answers bursts of publishes with the worst content
+// answers the bounds allow:
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverContentMemory -v
+//
+// The measurements are Linux-only (bench_test.go, contentmem_test.go,
+// load_test.go, memory_test.go, plugin_test.go) and need root.
 package bench

@@ -101,8 +101,12 @@ func TestMain(m *testing.M) {
 }
 
 // servePlugin is the plugin process: the tmpfs backend (kindPlugin) and
-// benchContent through pluginserver until SIGTERM.
+// benchContent through pluginserver until SIGTERM, or a worst-answer plugin
+// (worstModePrefix).
 func servePlugin(mode, sock string) int {
+	if shape, ok := strings.CutPrefix(mode, worstModePrefix); ok {
+		return serveWorstContent(shape, sock) // TestDriverContentMemory
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	opts := pluginserver.Options{
