@@ -38,6 +38,7 @@ type Driver struct {
 	capacity  *capacity
 	refresher *refresher
 	orphans   orphans
+	stats     *statsCache // walks of directory volumes (statswalk.go)
 	ready     atomic.Bool
 	running   atomic.Bool
 
@@ -81,7 +82,9 @@ func New(opts Options) (*Driver, error) {
 		d.mounter = mount.New()
 	}
 	d.refresher = newRefresher(d, opts.RefreshConcurrency)
+	d.stats = newStatsCache(opts.StatsWalk)
 	d.initObservability()
+	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed
 	return d, nil
 }
 

@@ -12,6 +12,7 @@ import (
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share
+//	--stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -28,6 +29,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.GCMaxOrphanShare == 0 {
 		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
 	}
+	o.StatsWalk.setDefaults()
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
 	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
 	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
@@ -47,4 +49,8 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")
 	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
+	fs.Int64Var(&o.StatsWalk.MaxEntries, "stats-max-entries", o.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
+	fs.IntVar(&o.StatsWalk.MaxDepth, "stats-max-depth", o.StatsWalk.MaxDepth, "Levels below a directory volume's root one volume-stats walk enters at most; deeper entries are not counted.")
+	fs.DurationVar(&o.StatsWalk.Timeout, "stats-timeout", o.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
+	fs.DurationVar(&o.StatsWalk.CacheTTL, "stats-cache-ttl", o.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 }
