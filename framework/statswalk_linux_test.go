@@ -19,8 +19,10 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/dir"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
@@ -327,5 +329,49 @@ func TestVolumeStatsStaysInside(t *testing.T) {
 	}
 	if err := syscall.Unmount(mnt, 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkVolumeStatsDeepDir is one NodeGetVolumeStats of a dir volume
+// 4,000 levels deep, walked afresh each time (the cached answer dropped):
+// "default" with the default bounds (128 levels counted), "unbounded" with
+// a depth bound above the tree's (every level counted: the walk is linear).
+func BenchmarkVolumeStatsDeepDir(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root (bind mounts)")
+	}
+	for _, bc := range []struct {
+		name  string
+		depth int
+	}{{"default", 0}, {"unbounded", 10_000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			base := b.TempDir()
+			d, err := dir.New(dir.Options{Root: filepath.Join(base, "state", "volumes")})
+			if err != nil {
+				b.Fatal(err)
+			}
+			opts := framework.Options{
+				KubeletRootDir: filepath.Join(base, "kubelet"),
+				StateDir:       filepath.Join(base, "state"),
+				Backends:       map[string]framework.Backend{"dir": d},
+				Logger:         klog.Background().V(10), // quiet
+			}
+			opts.StatsWalk.MaxDepth = bc.depth
+			h := drivertest.Start(b, opts)
+			k := h.Kubelet
+			pod := k.NewPod("ns", "p")
+			if err := k.Publish(b.Context(), pod, drivertest.InlineVolume{Name: "v"}); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = k.DeletePod(context.Background(), pod) })
+			deepTree(b, k.TargetPath(pod, "v"), 4000)
+			id := api.VolumeHandle(pod.UID, "v")
+			for b.Loop() {
+				framework.StatsForget(h.Driver(), id)
+				if _, err := volumeStats(b.Context(), h, pod, "v"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
