@@ -40,6 +40,7 @@ type Driver struct {
 	// contentBudget is Options.ContentBytesInFlight.
 	contentBudget *budget
 	orphans       orphans
+	stats         *statsCache // walks of directory volumes (statswalk.go)
 	ready         atomic.Bool
 	running       atomic.Bool
 
@@ -84,7 +85,9 @@ func New(opts Options) (*Driver, error) {
 	}
 	d.refresher = newRefresher(d, opts.RefreshConcurrency)
 	d.contentBudget = newBudget(opts.ContentBytesInFlight)
+	d.stats = newStatsCache(opts.StatsWalk)
 	d.initObservability()
+	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed
 	return d, nil
 }
 

@@ -20,7 +20,7 @@ import (
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
-//	--mount-options
+//	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.NodeID == "" {
 		o.NodeID = os.Getenv("NODE_NAME")
@@ -37,6 +37,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.GCMaxOrphanShare == 0 {
 		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
 	}
+	o.StatsWalk.setDefaults()
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
 	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
 	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
@@ -61,6 +62,10 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.Var((*bytesFlag)(&o.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
 	fs.Var((*mountOptionsFlag)(&o.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
 	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
+	fs.Int64Var(&o.StatsWalk.MaxEntries, "stats-max-entries", o.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
+	fs.IntVar(&o.StatsWalk.MaxDepth, "stats-max-depth", o.StatsWalk.MaxDepth, "Levels below a directory volume's root one volume-stats walk enters at most; deeper entries are not counted.")
+	fs.DurationVar(&o.StatsWalk.Timeout, "stats-timeout", o.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
+	fs.DurationVar(&o.StatsWalk.CacheTTL, "stats-cache-ttl", o.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 }
 
 // bytesFlag is a positive quantity of bytes, as 48Mi or 50331648.

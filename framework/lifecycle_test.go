@@ -270,6 +270,9 @@ func TestOptionsValidation(t *testing.T) {
 		"timeout over kubelet": func(o *framework.Options) { o.OperationTimeout = 3 * time.Minute },
 		"long socket path":     func(o *framework.Options) { o.Endpoint = "unix:///" + string(make([]byte, 120)) },
 		"negative size cap":    func(o *framework.Options) { o.MaxVolumeSize = -2 },
+		"negative stats walk":  func(o *framework.Options) { o.StatsWalk.MaxEntries = -1 },
+		"negative stats depth": func(o *framework.Options) { o.StatsWalk.MaxDepth = -1 },
+		"stats walk too long":  func(o *framework.Options) { o.StatsWalk.Timeout = 2 * time.Minute },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -288,7 +291,8 @@ func TestOptionsValidation(t *testing.T) {
 	got := d.Options()
 	if got.KubeletRootDir != "/var/lib/kubelet" || got.StateDir != "/var/lib/ephemera/a.b" ||
 		got.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.DefaultBackend != "x" || got.MaxInFlight != 64 ||
-		got.MaxVolumeSize != framework.DefaultMaxVolumeSize {
+		got.MaxVolumeSize != framework.DefaultMaxVolumeSize ||
+		got.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 }

@@ -141,6 +141,13 @@ type Options struct {
 	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
 	// 2 minute deadline so rollback still has time. Defaults to 90s.
 	OperationTimeout time.Duration
+	// StatsWalk bounds the walk NodeGetVolumeStats makes of a directory
+	// volume (the dir backend, a plugin's directory source) to count its
+	// usage: entries visited, depth and wall time, and how long an answer is
+	// reused (see StatsWalkLimits). A walk stopped by a bound reports what it
+	// counted, a lower bound. Zero fields default to 1,000,000 entries, 128
+	// levels, 5s and a 1m cache.
+	StatsWalk StatsWalkLimits
 	// StateRecovery says what startup does with a damaged state file:
 	// StateRecoveryRebuild (the default) keeps what can still be read, moves
 	// the file aside (it is never deleted) and rebuilds the state from the node,
@@ -275,6 +282,7 @@ func (o *Options) setDefaults() {
 	if o.StoreTimeout == 0 {
 		o.StoreTimeout = 5 * time.Second
 	}
+	o.StatsWalk.setDefaults()
 	if o.Logger.GetSink() == nil {
 		o.Logger = klog.Background()
 	}
@@ -354,6 +362,9 @@ func (o *Options) validate() error {
 	}
 	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
+	}
+	if err := o.StatsWalk.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := validateMetricsAddress(o.MetricsAddress); err != nil {
 		errs = append(errs, err)

@@ -55,8 +55,17 @@ func (s nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishV
 	return s.d.nodePublishVolume(ctx, req)
 }
 
+// NodeUnpublishVolume drops the volume's stats answer, and stops a walk of it
+// in progress (whose open directories would make the unmount fail), before
+// and after the unpublish: a volume published again under the same ID is
+// walked afresh.
 func (s nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	return s.d.nodeUnpublishVolume(ctx, req)
+	s.d.stats.forget(req.GetVolumeId())
+	resp, err := s.d.nodeUnpublishVolume(ctx, req)
+	if err == nil {
+		s.d.stats.forget(req.GetVolumeId())
+	}
+	return resp, err
 }
 
 func (s nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {

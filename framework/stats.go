@@ -90,17 +90,18 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}
 	resp := &csi.NodeGetVolumeStatsResponse{}
 	if h.ok() {
-		usage := filesystemUsage
-		if rec.Source != nil && rec.Source.IsDir() {
-			usage = directoryUsage
-		}
 		var u fsUsage
 		r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, rec.TargetPath)
 		if err == nil {
-			u, err = usage(r, rec.TargetPath)
+			u, err = filesystemUsage(r, rec.TargetPath)
 			r.Close()
 		}
+		if err == nil && rec.Source != nil && rec.Source.IsDir() && !ownFilesystem(rec.TargetPath) {
+			u, err = d.directoryUsage(ctx, rec, u)
+		}
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, ctx.Err() // the caller went away: Canceled or DeadlineExceeded
 		case errors.Is(err, mount.ErrNotSupported):
 			return nil, kindf(errUnimplemented, "volume stats: %w", err)
 		case err != nil:
@@ -114,6 +115,29 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}
 	setLegacyCondition(resp, !h.ok(), h.message)
 	return resp, nil
+}
+
+// directoryUsage completes u, the figures of the filesystem that holds the
+// directory volume of rec, with the directory's own usage: a walk of it,
+// shared by concurrent calls and reused for StatsWalk.CacheTTL, bounded by
+// Options.StatsWalk. A walk stopped by a bound gives what it counted, a lower
+// bound. It returns ctx's error as soon as ctx ends; the walk then goes on
+// for the other callers, if any, within its own bounds.
+func (d *Driver) directoryUsage(ctx context.Context, rec *store.Record, u fsUsage) (fsUsage, error) {
+	key := statsKey{target: rec.TargetPath, created: rec.Created}
+	w, err := d.stats.usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
+		r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, key.target)
+		if err != nil {
+			return walkResult{}, err
+		}
+		defer r.Close()
+		return walkUsage(ctx, r, key.target, lim, visited)
+	})
+	if err != nil {
+		return fsUsage{}, err
+	}
+	u.bytesUsed, u.inodesUsed = w.bytes, w.inodes
+	return u, nil
 }
 
 // setLegacyCondition adds volume_condition (field 2: {bool abnormal = 1;

@@ -3,9 +3,11 @@
 package framework
 
 import (
+	"context"
+	"errors"
+	"io"
 	"io/fs"
 	"os"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,39 +47,128 @@ func statfsUsage(blocks, bfree, bavail, files, ffree uint64, bsize int64) fsUsag
 	}
 }
 
-// directoryUsage measures a bind-mounted directory: the filesystem's capacity
-// and free space (shared with the rest of that filesystem) and the directory's
-// own usage, counted like du (allocated blocks, one inode per entry, hard links
-// once). The walk stays inside r: links are listed, never followed.
-func directoryUsage(r *os.Root, path string) (fsUsage, error) {
-	u, err := filesystemUsage(r, path)
+// ownFilesystem reports whether the directory at path is the root of a
+// filesystem of its own, whose statfs figures are then exact: never for a
+// directory volume on Linux, which is a bind mount of a directory.
+func ownFilesystem(string) bool { return false }
+
+// walkUsage counts a bind-mounted directory's own usage like du -x (see
+// walkTree): allocated blocks, one inode per entry, hard links once. It walks
+// by file descriptor, each directory opened relative to its parent
+// (openat(2) with O_NOFOLLOW|O_DIRECTORY) and each entry stat'ed relative to
+// its directory (fstatat(2) with AT_SYMLINK_NOFOLLOW), so the cost of an
+// entry does not grow with its depth, links are never followed, and the walk
+// never leaves r; it does not enter another mount (another device or mount
+// ID). The directories open are the ancestors of the one being read, at most
+// lim.MaxDepth. path is for messages.
+func walkUsage(ctx context.Context, r *os.Root, path string, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
+	f, err := r.Open(".")
 	if err != nil {
-		return fsUsage{}, err
+		return walkResult{}, err
 	}
-	var used, inodes int64
-	seen := map[uint64]bool{}
-	err = fs.WalkDir(r.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
+	if err != nil {
+		return walkResult{}, &fs.PathError{Op: "dup", Path: path, Err: err}
+	}
+	var st unix.Statx_t
+	if err := statxFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return walkResult{}, &fs.PathError{Op: "statx", Path: path, Err: err}
+	}
+	self := walkEntry{dir: true, bytes: mulSat(st.Blocks, 512), dev: unix.Mkdev(st.Dev_major, st.Dev_minor), ino: st.Ino}
+	root := &linuxDir{fd: fd, buf: make([]byte, 8<<10), mnt: st.Mnt_id, hasMnt: st.Mask&unix.STATX_MNT_ID != 0}
+	return walkTree(ctx, root, self, lim, visited), nil
+}
+
+// linuxDir is one directory of a walk, open by fd.
+type linuxDir struct {
+	fd     int
+	buf    []byte // getdents buffer, shared by the walk's directories
+	eof    bool
+	mnt    uint64 // mount ID of the walk's root
+	hasMnt bool
+}
+
+// read lists the entries of one getdents(2) call (at most a few hundred
+// names in its buffer), stat'ed without following links. n is ignored.
+func (d *linuxDir) read(int) ([]walkEntry, error) {
+	for !d.eof {
+		n, err := unix.Getdents(d.fd, d.buf)
+		if err == unix.EINTR {
+			continue
+		}
 		if err != nil {
-			return nil // vanished while walking: a pod is writing
+			return nil, err
 		}
-		fi, err := d.Info()
-		if err != nil {
-			return nil
+		if n <= 0 {
+			d.eof = true
+			break
 		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
-			if seen[st.Ino] {
-				return nil
+		_, _, names := unix.ParseDirent(d.buf[:n], -1, nil)
+		ents := make([]walkEntry, 0, len(names))
+		for _, name := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				continue // vanished while walking: a pod is writing
 			}
-			seen[st.Ino] = true
+			ents = append(ents, walkEntry{
+				name:  name,
+				dir:   st.Mode&unix.S_IFMT == unix.S_IFDIR,
+				bytes: mulSat(uint64(max(st.Blocks, 0)), 512),
+				dev:   uint64(st.Dev),
+				ino:   st.Ino,
+				links: uint64(st.Nlink),
+			})
 		}
-		used = addSat(used, mulSat(uint64(max(st.Blocks, 0)), 512))
-		inodes++
-		return nil
-	})
-	u.bytesUsed, u.inodesUsed = used, inodes
-	return u, err
+		if len(ents) > 0 {
+			return ents, nil
+		}
+	}
+	return nil, io.EOF
+}
+
+// open opens the directory e relative to d, refusing a link (O_NOFOLLOW), a
+// non-directory, and anything but the very directory read stat'ed (a pod
+// renaming while the walk runs) or one of another mount.
+func (d *linuxDir) open(e walkEntry) (walkDir, error) {
+	var fd int
+	var err error
+	for {
+		fd, err = unix.Openat(d.fd, e.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Statx_t
+	if err := statxFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if unix.Mkdev(st.Dev_major, st.Dev_minor) != e.dev || st.Ino != e.ino ||
+		d.hasMnt && st.Mask&unix.STATX_MNT_ID != 0 && st.Mnt_id != d.mnt {
+		unix.Close(fd)
+		return nil, errWalkChanged
+	}
+	return &linuxDir{fd: fd, buf: d.buf, mnt: d.mnt, hasMnt: d.hasMnt}, nil
+}
+
+func (d *linuxDir) close() error { return unix.Close(d.fd) }
+
+// errWalkChanged is a directory that changed between its listing and its
+// opening, or lies on another mount: it is not entered.
+var errWalkChanged = errors.New("directory changed or on another mount")
+
+// statxFd stats the file open at fd, with its mount ID where the kernel has
+// one (5.8).
+func statxFd(fd int, st *unix.Statx_t) error {
+	for {
+		err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, st)
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }

@@ -3,6 +3,7 @@
 package framework
 
 import (
+	"context"
 	"os"
 
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -15,4 +16,8 @@ type fsUsage struct {
 
 func filesystemUsage(*os.Root, string) (fsUsage, error) { return fsUsage{}, mount.ErrNotSupported }
 
-func directoryUsage(*os.Root, string) (fsUsage, error) { return fsUsage{}, mount.ErrNotSupported }
+func ownFilesystem(string) bool { return false }
+
+func walkUsage(context.Context, *os.Root, string, StatsWalkLimits, func(context.Context, int64)) (walkResult, error) {
+	return walkResult{}, mount.ErrNotSupported
+}

@@ -3,6 +3,8 @@
 package framework
 
 import (
+	"context"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -39,39 +41,78 @@ func filesystemUsage(_ *os.Root, path string) (fsUsage, error) {
 	return fsUsage{bytesTotal: clampInt64(total), bytesAvail: clampInt64(avail), bytesUsed: clampInt64(subFloor(total, free))}, nil
 }
 
-// directoryUsage measures a linked directory. When the directory is the root of
-// a volume of its own (a VHDX mounted in a folder) the whole volume is the
-// pod's and the filesystem figures are exact, so no walk is needed. Otherwise
-// the capacity and free space are the host volume's and the usage is a walk
-// of the directory: logical file sizes (not cluster-rounded; a file's
-// hard links are counted once per link), one inode per entry.
-func directoryUsage(_ *os.Root, path string) (fsUsage, error) {
-	u, err := filesystemUsage(nil, path)
-	if err != nil {
-		return fsUsage{}, err
-	}
+// ownFilesystem reports whether the linked directory at path is the root of
+// a volume of its own (a VHDX mounted in a folder): the whole volume is then
+// the pod's, the filesystem figures are exact, and no walk is needed.
+// Otherwise the capacity and free space are the host volume's and the usage
+// is a walk of the directory (walkUsage).
+func ownFilesystem(path string) bool {
 	dir := path
 	if d, err := filepath.EvalSymlinks(path); err == nil {
 		dir = d
 	}
-	if isVolumeRoot(dir) {
-		return u, nil
+	return isVolumeRoot(dir)
+}
+
+// walkUsage counts a linked directory's own usage (see walkTree): logical
+// file sizes (not cluster-rounded; a file's hard links are counted once per
+// link), one inode per entry. Each directory is opened relative to its parent
+// as an os.Root, so the walk never leaves r; links and junctions (reparse
+// points) are listed, never entered. path is for messages.
+func walkUsage(ctx context.Context, r *os.Root, path string, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
+	root, err := openWindowsDir(r, ".")
+	if err != nil {
+		return walkResult{}, err
 	}
-	var used, entries int64
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // vanished while walking: a pod is writing
-		}
-		entries++
-		if d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				used = addSat(used, fi.Size()) // sparse files can claim up to 2^63-1 bytes each
+	return walkTree(ctx, root, walkEntry{dir: true}, lim, visited), nil
+}
+
+// windowsDir is one directory of a walk.
+type windowsDir struct {
+	r *os.Root
+	f *os.File
+}
+
+// openWindowsDir opens the directory name of r as a root of its own.
+func openWindowsDir(r *os.Root, name string) (*windowsDir, error) {
+	cr, err := r.OpenRoot(name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := cr.Open(".")
+	if err != nil {
+		cr.Close()
+		return nil, err
+	}
+	return &windowsDir{r: cr, f: f}, nil
+}
+
+func (d *windowsDir) read(n int) ([]walkEntry, error) {
+	des, err := d.f.ReadDir(n)
+	ents := make([]walkEntry, 0, len(des))
+	for _, de := range des {
+		// IsDir is false for a symbolic link or a junction to a directory.
+		e := walkEntry{name: de.Name(), dir: de.IsDir()}
+		if de.Type().IsRegular() {
+			if fi, err := de.Info(); err == nil {
+				e.bytes = fi.Size() // sparse files can claim up to 2^63-1 bytes each
 			}
 		}
-		return nil
-	})
-	u.bytesUsed, u.inodesUsed = used, entries
-	return u, err
+		ents = append(ents, e)
+	}
+	if len(ents) == 0 && err == nil {
+		err = io.EOF
+	}
+	return ents, err
+}
+
+func (d *windowsDir) open(e walkEntry) (walkDir, error) {
+	return openWindowsDir(d.r, e.name)
+}
+
+func (d *windowsDir) close() error {
+	d.f.Close()
+	return d.r.Close()
 }
 
 // isVolumeRoot reports whether dir is the root of a volume (a drive root or a

@@ -28,6 +28,7 @@ func TestFlags(t *testing.T) {
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "mount-options", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
+		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-timeout",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint",
 	}
 	if !slices.Equal(names, want) {

@@ -53,4 +53,5 @@ const (
 	PerMinute       = "perMinute"
 	Plugin          = "plugin"
 	Capabilities    = "capabilities"
+	Bound           = "bound"
 )

@@ -32,6 +32,7 @@ const (
 	InflightOps     = "ephemera_inflight_operations"
 	BuildInfo       = "ephemera_build_info"
 	CSIDriverBad    = "ephemera_csidriver_misconfigured"
+	StatsWalks      = "ephemera_stats_walks_total"
 )
 
 const (
@@ -91,6 +92,16 @@ const (
 	// RefreshOK and RefreshFailed label content refreshes of live volumes.
 	RefreshOK     = "ok"
 	RefreshFailed = "failed"
+
+	// StatsWalkComplete counts walks of directory volumes that counted
+	// everything; the others count walks stopped short by a bound of
+	// Options.StatsWalk (a walk can reach several), or canceled (its callers
+	// gone, the volume unpublished).
+	StatsWalkComplete   = "complete"
+	StatsWalkMaxEntries = "max_entries"
+	StatsWalkMaxDepth   = "max_depth"
+	StatsWalkTimeout    = "timeout"
+	StatsWalkCanceled   = "canceled"
 )
 
 // durationBuckets covers a fast tmpfs publish (well under a millisecond) up to
@@ -145,6 +156,7 @@ type Metrics struct {
 	gc              *prometheus.CounterVec
 	refresh         *prometheus.CounterVec
 	csiDriver       *prometheus.GaugeVec
+	statsWalks      *prometheus.CounterVec
 
 	methods map[string]*methodSeries // read-only after New
 }
@@ -202,6 +214,10 @@ func New(c Config) *Metrics {
 			Name: CSIDriverBad,
 			Help: "1 when the startup check found the driver's CSIDriver object failing a check (exists, volumeLifecycleModes, podInfoOnMount, fsGroupPolicy, attachRequired), 0 when it passed; absent without API access.",
 		}, []string{labelCheck}),
+		statsWalks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: StatsWalks,
+			Help: "Walks of directory volumes by NodeGetVolumeStats, by result: complete, or the bound that stopped one short with a lower bound of the usage (max_entries, max_depth, timeout; a walk can reach several), or canceled.",
+		}, []string{labelResult}),
 		methods: map[string]*methodSeries{},
 	}
 	for _, full := range c.Methods {
@@ -217,6 +233,9 @@ func New(c Config) *Metrics {
 	for _, r := range []string{RefreshOK, RefreshFailed} {
 		m.refresh.WithLabelValues(r)
 	}
+	for _, r := range []string{StatsWalkComplete, StatsWalkMaxEntries, StatsWalkMaxDepth, StatsWalkTimeout, StatsWalkCanceled} {
+		m.statsWalks.WithLabelValues(r)
+	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: BuildInfo,
 		Help: "Always 1; labels name the driver and its version.",
@@ -224,7 +243,7 @@ func New(c Config) *Metrics {
 	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
 
 	m.reg.MustRegister(
-		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, m.csiDriver, buildInfo,
+		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, m.csiDriver, m.statsWalks, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -326,6 +345,14 @@ func (m *Metrics) Refreshed(err error) {
 		return
 	}
 	m.refresh.WithLabelValues(RefreshOK).Inc()
+}
+
+// StatsWalked counts one walk of a directory volume under each of results
+// (StatsWalkComplete, or the bounds it reached).
+func (m *Metrics) StatsWalked(results ...string) {
+	for _, r := range results {
+		m.statsWalks.WithLabelValues(r).Inc()
+	}
 }
 
 // usageCollector reports the volume gauges from the driver's own accounting at

@@ -1,0 +1,319 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeDir is an in-memory directory for walkTree: the portable logic runs on
+// every OS.
+type fakeDir struct {
+	ents   []walkEntry
+	kids   map[string]*fakeDir
+	pos    int
+	opened *int // directories open, shared by a tree
+}
+
+func (d *fakeDir) read(n int) ([]walkEntry, error) {
+	if d.pos >= len(d.ents) {
+		return nil, io.EOF
+	}
+	end := min(d.pos+n, len(d.ents))
+	out := d.ents[d.pos:end]
+	d.pos = end
+	return out, nil
+}
+
+func (d *fakeDir) open(e walkEntry) (walkDir, error) {
+	k := d.kids[e.name]
+	if k == nil {
+		return nil, errors.New("not a directory")
+	}
+	*d.opened++
+	c := *k
+	c.opened = d.opened
+	return &c, nil
+}
+
+func (d *fakeDir) close() error { *d.opened--; return nil }
+
+// chain is a directory nesting depth levels, each with files files of 1KiB.
+func chain(depth, files int, opened *int) *fakeDir {
+	var d *fakeDir
+	for i := range depth + 1 {
+		nd := &fakeDir{kids: map[string]*fakeDir{}, opened: opened}
+		for f := range files {
+			nd.ents = append(nd.ents, walkEntry{name: fmt.Sprint("f", f), bytes: 1024, dev: 1, ino: uint64(i*1000 + f + 10), links: 1})
+		}
+		if d != nil {
+			nd.ents = append(nd.ents, walkEntry{name: "d", dir: true, bytes: 4096, dev: 1, ino: uint64(i)})
+			nd.kids["d"] = d
+		}
+		d = nd
+	}
+	*opened++
+	return d
+}
+
+var rootEntry = walkEntry{dir: true, bytes: 4096, dev: 1, ino: 1}
+
+func TestWalkTreeBounds(t *testing.T) {
+	lim := StatsWalkLimits{MaxEntries: 1 << 20, MaxDepth: 8}
+	for _, tc := range []struct {
+		name          string
+		depth, files  int
+		lim           StatsWalkLimits
+		inodes, bytes int64
+		stopped       walkBound
+		ctx           func() context.Context
+	}{
+		// root, 5 dirs, 6*2 files.
+		{name: "complete", depth: 5, files: 2, lim: lim, inodes: 1 + 5 + 12, bytes: 6*4096 + 12*1024},
+		// 4,000 deep: the root, levels 1-8 and the files of the directories
+		// listed (levels 0-7); level 8 is counted, not listed.
+		{name: "depth", depth: 4000, files: 1, lim: lim, inodes: 1 + 8 + 8, stopped: boundDepth},
+		{name: "entries", depth: 10, files: 100, lim: StatsWalkLimits{MaxEntries: 250, MaxDepth: 100}, inodes: 250, stopped: boundEntries},
+		{name: "canceled", depth: 10, files: 10, lim: lim, inodes: 1, stopped: boundCanceled, ctx: func() context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx
+		}},
+		{name: "timeout", depth: 10, files: 10, lim: lim, inodes: 1, stopped: boundTimeout, ctx: func() context.Context {
+			ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+			t.Cleanup(cancel)
+			return ctx
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opened, maxOpen int
+			root := chain(tc.depth, tc.files, &opened)
+			ctx := context.Background()
+			if tc.ctx != nil {
+				ctx = tc.ctx()
+			}
+			res := walkTree(ctx, root, rootEntry, tc.lim, func(context.Context, int64) { maxOpen = max(maxOpen, opened) })
+			if res.inodes != tc.inodes || res.stopped != tc.stopped || (tc.bytes != 0 && res.bytes != tc.bytes) {
+				t.Errorf("walk = %+v, want inodes %d, bytes %d, stopped %v", res, tc.inodes, tc.bytes, tc.stopped)
+			}
+			if opened != 0 {
+				t.Errorf("%d directories left open", opened)
+			}
+			if maxOpen > tc.lim.MaxDepth {
+				t.Errorf("%d directories open at once, want at most MaxDepth %d", maxOpen, tc.lim.MaxDepth)
+			}
+		})
+	}
+}
+
+func TestWalkTreeCountsLikeDu(t *testing.T) {
+	var opened int
+	other := &fakeDir{ents: []walkEntry{{name: "big", bytes: 1 << 30, dev: 2, ino: 5, links: 1}}}
+	root := &fakeDir{opened: &opened, kids: map[string]*fakeDir{"mnt": other}, ents: []walkEntry{
+		{name: "a", bytes: 1024, dev: 1, ino: 7, links: 2},
+		{name: "b", bytes: 1024, dev: 1, ino: 7, links: 2}, // a's hard link
+		{name: "link", bytes: 0, dev: 1, ino: 8, links: 1}, // a symlink: never a dir
+		{name: "mnt", dir: true, bytes: 4096, dev: 2, ino: 1, links: 2},
+	}}
+	opened++
+	res := walkTree(context.Background(), root, rootEntry, StatsWalkLimits{MaxEntries: 100, MaxDepth: 10}, nil)
+	if want := (walkResult{bytes: 4096 + 1024, inodes: 3, entries: 5}); res != want {
+		t.Errorf("walk = %+v, want %+v (a once, the link, nothing of the other filesystem)", res, want)
+	}
+}
+
+// fakeClock is a settable clock for statsCache.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newTestCache(ttl time.Duration) (*statsCache, *fakeClock) {
+	lim := StatsWalkLimits{CacheTTL: ttl}
+	lim.setDefaults()
+	c := newStatsCache(lim)
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	c.now = clk.Now
+	return c, clk
+}
+
+func TestStatsCacheReuseAndExpiry(t *testing.T) {
+	c, clk := newTestCache(time.Minute)
+	key := statsKey{target: "/t", created: time.Unix(1, 0)}
+	n := int64(0)
+	walk := func(context.Context, StatsWalkLimits, func(context.Context, int64)) (walkResult, error) {
+		n++
+		return walkResult{inodes: n}, nil
+	}
+	get := func(k statsKey) int64 {
+		t.Helper()
+		res, err := c.usage(context.Background(), "v", k, walk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.running.Wait()
+		return res.inodes
+	}
+	if got := get(key); got != 1 {
+		t.Fatalf("first = %d", got)
+	}
+	clk.add(59 * time.Second)
+	if got := get(key); got != 1 {
+		t.Errorf("within the TTL: %d, want the cached 1", got)
+	}
+	clk.add(time.Second)
+	if got := get(key); got != 2 {
+		t.Errorf("after the TTL: %d, want a new walk", got)
+	}
+	// Published again (a new record): walked again at once.
+	if got := get(statsKey{target: "/t", created: time.Unix(2, 0)}); got != 3 {
+		t.Errorf("new record: %d, want a new walk", got)
+	}
+	c.forget("v")
+	if c.size() != 0 {
+		t.Errorf("forget left %d entries", c.size())
+	}
+	// Errors are not cached.
+	failing := func(context.Context, StatsWalkLimits, func(context.Context, int64)) (walkResult, error) {
+		n++
+		return walkResult{}, errors.New("boom")
+	}
+	for range 2 {
+		if _, err := c.usage(context.Background(), "v", key, failing); err == nil {
+			t.Error("no error")
+		}
+		c.running.Wait()
+	}
+	if n != 5 || c.size() != 0 {
+		t.Errorf("%d walks, %d cached: an error is walked again and never cached", n, c.size())
+	}
+	// Expired answers of other volumes are swept.
+	get(key)
+	clk.add(2 * time.Minute)
+	if _, err := c.usage(context.Background(), "w", key, walk); err != nil {
+		t.Fatal(err)
+	}
+	c.running.Wait()
+	if c.size() != 1 {
+		t.Errorf("%d entries after the sweep, want 1 (w's)", c.size())
+	}
+}
+
+// Callers share one walk; a caller that goes away gets its context's error
+// at once, the walk goes on for the others, and is canceled (and not cached)
+// when the last one has gone.
+func TestStatsCacheSingleFlightAndCancel(t *testing.T) {
+	c, _ := newTestCache(time.Minute)
+	key := statsKey{target: "/t"}
+	release := make(chan struct{})
+	walkCtx := make(chan context.Context, 1)
+	walks := 0
+	walk := func(ctx context.Context, _ StatsWalkLimits, _ func(context.Context, int64)) (walkResult, error) {
+		walks++
+		walkCtx <- ctx
+		select {
+		case <-release:
+			return walkResult{inodes: 42}, nil
+		case <-ctx.Done():
+			return walkResult{inodes: 1, stopped: boundCanceled}, nil
+		}
+	}
+	// Already canceled: nothing starts.
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.usage(canceled, "v", key, walk); !errors.Is(err, context.Canceled) || walks != 0 {
+		t.Fatalf("canceled caller: %v, %d walks", err, walks)
+	}
+
+	const n = 5
+	var wg sync.WaitGroup
+	results := make([]int64, n)
+	for i := range n {
+		wg.Go(func() {
+			res, err := c.usage(context.Background(), "v", key, walk)
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = res.inodes
+		})
+	}
+	leaving, leave := context.WithCancel(context.Background())
+	left := make(chan error)
+	go func() {
+		_, err := c.usage(leaving, "v", key, walk)
+		left <- err
+	}()
+	for c.waiting("v") < n+1 {
+		time.Sleep(time.Millisecond)
+	}
+	leave()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Errorf("the caller that left got %v, want Canceled", err)
+	}
+	close(release)
+	wg.Wait()
+	c.running.Wait()
+	for i, r := range results {
+		if r != 42 {
+			t.Errorf("caller %d got %d, want 42", i, r)
+		}
+	}
+	if walks != 1 {
+		t.Errorf("%d walks, want 1", walks)
+	}
+	<-walkCtx
+
+	// A walk whose only caller leaves is canceled and not cached.
+	c.forget("v")
+	release = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		_, err := c.usage(ctx, "v", key, walk)
+		done <- err
+	}()
+	wctx := <-walkCtx
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("got %v, want Canceled", err)
+	}
+	<-wctx.Done()
+	c.running.Wait()
+	if !errors.Is(context.Cause(wctx), errWalkCanceled) || c.size() != 0 {
+		t.Errorf("walk context cause %v, %d cached; want errWalkCanceled, nothing cached", context.Cause(wctx), c.size())
+	}
+}
+
+func TestStatsWalkLimitsValidate(t *testing.T) {
+	var l StatsWalkLimits
+	l.setDefaults()
+	if l != (StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) || l.validate() != nil {
+		t.Errorf("defaults %+v: %v", l, l.validate())
+	}
+	for _, bad := range []StatsWalkLimits{
+		{MaxEntries: -1, MaxDepth: 1, Timeout: time.Second},
+		{MaxEntries: 1, MaxDepth: -1, Timeout: time.Second},
+		{MaxEntries: 1, MaxDepth: 1, Timeout: -time.Second},
+		{MaxEntries: 1, MaxDepth: 1, Timeout: 2 * time.Minute},
+	} {
+		if bad.validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
