@@ -26,6 +26,8 @@
 //   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.
 //   - ephemera_csidriver_misconfigured{check} gauge: the startup check of the
 //     CSIDriver object.
+//   - ephemera_stats_walks_total{result} counter: walks of directory volumes
+//     by NodeGetVolumeStats, complete or stopped short by a bound.
 //   - The Go runtime (go_*) and process (process_*) collectors.
 //
 // No metric has a per-volume or per-pod label: a node runs hundreds of
