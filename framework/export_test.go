@@ -26,7 +26,8 @@ func StatsCached(d *Driver) int { return d.stats.size() }
 // detector (an RPC through a socket does not).
 func WaitStatsWalks(d *Driver) {
 	d.stats.mu.Lock()
-	d.stats.mu.Unlock() //nolint:staticcheck // an empty critical section, for its ordering
+	//lint:ignore SA2001 an empty critical section, for its ordering
+	d.stats.mu.Unlock()
 	d.stats.running.Wait()
 }
 
