@@ -240,8 +240,11 @@ func TestVolumeStatsSharedAndCached(t *testing.T) {
 			}
 		})
 	}
-	for framework.StatsWaiters(d, id) < n {
-		time.Sleep(time.Millisecond) // until every call waits for the one walk
+	for deadline := time.Now().Add(30 * time.Second); framework.StatsWaiters(d, id) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // a hang would end the binary before the cleanups
+			close(release)
+			t.Fatalf("%d of %d calls wait for the walk after 30s", framework.StatsWaiters(d, id), n)
+		}
 	}
 	close(release)
 	wg.Wait()

@@ -5,10 +5,45 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
+
+// detachLeftovers detaches, deepest first, every mount below the kubelet root
+// that the test made and did not remove (it failed before its unpublish), so
+// that a failing test leaves no mount on the machine. A passing test has
+// none: RequireClean says so.
+func (h *Harness) detachLeftovers() {
+	root, err := filepath.Abs(h.Options.KubeletRootDir)
+	if err != nil {
+		return
+	}
+	now, err := mountPointsUnder(root)
+	if err != nil {
+		h.t.Logf("drivertest: listing the mounts left below %s: %v", root, err)
+		return
+	}
+	var left []string
+	for p := range now {
+		if !h.before[p] {
+			left = append(left, p)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(left))) // children before their parents
+	for _, p := range left {
+		err := unix.Unmount(p, unix.MNT_DETACH)
+		if err != nil {
+			h.t.Logf("drivertest: detaching %s, left by the test: %v", p, err)
+		}
+		for i := 0; err == nil && i < 8; i++ { // and what is stacked below it
+			err = unix.Unmount(p, unix.MNT_DETACH)
+		}
+	}
+}
 
 // isMountPoint reports whether path is a mount point, like the kubelet's
 // IsLikelyNotMountPoint check: false for a missing path. It consults

@@ -109,6 +109,9 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	t.Cleanup(func() {
 		conn.Close()
 		h.stop()
+		if h.fake == nil {
+			h.detachLeftovers()
+		}
 	})
 	return h
 }
