@@ -59,7 +59,8 @@ type Options struct {
 // files or directories once ctx is done, leaving the previous content in
 // place.
 func Write(ctx context.Context, dir string, files map[string]api.File, opts Options) error {
-	if _, err := newPlan(files, gidOf(opts), opts.Limits); err != nil {
+	p, err := newPlan(ctx, files, gidOf(opts), opts.Limits)
+	if err != nil {
 		return err
 	}
 	r, err := os.OpenRoot(dir)
@@ -67,18 +68,22 @@ func Write(ctx context.Context, dir string, files map[string]api.File, opts Opti
 		return err
 	}
 	defer r.Close()
-	return WriteRoot(ctx, r, files, opts)
+	return p.write(r, opts)
 }
 
 // WriteRoot is Write on a directory the caller opened, for example one resolved
 // beneath the kubelet root without following links (the framework's case):
 // nothing Write does leaves r.
 func WriteRoot(ctx context.Context, r *os.Root, files map[string]api.File, opts Options) error {
-	p, err := newPlan(files, gidOf(opts), opts.Limits)
+	p, err := newPlan(ctx, files, gidOf(opts), opts.Limits)
 	if err != nil {
 		return err
 	}
-	p.ctx = ctx
+	return p.write(r, opts)
+}
+
+// write is WriteRoot of a validated plan.
+func (p *plan) write(r *os.Root, opts Options) error {
 	now := opts.Now
 	if now == nil {
 		now = time.Now
@@ -92,9 +97,10 @@ func WriteRoot(ctx context.Context, r *os.Root, files map[string]api.File, opts 
 	}
 	ts := old
 	if cerr != nil || old == "" || !p.matches(r, old) {
-		if err := ctx.Err(); err != nil {
+		if err := p.done(); err != nil {
 			return err
 		}
+		var err error
 		if ts, err = p.writeDir(r, now()); err != nil {
 			return p.writeError(err)
 		}
@@ -195,7 +201,7 @@ func current(r *os.Root) (string, error) {
 
 // plan is a validated file set.
 type plan struct {
-	ctx   context.Context // checked between two steps; nil: never done
+	ctx   context.Context // checked between two steps
 	gid   int
 	files map[string]api.File
 	modes map[string]fs.FileMode
@@ -216,7 +222,7 @@ func gidOf(opts Options) int {
 // other work) and derives the directories to create. Its cost is linear in
 // the total length of the names: each name's parents are added from the
 // deepest up, stopping at the first one already known.
-func newPlan(files map[string]api.File, gid int, l Limits) (*plan, error) {
+func newPlan(ctx context.Context, files map[string]api.File, gid int, l Limits) (*plan, error) {
 	if gid < 0 {
 		gid = -1
 	}
@@ -224,7 +230,7 @@ func newPlan(files map[string]api.File, gid int, l Limits) (*plan, error) {
 	if err := l.checkSet(files); err != nil {
 		return nil, err
 	}
-	p := &plan{gid: gid, files: files, modes: make(map[string]fs.FileMode, len(files)), top: map[string]bool{}}
+	p := &plan{ctx: ctx, gid: gid, files: files, modes: make(map[string]fs.FileMode, len(files)), top: map[string]bool{}}
 	dirs := map[string]bool{}
 	for name, f := range files {
 		p.names = append(p.names, name)
@@ -346,12 +352,7 @@ var errMismatch = errors.New("content differs")
 var ErrNoSpace = fmt.Errorf("%w: the content does not fit the volume", api.ErrResourceExhausted)
 
 // done returns the plan's context's error, nil while it is not done.
-func (p *plan) done() error {
-	if p.ctx == nil {
-		return nil
-	}
-	return p.ctx.Err()
-}
+func (p *plan) done() error { return p.ctx.Err() }
 
 // writeError is the error of a failed writeDir: for content that does not fit,
 // what a pod's author can act on (the set's size, not a descriptor's path).
