@@ -7,6 +7,7 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/content"
 )
 
 // A Backend provides the storage behind one volume. The framework owns everything
@@ -131,14 +132,16 @@ type ContentProvider interface {
 
 // ContentBounder is an optional interface of a ContentProvider whose answers
 // are bounded, as those of a plugin (framework/plugin) are: an answer never
-// takes more than MaxContentBytes bytes as content.Cost counts them (data,
-// paths and content.FileOverhead per file). The driver reserves that bound
-// from Options.ContentBytesInFlight before each call and releases it once
-// the files are written. Providers without it are not counted: they are the
-// driver's own code, whose answers are in memory before the driver sees them.
+// exceeds ContentLimits, whose MaxBytes counts as content.Cost does (data,
+// paths and content.FileOverhead per file). The driver reserves MaxBytes
+// from Options.ContentBytesInFlight before each call, releases it once the
+// files are written, and writes them under the same limits. Providers
+// without it are not counted and their files are written under the content
+// package's default limits: they are the driver's own code, whose answers
+// are in memory before the driver sees them.
 type ContentBounder interface {
 	ContentProvider
-	MaxContentBytes() int64
+	ContentLimits() content.Limits
 }
 
 // BackendFuncs adapts plain functions to the Backend interface. A nil DeleteFunc

@@ -382,9 +382,9 @@ func (o *Options) validateContentBounds() []error {
 	check := func(what string, x any) {
 		// Static: a plugin's handshake, which says whether it provides content,
 		// is not known yet.
-		if cb, ok := x.(ContentBounder); ok && cb.MaxContentBytes() > o.ContentBytesInFlight {
+		if cb, ok := x.(ContentBounder); ok && cb.ContentLimits().MaxBytes > o.ContentBytesInFlight {
 			errs = append(errs, fmt.Errorf("%s bounds its content answers at %d bytes, beyond ContentBytesInFlight %d (--content-bytes-in-flight): raise the budget (and the driver's memory limit, about three times the budget) or lower the bound",
-				what, cb.MaxContentBytes(), o.ContentBytesInFlight))
+				what, cb.ContentLimits().MaxBytes, o.ContentBytesInFlight))
 		}
 	}
 	if o.Content != nil {

@@ -322,7 +322,7 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
-		if release, err = d.contentBudget.reserve(ctx, cb.MaxContentBytes()); err != nil {
+		if release, err = d.contentBudget.reserve(ctx, cb.ContentLimits().MaxBytes); err != nil {
 			return nil, func() {}, err
 		}
 	}
@@ -334,12 +334,17 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 	return files, release, nil
 }
 
-// writeContent swaps files into the volume atomically, owned by the fsGroup.
-// It stops when ctx is done, the previous content in place.
+// writeContent swaps files into the volume atomically, owned by the fsGroup,
+// under the limits of a provider that declares them (those its answer was
+// checked against), else the content package's defaults. It stops when ctx
+// is done, the previous content in place.
 func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
 	var opts content.Options
 	if !isWindows {
 		opts.FSGroup = v.FSGroup
+	}
+	if cb, ok := d.contentFor(v.Backend).(ContentBounder); ok {
+		opts.Limits = cb.ContentLimits()
 	}
 	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, v.TargetPath)
 	if err != nil {

@@ -157,7 +157,14 @@ func TestContentBytesInFlightBounded(t *testing.T) {
 			t.Fatalf("publish waiting on the plugin: %v", err)
 		}
 	}
-	if err := k.Publish(t.Context(), pods[2], drivertest.InlineVolume{Name: "v", Attributes: size}); err != nil {
+	// As the kubelet does, retry while the driver still finishes the call
+	// this client gave up on (Aborted: already in progress).
+	err = k.Publish(t.Context(), pods[2], drivertest.InlineVolume{Name: "v", Attributes: size})
+	for try := 0; status.Code(err) == codes.Aborted && try < 50; try++ {
+		time.Sleep(100 * time.Millisecond)
+		err = k.Publish(t.Context(), pods[2], drivertest.InlineVolume{Name: "v", Attributes: size})
+	}
+	if err != nil {
 		t.Fatalf("third publish once the budget is free: %v", err)
 	}
 	<-g.arrived
@@ -181,4 +188,28 @@ func TestContentBoundBeyondBudgetRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "backend p bounds its content answers at 67108864 bytes, beyond ContentBytesInFlight 50331648") {
 		t.Fatalf("New: %v, want the bound refused", err)
 	}
+}
+
+// A plugin's own bounds are those its files are written under: with
+// MaxContentFiles above the content package's default, an answer of more
+// files than that default is checked, decoded and written.
+func TestContentWrittenUnderThePluginsBounds(t *testing.T) {
+	requireRoot(t)
+	n := contentpkg.DefaultMaxFiles + 1
+	ep := serveRogue(t, &rogue{caps: content, files: emptyFiles(n)})
+	h := startDriver(t, newClient(t, plugin.Options{Name: "p", Endpoint: ep, MaxContentFiles: n}), framework.Options{})
+	k := h.Kubelet
+	pod := k.NewPod("ns", "many")
+	// 128Mi: 32,768 inodes, for each file and its visible link.
+	if err := k.Publish(t.Context(), pod, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "128Mi"}}); err != nil {
+		t.Fatalf("publish of %d files with MaxContentFiles %d: %v", n, n, err)
+	}
+	got, err := contentpkg.Read(k.TargetPath(pod, "v"))
+	if err != nil || len(got) != n {
+		t.Fatalf("the volume holds %d files (%v), want %d", len(got), err, n)
+	}
+	if err := k.DeletePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.RequireClean(t)
 }

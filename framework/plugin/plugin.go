@@ -238,13 +238,12 @@ func New(opts Options) (*Backend, error) {
 	return b, nil
 }
 
-// MaxContentBytes is Options.MaxContentBytes: what the driver reserves of
-// framework.Options.ContentBytesInFlight for each Content call
-// (framework.ContentBounder).
-func (b *Backend) MaxContentBytes() int64 { return int64(b.opts.MaxContentBytes) }
-
-// contentLimits are the bounds of one Content answer.
-func (b *Backend) contentLimits() content.Limits {
+// ContentLimits are the bounds of one Content answer (Options.MaxContentBytes
+// and MaxContentFiles, the content package's bounds on paths): the codec
+// checks an answer against them before decoding it, the driver reserves
+// their MaxBytes of framework.Options.ContentBytesInFlight for each call and
+// writes the files under them (framework.ContentBounder).
+func (b *Backend) ContentLimits() content.Limits {
 	return content.Limits{MaxFiles: b.opts.MaxContentFiles, MaxBytes: int64(b.opts.MaxContentBytes)}.WithDefaults()
 }
 
@@ -659,7 +658,7 @@ func (b *Backend) Content(ctx context.Context, v *api.Volume) (map[string]api.Fi
 	if !s.has(pb.Capability_CAPABILITY_CONTENT) {
 		return nil, fmt.Errorf("%w: plugin %s (%s %s) provides no content", api.ErrUnavailable, b.opts.Name, clip(s.name), clip(s.version))
 	}
-	codec := &contentCodec{limits: b.contentLimits()}
+	codec := &contentCodec{limits: b.ContentLimits()}
 	resp, err := b.client.Content(ctx, &pb.ContentRequest{Volume: toProto(v), Secrets: v.Secrets, Tokens: tokensToProto(v.Tokens)}, grpc.ForceCodecV2(codec))
 	var beyond *boundError
 	switch {
