@@ -128,6 +128,10 @@ type Mounted struct {
 // nodev are always set. Pods cannot set mount options.
 var SafeOptions = []string{"noexec", "noatime", "nodiratime", "relatime", "strictatime", "nosymfollow"}
 
+// isAtime reports whether o is one of the atime modes, of which a mount has
+// one.
+func isAtime(o string) bool { return o == "noatime" || o == "relatime" || o == "strictatime" }
+
 // CheckOptions reports whether opts are SafeOptions, each once, with at most
 // one of the atime modes (noatime, relatime, strictatime).
 func CheckOptions(opts []string) error {
@@ -141,7 +145,7 @@ func CheckOptions(opts []string) error {
 			return fmt.Errorf("mount option %q is given twice", o)
 		}
 		seen[o] = true
-		if o == "noatime" || o == "relatime" || o == "strictatime" {
+		if isAtime(o) {
 			if atime != "" {
 				return fmt.Errorf("mount options %q and %q exclude each other", atime, o)
 			}

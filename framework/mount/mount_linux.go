@@ -47,7 +47,7 @@ func attrsOf(src api.Source) (set, clr uint64, err error) {
 	set = publishAttrs
 	for _, o := range src.MountOptions {
 		set |= optionAttrs[o]
-		if o == "noatime" || o == "relatime" || o == "strictatime" {
+		if isAtime(o) {
 			clr |= unix.MOUNT_ATTR__ATIME
 		}
 	}
@@ -381,16 +381,15 @@ func openTree(src api.Source) (int, error) {
 	return fd, nil
 }
 
-// newMount returns a detached mount of src, nosuid and nodev.
+// newMount returns a detached mount of src: nosuid, nodev and src.MountOptions.
 func (m *linuxMounter) newMount(src api.Source) (int, error) {
+	set, clr, err := attrsOf(src)
+	if err != nil {
+		return -1, err
+	}
 	if src.IsDir() {
 		fd, err := openTree(src)
 		if err != nil {
-			return -1, err
-		}
-		set, clr, err := attrsOf(src)
-		if err != nil {
-			unix.Close(fd)
 			return -1, err
 		}
 		if m.noSetattr.Load() {
@@ -410,10 +409,6 @@ func (m *linuxMounter) newMount(src api.Source) (int, error) {
 			return -1, fmt.Errorf("mount_setattr %s: %w", strings.Join(append([]string{"nosuid", "nodev"}, src.MountOptions...), ","), err)
 		}
 		return fd, nil
-	}
-	set, _, err := attrsOf(src)
-	if err != nil {
-		return -1, err
 	}
 	fsfd, err := unix.Fsopen(src.FSType, unix.FSOPEN_CLOEXEC)
 	if err != nil {
