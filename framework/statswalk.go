@@ -240,7 +240,8 @@ type statsCache struct {
 	lim StatsWalkLimits
 	now func() time.Time
 
-	mu sync.Mutex
+	mu    sync.Mutex
+	swept time.Time // the last sweep of expired answers
 	// observe, when set, is told how every walk that did not fail ended
 	// (the metric). Under mu.
 	observe func(walkBound)
@@ -288,7 +289,7 @@ func (c *statsCache) usage(ctx context.Context, id string, key statsKey, walk wa
 	now := c.now()
 	c.sweepLocked(now)
 	w := c.entries[id]
-	if w != nil && w.key != key {
+	if w != nil && (w.key != key || c.expired(w, now)) {
 		c.dropLocked(id)
 		w = nil
 	}
@@ -375,10 +376,21 @@ func (c *statsCache) dropLocked(id string) {
 	}
 }
 
-// sweepLocked drops the answers older than CacheTTL.
+// expired reports whether w is an answer older than CacheTTL.
+func (c *statsCache) expired(w *statsWalk, now time.Time) bool {
+	return isDone(w) && now.Sub(w.finished) >= c.lim.CacheTTL
+}
+
+// sweepLocked drops the answers older than CacheTTL, of volumes nobody asks
+// for any more (an answer asked for is checked by itself), at most once per
+// CacheTTL: a call does not pay for every volume's entry.
 func (c *statsCache) sweepLocked(now time.Time) {
+	if now.Sub(c.swept) < c.lim.CacheTTL {
+		return
+	}
+	c.swept = now
 	for id, w := range c.entries {
-		if isDone(w) && now.Sub(w.finished) >= c.lim.CacheTTL {
+		if c.expired(w, now) {
 			delete(c.entries, id)
 		}
 	}
