@@ -88,7 +88,7 @@ func (p *pluginFlags) Set(v string) error {
 			s.dir = val
 		case "max-content-bytes":
 			n, err := quantity("max-content-bytes", val)
-			if err != nil || n > math.MaxInt32 {
+			if err != nil || n <= 0 || n > math.MaxInt32 {
 				return fmt.Errorf("%q: max-content-bytes=%q must be a positive quantity like 16Mi, below 2Gi: the most one Content answer may take, 512 bytes per file counted", v, val)
 			}
 			s.maxBytes = n

@@ -228,38 +228,10 @@ func measureContentMemory(t *testing.T, bin, shape, budget string, pods int, max
 	if budget != "" {
 		args = append(args, "--content-bytes-in-flight="+budget)
 	}
-	cmd := exec.Command(bin, args...)
-	logf, err := os.Create(filepath.Join(base, "driver.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// Registered before the driver's stop, so it runs after it: a cgroup
-	// with a process in it cannot be removed.
-	cg := newMemCgroup(t, cmd.Process.Pid)
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
-	pid := cmd.Process.Pid
+	// The cgroup's cleanup is registered before the driver's stop, so it
+	// runs after it: a cgroup with a process in it cannot be removed.
+	var cg *memCgroup
+	pid, stop := startDriverProcess(t, bin, args, base, func(pid int) { cg = newMemCgroup(t, pid) })
 	waitReady(t, metrics, base)
 
 	k := drivertest.NewKubelet(drivertest.KubeletOptions{

@@ -119,34 +119,7 @@ func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	if withAPI {
 		args = append(args, "--events", "--gc-confirm-with-api", "--kubeconfig="+fakeAPIServer(t, base))
 	}
-	cmd := exec.Command(bin, args...)
-	logf, err := os.Create(filepath.Join(base, "driver.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
-	pid := cmd.Process.Pid
+	pid, stop := startDriverProcess(t, bin, args, base, nil)
 	waitReady(t, metrics, base)
 	if withAPI {
 		waitLog(t, base, "Pod informer synced")
@@ -200,6 +173,47 @@ func freeAddr(t *testing.T) string {
 
 // waitReady waits until the driver's /readyz says ok (its startup reconcile
 // is done and it serves).
+// startDriverProcess runs the driver binary bin with args, its output in
+// base/driver.log, killed with the test process (Pdeathsig). stop ends it
+// (SIGTERM, SIGKILL after 30 s) and is also registered as a cleanup; started,
+// when set, runs once the process exists and before that cleanup is
+// registered, so the cleanups it registers run after the driver stopped.
+func startDriverProcess(t *testing.T, bin string, args []string, base string, started func(pid int)) (pid int, stop func()) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(base, "driver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if started != nil {
+		started(cmd.Process.Pid)
+	}
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+	return cmd.Process.Pid, stop
+}
+
 func waitReady(t *testing.T, addr, base string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
