@@ -65,6 +65,7 @@ func TestPluginFlagRefused(t *testing.T) {
 		{[]string{"--plugin=a=unix:///a.sock,dir=/x/../y"}, "must be a clean absolute path"},
 		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes=-1"}, "must be a positive quantity like 16Mi"},
 		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes=4Gi"}, "below 2Gi"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes="}, "must be a positive quantity like 16Mi"},
 		{[]string{"--plugin=a=unix:///a.sock,max-content-files=0"}, "must be a positive number"},
 		{[]string{"--plugin=a=unix:///a.sock,size=1Gi"}, `unknown option "size=1Gi"`},
 	} {
