@@ -202,17 +202,7 @@ type contentReading struct {
 // --content-bytes-in-flight ("" to leave it out).
 func measureContentMemory(t *testing.T, bin, shape, budget string, pods int, maxBytes int64) *contentReading {
 	t.Helper()
-	// Not below TempDir: a unix socket path has at most 107 bytes.
-	base, err := os.MkdirTemp("", "ephemera-rss")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := unmountAllUnder(base); err != nil {
-			t.Errorf("cleaning mounts: %v", err)
-		}
-		_ = os.RemoveAll(base)
-	})
+	base := shortTempDir(t, "ephemera-rss")
 	pluginSock := filepath.Join(base, "p.sock")
 	startPlugin(t, worstModePrefix+shape, pluginSock, filepath.Join(base, "plugin.log"))
 
@@ -247,7 +237,7 @@ func measureContentMemory(t *testing.T, bin, shape, budget string, pods int, max
 
 	var retries atomic.Int64
 	start := time.Now()
-	err = parallel(pods, pods, func(i int) error {
+	err := parallel(pods, pods, func(i int) error {
 		for {
 			err := k.Publish(ctx, ps[i], vol)
 			if status.Code(err) != codes.ResourceExhausted || time.Since(start) > 5*time.Minute {

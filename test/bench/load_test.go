@@ -469,6 +469,24 @@ func mountsUnder(dir string) ([]string, error) {
 
 // unmountAllUnder unmounts everything below dir, deepest first; a busy mount is
 // detached lazily so the run never leaves anything mounted.
+// shortTempDir is a new directory in the system's temporary directory, not
+// below TempDir: a unix socket path in it has at most 107 bytes. Every mount
+// left below it is unmounted at cleanup, deepest first, before it is removed.
+func shortTempDir(t *testing.T, prefix string) string {
+	t.Helper()
+	base, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unmountAllUnder(base); err != nil {
+			t.Errorf("cleaning mounts: %v", err)
+		}
+		_ = os.RemoveAll(base)
+	})
+	return base
+}
+
 func unmountAllUnder(dir string) error {
 	dir, err := filepath.EvalSymlinks(dir)
 	if err != nil {

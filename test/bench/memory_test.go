@@ -99,16 +99,7 @@ func mib(kb int64) float64 { return float64(kb) / 1024 }
 
 func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	t.Helper()
-	base, err := os.MkdirTemp("", "ephemera-mem")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := unmountAllUnder(base); err != nil {
-			t.Errorf("cleaning mounts: %v", err)
-		}
-		_ = os.RemoveAll(base)
-	})
+	base := shortTempDir(t, "ephemera-mem")
 	sock := filepath.Join(base, "csi.sock")
 	metrics := freeAddr(t)
 	args := []string{
