@@ -338,14 +338,8 @@ func (c *statsCache) startLocked(ctx context.Context, id string, key statsKey, w
 		start := c.now()
 		res, err := walk(wctx, c.lim, visited)
 		canceled := errors.Is(context.Cause(wctx), errWalkCanceled)
-		c.mu.Lock()
-		w.res, w.err, w.finished = res, err, c.now()
-		if (err != nil || canceled || c.lim.CacheTTL < 0) && c.entries[id] == w {
-			delete(c.entries, id) // not reused: the next call walks again
-		}
-		close(w.done)
-		c.mu.Unlock()
-		cancel(nil)
+		// Counted and logged before the answer is handed out, so that a
+		// caller that got it also sees it in the metric.
 		if err == nil && res.stopped != 0 {
 			klog.FromContext(ctx).Info("Volume stats walk stopped at a bound: the usage reported is a lower bound",
 				logkeys.VolumeID, id, logkeys.Bound, res.stopped.String(), logkeys.Count, res.entries,
@@ -354,6 +348,14 @@ func (c *statsCache) startLocked(ctx context.Context, id string, key statsKey, w
 		if observe != nil && err == nil {
 			observe(res.stopped)
 		}
+		c.mu.Lock()
+		w.res, w.err, w.finished = res, err, c.now()
+		if (err != nil || canceled || c.lim.CacheTTL < 0) && c.entries[id] == w {
+			delete(c.entries, id) // not reused: the next call walks again
+		}
+		close(w.done)
+		c.mu.Unlock()
+		cancel(nil)
 	}()
 	return w
 }
