@@ -14,7 +14,7 @@ import (
 // those of its backends (framework.Options.Attributes). The framework parses the
 // declared attributes once per publish, before the backend sees the rest, and
 // hands the parsed values to the backend and the content provider as
-// Volume.Attributes. Build one with StringAttr, EnumAttr, PatternAttr,
+// Volume.Values. Build one with StringAttr, EnumAttr, PatternAttr,
 // DNSLabelAttr, QuantityAttr, IntAttr or BoolAttr and refine it with Required
 // or Default:
 //
@@ -28,20 +28,18 @@ import (
 type Attribute struct {
 	// Key is the attribute's name in volumeAttributes.
 	Key string
-	// IsRequired refuses a pod that does not set the attribute.
-	IsRequired bool
-	// DefaultValue, when not empty, is parsed as if the pod had set it when it
-	// does not.
-	DefaultValue string
 	// Help says what the attribute is for; a refusal of a missing required
 	// attribute or of a value that does not match a pattern ends with it.
+	// Describe sets it.
 	Help string
 
-	kind    attrKind
-	enum    []string
-	pattern *regexp.Regexp
-	min     int64
-	max     int64
+	required bool   // Required: refuse a pod that does not set it
+	def      string // Default: parsed as if the pod had set it, when not empty
+	kind     attrKind
+	enum     []string
+	pattern  *regexp.Regexp
+	min      int64
+	max      int64
 }
 
 type attrKind int
@@ -92,7 +90,7 @@ func BoolAttr(key string) Attribute { return Attribute{Key: key, kind: kindBool}
 
 // Required returns a copy of a that a pod must set.
 func (a Attribute) Required() Attribute {
-	a.IsRequired = true
+	a.required = true
 	return a
 }
 
@@ -104,7 +102,7 @@ func (a Attribute) Describe(help string) Attribute {
 
 // Default returns a copy of a that takes value when the pod does not set it.
 func (a Attribute) Default(value string) Attribute {
-	a.DefaultValue = value
+	a.def = value
 	return a
 }
 
@@ -198,7 +196,7 @@ func (as Attributes) Check() error {
 			errs = append(errs, fmt.Errorf("attribute %q is the framework's own; a driver cannot declare it", a.Key))
 		}
 		seen[a.Key] = true
-		if a.IsRequired && a.DefaultValue != "" {
+		if a.required && a.def != "" {
 			errs = append(errs, fmt.Errorf("attribute %q is required and has a default; choose one", a.Key))
 		}
 		if (a.kind == kindQuantity || a.kind == kindInt) && a.max != 0 && a.min > a.max {
@@ -207,8 +205,8 @@ func (as Attributes) Check() error {
 		if a.kind == kindEnum && len(a.enum) == 0 {
 			errs = append(errs, fmt.Errorf("attribute %q: an enum with no allowed value", a.Key))
 		}
-		if a.DefaultValue != "" {
-			if _, err := a.parse(a.DefaultValue); err != nil {
+		if a.def != "" {
+			if _, err := a.parse(a.def); err != nil {
 				errs = append(errs, fmt.Errorf("attribute %q: default: %w", a.Key, err))
 			}
 		}
@@ -225,13 +223,13 @@ func (as Attributes) Parse(p Params) (Values, error) {
 	for _, a := range as {
 		raw, ok := p[a.Key]
 		switch {
-		case !ok && a.IsRequired:
+		case !ok && a.required:
 			msgs = append(msgs, fmt.Sprintf("attribute %q is required%s", a.Key, a.help()))
 			continue
-		case !ok && a.DefaultValue == "":
+		case !ok && a.def == "":
 			continue
 		case !ok:
-			raw = a.DefaultValue
+			raw = a.def
 		}
 		v, err := a.parse(raw)
 		if err != nil {

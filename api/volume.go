@@ -67,9 +67,9 @@ type Volume struct {
 	// framework's ("size", "backend") and the driver's declared ones
 	// (framework.Options.Attributes): what is left for the backend.
 	Params Params
-	// Attributes are the driver's declared attributes, parsed, with their
+	// Values are the driver's declared attributes, parsed, with their
 	// defaults (framework.Options.Attributes); nil when it declares none.
-	Attributes Values
+	Values Values
 	// Secrets are the contents of nodePublishSecretRef. They are only set while a
 	// publish or refresh is in progress, are never persisted and never logged.
 	Secrets Secrets

@@ -27,7 +27,7 @@ func TestDriverDeclaredAttributes(t *testing.T) {
 		}
 		o.Content = framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			seenByContent = append(seenByContent, *v)
-			return map[string]api.File{"config." + v.Attributes.String("format"): {Data: []byte("app=" + v.Attributes.String("app"))}}, nil
+			return map[string]api.File{"config." + v.Values.String("format"): {Data: []byte("app=" + v.Values.String("app"))}}, nil
 		})
 	})
 	k, ctx := h.Kubelet, t.Context()

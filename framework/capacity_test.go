@@ -67,7 +67,7 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 	}
 
 	// The reconcile rebuilds the same accounting from the records.
-	h.Restart()
+	h.RestartDriver()
 	if v := gauge("after restart"); v != 2<<20 {
 		t.Errorf("ephemera_volume_bytes = %v after restart, want %d", v, 2<<20)
 	}

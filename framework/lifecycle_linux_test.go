@@ -105,7 +105,7 @@ func records(t *testing.T, h *drivertest.Harness) []*store.Record {
 	t.Helper()
 	// The driver holds the bbolt lock; stop it to read the file, then restart.
 	h.Stop()
-	defer h.Restart()
+	defer h.RestartDriver()
 	st, err := boltstore.Open(filepath.Join(h.Options.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +248,7 @@ func TestDriverRestartKeepsVolumesAndRepairs(t *testing.T) {
 	target := k.TargetPath(pod, "v")
 	os.WriteFile(filepath.Join(target, "keep"), []byte("1"), 0o644)
 
-	h.Restart()
+	h.RestartDriver()
 	if n := mountsAt(t, target); n != 1 {
 		t.Fatalf("%d mounts after driver restart", n)
 	}
@@ -388,7 +388,7 @@ func TestContentAndSecretsNeverLogged(t *testing.T) {
 	}
 	h.Stop()
 	raw, err := os.ReadFile(filepath.Join(h.Options.StateDir, framework.StateFile))
-	h.Restart()
+	h.RestartDriver()
 	if err != nil {
 		t.Fatal(err)
 	}

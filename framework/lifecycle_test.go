@@ -198,7 +198,7 @@ func TestReconcileRollsBackInterruptedAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h.Restart()
+	h.RestartDriver()
 	if _, err := st.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("interrupted record not rolled back: %v", err)
 	}
@@ -350,7 +350,7 @@ func TestRepublishAfterDefaultChange(t *testing.T) {
 	}
 	h.Stop()
 	h.Options.Backends["tmpfs"] = newTmpfs(t, tmpfs.Options{DefaultSize: 2 << 20})
-	h.Restart()
+	h.RestartDriver()
 	if err := publishFake(t, h, fake, pod, vol); err != nil {
 		t.Fatalf("republish after the default size changed: %v", err)
 	}

@@ -120,7 +120,7 @@ type Options struct {
 	// them once (required keys, defaults, enums, patterns, DNS labels,
 	// quantities and integers within bounds; every problem reported at once,
 	// InvalidArgument), hands their values to the backend and the content
-	// provider as Volume.Attributes, and the backend the remaining attributes in
+	// provider as Volume.Values, and the backend the remaining attributes in
 	// Volume.Params. An attribute nobody accepts is refused with the list of
 	// every accepted key. Do not declare a backend's key: the backend would no
 	// longer see it.

@@ -151,15 +151,15 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 			UID:            uid,
 			ServiceAccount: vc[api.KeyServiceAccountName],
 		},
-		Backend:    backendName,
-		ReadOnly:   req.GetReadonly(),
-		FSType:     mnt.GetFsType(),
-		FSGroup:    fsGroup,
-		Size:       size,
-		Params:     backendParams,
-		Attributes: attrs,
-		Secrets:    secrets,
-		Tokens:     tokens,
+		Backend:  backendName,
+		ReadOnly: req.GetReadonly(),
+		FSType:   mnt.GetFsType(),
+		FSGroup:  fsGroup,
+		Size:     size,
+		Params:   backendParams,
+		Values:   attrs,
+		Secrets:  secrets,
+		Tokens:   tokens,
 	}
 	// The hash covers what the pod asked for, not the defaults a backend fills in
 	// below, so an operator changing a default does not turn the republish of a
@@ -242,10 +242,10 @@ func (d *Driver) fromRecord(rec *store.Record) *api.Volume {
 	if len(d.opts.Attributes) == 0 {
 		return v
 	}
-	v.Attributes = make(api.Values, len(d.opts.Attributes))
+	v.Values = make(api.Values, len(d.opts.Attributes))
 	for _, a := range d.opts.Attributes {
 		if vals, err := (api.Attributes{a}).Parse(v.Params); err == nil {
-			maps.Copy(v.Attributes, vals)
+			maps.Copy(v.Values, vals)
 		}
 	}
 	v.Params = d.opts.Attributes.Split(v.Params)

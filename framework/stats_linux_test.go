@@ -181,7 +181,7 @@ func TestCapacityBudget(t *testing.T) {
 		t.Fatalf("dir volume blocked by the tmpfs budget: %v", err)
 	}
 	// The accounting survives a restart (it comes from the records).
-	h.Restart()
+	h.RestartDriver()
 	if err := k.Publish(ctx, c, vol("2Mi")); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("after restart: %v, want ResourceExhausted", err)
 	}

@@ -207,7 +207,7 @@ func TestLinkSeamReconcileAndRepair(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h.Restart()
+	h.RestartDriver()
 	if _, err := os.Stat(orphan); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("orphaned backing directory not deleted by reconcile: %v", err)
 	}

@@ -67,14 +67,14 @@ func Options() (framework.Options, error) {
 // The token text must never be logged: api.Token and api.Tokens redact
 // themselves, but a plain string does not.
 func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
-	audience := v.Attributes.String(paramAudience)
+	audience := v.Values.String(paramAudience)
 	tok, ok := v.Tokens[audience]
 	if !ok {
 		return nil, api.InvalidParamf("the kubelet sent no token for audience %q: %s must list audience %q in spec.tokenRequests", audience, csiDriverName, audience)
 	}
 	data := []byte(tok.Token)
 	var err error
-	if v.Attributes.String(paramFormat) == "json" {
+	if v.Values.String(paramFormat) == "json" {
 		// Not json.Marshal(tok): api.Token marshals redacted, by design.
 		data, err = json.Marshal(struct {
 			Token               string    `json:"token"`
@@ -84,7 +84,7 @@ func tokenFile(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return nil, err
 		}
 	}
-	return map[string]api.File{v.Attributes.String(paramFileName): {Data: data}}, nil
+	return map[string]api.File{v.Values.String(paramFileName): {Data: data}}, nil
 }
 
 // allowNamespaces admits pods of the listed namespaces (comma-separated);

@@ -71,7 +71,7 @@ func pluginContent(ctx context.Context, v *api.Volume) (map[string]api.File, err
 	if err != nil {
 		return nil, err
 	}
-	v.Attributes = vals
+	v.Values = vals
 	return tokenFile(ctx, v)
 }
 

@@ -114,7 +114,7 @@ func TestTokenFile(t *testing.T) {
 	}
 
 	// A driver restart keeps the volume; the next republish brings a token.
-	h.Restart()
+	h.RestartDriver()
 	vol.Tokens = tokens("vault", "tok-6")
 	if err := k.Publish(ctx, pod, vol); err != nil {
 		t.Fatalf("republish after a driver restart: %v", err)

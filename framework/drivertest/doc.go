@@ -91,7 +91,7 @@
 //   - symlink safety: the Fake refuses only the links a test adds with
 //     AddSymlink; a pod directory swapped for a link is caught by the real
 //     mounter only (test/security);
-//   - crash safety: the in-memory store survives [Harness.Restart] because the
+//   - crash safety: the in-memory store survives [Harness.RestartDriver] because the
 //     same Store is reused, but not a process exit; durability, torn state and
 //     a kill -9 between side effects need the bbolt store and a real process
 //     (test/crash).

@@ -52,7 +52,7 @@ func testMyDriver(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a typo: %v", err)
 	}
-	h.Restart() // a driver container restart: state survives
+	h.RestartDriver() // a driver container restart: state survives
 	for _, p := range []*drivertest.Pod{pod, typo} {
 		if err := k.DeletePod(ctx, p); err != nil {
 			t.Fatal(err)

@@ -144,8 +144,8 @@ func (h *Harness) start() {
 	}
 }
 
-// Stop stops the driver gracefully, as at the end of the test; Restart starts it
-// again. Stopping a stopped driver does nothing.
+// Stop stops the driver gracefully, as at the end of the test. Stopping a
+// stopped driver does nothing; RestartDriver starts it again.
 func (h *Harness) Stop() { h.stop() }
 
 func (h *Harness) stop() {
@@ -160,9 +160,10 @@ func (h *Harness) stop() {
 	}
 }
 
-// Restart stops the driver gracefully and starts a new one with the same
+// RestartDriver stops the driver gracefully and starts a new one with the same
 // options and state, as after a driver container restart. Clients keep working.
-func (h *Harness) Restart() {
+// (Kubelet.Restart restarts the simulated kubelet instead.)
+func (h *Harness) RestartDriver() {
 	h.t.Helper()
 	h.Stop()
 	h.start()

@@ -138,7 +138,7 @@ func TestStartFakeMounter(t *testing.T) {
 	if err := k.Restart(ctx); err != nil {
 		t.Fatalf("kubelet restart: %v", err)
 	}
-	h.Restart() // the driver: the in-memory store is the same
+	h.RestartDriver() // the driver: the in-memory store is the same
 	if recs, err := h.Driver().Records(ctx); err != nil || len(recs) != 2 {
 		t.Fatalf("records after a driver restart: %d, %v", len(recs), err)
 	}

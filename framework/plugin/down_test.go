@@ -39,7 +39,7 @@ func TestContentOnlyPluginDownUnpublish(t *testing.T) {
 			target := k.TargetPath(pod, "v")
 			p.Kill()
 			if restart {
-				h.Restart()
+				h.RestartDriver()
 			}
 			if err := k.Unpublish(ctx, pod, "v"); err != nil {
 				t.Fatalf("unpublish of a content-only plugin's volume with the plugin down: %v, want OK", err)
@@ -82,7 +82,7 @@ func TestCreatingPluginDownUnpublish(t *testing.T) {
 			target := k.TargetPath(pod, "v")
 			p.Kill()
 			if restart {
-				h.Restart()
+				h.RestartDriver()
 			}
 			err := k.Unpublish(ctx, pod, "v")
 			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "plugin p created") || !strings.Contains(err.Error(), "start plugin p again") {

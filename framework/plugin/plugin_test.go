@@ -362,7 +362,7 @@ func TestPluginLostStateAdopted(t *testing.T) {
 	if err := os.RemoveAll(h.Options.StateDir); err != nil {
 		t.Fatal(err)
 	}
-	h.Restart()
+	h.RestartDriver()
 	if got := readFile(t, data); got != "precious" {
 		t.Fatalf("data after a lost state file = %q", got)
 	}

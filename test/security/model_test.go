@@ -306,7 +306,7 @@ func (m *model) crash(fp string, fn func(ctx context.Context) error) error {
 		return fmt.Errorf("failpoint %s never reached", fp)
 	}
 	m.armed.Store("")
-	m.n.h.Restart()
+	m.n.h.RestartDriver()
 	return nil
 }
 
@@ -382,7 +382,7 @@ func (m *model) do(o op) error {
 		}
 		return m.deletePod(i) // the kubelet retries
 	case opRestart:
-		m.n.h.Restart()
+		m.n.h.RestartDriver()
 		return nil
 	case opKubeletRestart:
 		ctx, cancel := m.ctx()

@@ -178,7 +178,7 @@ func (n *node) ctx() context.Context {
 
 // stop stops the driver; start starts it again on the same state.
 func (n *node) stop()  { n.h.Stop() }
-func (n *node) start() { n.h.Restart() }
+func (n *node) start() { n.h.RestartDriver() }
 
 func (n *node) statePath() string { return filepath.Join(n.state, framework.StateFile) }
 
