@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"slices"
 	"strings"
@@ -52,6 +53,7 @@ const (
 	kindQuantity
 	kindInt
 	kindBool
+	kindMode
 )
 
 // StringAttr is an attribute taking any string.
@@ -134,17 +136,23 @@ func (a Attribute) parse(raw string) (Value, error) {
 		}
 		v.Int = n
 	case kindInt:
-		n, err := Params{a.Key: raw}.Int(a.Key, 0, a.min, a.max)
+		n, err := Params{a.Key: raw}.int(a.Key, 0, a.min, a.max)
 		if err != nil {
 			return v, err
 		}
 		v.Int = n
 	case kindBool:
-		b, err := Params{a.Key: raw}.Bool(a.Key, false)
+		b, err := Params{a.Key: raw}.bool(a.Key, false)
 		if err != nil {
 			return v, err
 		}
 		v.Bool = b
+	case kindMode:
+		m, err := Params{a.Key: raw}.fileMode(a.Key, 0)
+		if err != nil {
+			return v, err
+		}
+		v.Mode = m
 	}
 	return v, nil
 }
@@ -251,6 +259,38 @@ func (as Attributes) Split(p Params) Params {
 	return p.Without(as.Keys()...)
 }
 
+// Apply takes a backend's declared attributes out of v.Params: it refuses any
+// key of v.Params not declared (an *UnknownAttributesError), parses the
+// declared ones into v.Values (defaults applied) and removes them from
+// v.Params. The framework applies the attributes a backend declares
+// (framework.AttributeDeclarer) before the backend's Validate; a backend that
+// may be called directly (from a plugin server, a wrapping backend or a test)
+// applies them itself at the top of Validate and Create. Apply is idempotent:
+// an attribute already in v.Values and no longer in v.Params keeps its value.
+func (as Attributes) Apply(v *Volume) error {
+	if err := v.Params.Only(as.Keys()...); err != nil {
+		return err
+	}
+	var todo Attributes
+	for _, a := range as {
+		if _, inParams := v.Params[a.Key]; inParams || !v.Values.Has(a.Key) {
+			todo = append(todo, a)
+		}
+	}
+	vals, err := todo.Parse(v.Params)
+	if err != nil {
+		return err
+	}
+	if v.Values == nil && len(vals) > 0 {
+		v.Values = make(Values, len(vals))
+	}
+	for k, val := range vals {
+		v.Values[k] = val
+	}
+	v.Params = as.Split(v.Params)
+	return nil
+}
+
 // Value is one parsed attribute.
 type Value struct {
 	// Raw is the attribute's text (the default's when the pod did not set it).
@@ -261,6 +301,8 @@ type Value struct {
 	Int int64
 	// Bool is the value of a BoolAttr.
 	Bool bool
+	// Mode is the value of a ModeAttr.
+	Mode fs.FileMode
 }
 
 // Values are a driver's declared attributes as parsed for one volume: the
@@ -282,6 +324,9 @@ func (vs Values) Int(key string) int64 { return vs[key].Int }
 
 // Bool returns the value of a BoolAttr, false when absent.
 func (vs Values) Bool(key string) bool { return vs[key].Bool }
+
+// Mode returns the value of a ModeAttr, 0 when absent.
+func (vs Values) Mode(key string) fs.FileMode { return vs[key].Mode }
 
 // UnknownAttributesError is the error of Params.Only: attributes nobody
 // accepts. It wraps ErrInvalidParams. The framework adds its own and the

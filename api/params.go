@@ -13,8 +13,10 @@ import (
 )
 
 // Params are the user's volumeAttributes (kubelet-owned csi.storage.k8s.io/ keys
-// removed). The getters validate and return errors wrapping ErrInvalidParams that
-// name the attribute and the accepted form, ready to show to a pod author.
+// removed). Declared attributes (Attributes) are parsed from them; what no
+// declaration takes is left for a backend that declares nothing (a plugin,
+// which checks them in its own process). Quantity, String and Has read the
+// framework's own "size" and "backend"; Only refuses undeclared keys.
 type Params map[string]string
 
 // Has reports whether key is set.
@@ -29,21 +31,6 @@ func (p Params) String(key, def string) string {
 		return v
 	}
 	return def
-}
-
-// OneOf returns the value of key, or def when unset; a value outside allowed is an
-// error.
-func (p Params) OneOf(key, def string, allowed ...string) (string, error) {
-	v, ok := p[key]
-	if !ok {
-		return def, nil
-	}
-	for _, a := range allowed {
-		if v == a {
-			return v, nil
-		}
-	}
-	return "", InvalidParamf("attribute %q: %q is not one of %s", key, v, strings.Join(allowed, ", "))
 }
 
 // Quantity parses key as a Kubernetes quantity ("64Mi", "1G", "1048576") and returns
@@ -78,8 +65,9 @@ func (p Params) Quantity(key string, def int64) (int64, error) {
 	return n, nil
 }
 
-// Int parses key as a base-10 integer within [min, max], or returns def when unset.
-func (p Params) Int(key string, def, min, max int64) (int64, error) {
+// int parses key as a base-10 integer within [min, max], or returns def when
+// unset (IntAttr, UIDAttr, GIDAttr).
+func (p Params) int(key string, def, min, max int64) (int64, error) {
 	v, ok := p[key]
 	if !ok {
 		return def, nil
@@ -91,8 +79,8 @@ func (p Params) Int(key string, def, min, max int64) (int64, error) {
 	return n, nil
 }
 
-// Bool parses key as "true" or "false", or returns def when unset.
-func (p Params) Bool(key string, def bool) (bool, error) {
+// bool parses key as "true" or "false", or returns def when unset (BoolAttr).
+func (p Params) bool(key string, def bool) (bool, error) {
 	v, ok := p[key]
 	if !ok {
 		return def, nil
@@ -106,9 +94,10 @@ func (p Params) Bool(key string, def bool) (bool, error) {
 	return false, InvalidParamf("attribute %q: %q must be \"true\" or \"false\"", key, v)
 }
 
-// FileMode parses key as an octal permission mode ("0755", "1777"), or returns def
-// when unset. Only permission, sticky, setgid and setuid bits are accepted.
-func (p Params) FileMode(key string, def fs.FileMode) (fs.FileMode, error) {
+// fileMode parses key as an octal permission mode ("0755", "1777"), or returns
+// def when unset (ModeAttr). Only permission, sticky, setgid and setuid bits
+// are accepted.
+func (p Params) fileMode(key string, def fs.FileMode) (fs.FileMode, error) {
 	v, ok := p[key]
 	if !ok {
 		return def, nil
@@ -139,7 +128,7 @@ func FileModeOf(n uint32) fs.FileMode {
 
 // ModeBits returns m's permission, sticky, setgid and setuid bits as the octal
 // number chmod(2) and mount options such as tmpfs' mode= use: the inverse of
-// FileMode.
+// FileModeOf.
 func ModeBits(m fs.FileMode) uint32 {
 	n := uint32(m.Perm())
 	if m&fs.ModeSticky != 0 {

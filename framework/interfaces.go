@@ -28,13 +28,18 @@ type Backend interface {
 	Delete(ctx context.Context, v *api.Volume) error
 }
 
-// Validator is implemented by backends that accept volume attributes. Validate runs
-// on every NodePublishVolume, republishes included, before anything else happens
-// (so keep checks that depend on secrets or tokens, which may be missing on a
-// republish, in the ContentProvider); it receives v.Params without the
-// framework's own attributes ("size", "backend") and may fill in defaults on v
-// (for example v.Size). Errors should wrap api.ErrInvalidParams and tell the pod
-// author what to change. A backend that is not a Validator accepts no attributes.
+// Validator is implemented by backends that check a volume before it is
+// created. Validate runs on every NodePublishVolume, republishes included,
+// before anything else happens (so keep checks that depend on secrets or
+// tokens, which may be missing on a republish, in the ContentProvider), after
+// the backend's declared attributes are applied (AttributeDeclarer: their
+// values in v.Values). It receives in v.Params what no declaration took
+// (neither the framework's "size" and "backend" nor the driver's), which only
+// a backend that declares nothing may accept (a plugin, which validates in its
+// own process), and may fill in defaults on v (for example v.Size). Errors
+// should wrap api.ErrInvalidParams and tell the pod author what to change. A
+// backend that is neither a Validator nor an AttributeDeclarer accepts no
+// attributes.
 type Validator interface {
 	Validate(v *api.Volume) error
 }

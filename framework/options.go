@@ -122,8 +122,8 @@ type Options struct {
 	// InvalidArgument), hands their values to the backend and the content
 	// provider as Volume.Values, and the backend the remaining attributes in
 	// Volume.Params. An attribute nobody accepts is refused with the list of
-	// every accepted key. Do not declare a backend's key: the backend would no
-	// longer see it.
+	// every accepted key. A key a backend declares (AttributeDeclarer) is
+	// refused by New.
 	Attributes api.Attributes
 	// MaxVolumeSize caps the "size" attribute, and the size a backend makes of
 	// it, in bytes: a pod chooses its size, and an unbounded one is a pod
@@ -327,6 +327,7 @@ func (o *Options) validate() error {
 	if err := o.Attributes.Check(); err != nil {
 		errs = append(errs, fmt.Errorf("option Attributes: %w", err))
 	}
+	errs = append(errs, checkDeclarations(o.Attributes, o.Backends)...)
 	if err := validateCapacity(o.Capacity, o.Backends); err != nil {
 		errs = append(errs, err)
 	}

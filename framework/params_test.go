@@ -17,14 +17,14 @@ func TestParamsGetters(t *testing.T) {
 	if _, err := p.Quantity("big", 0); err == nil {
 		t.Error("100Ei accepted")
 	}
-	if m, err := p.FileMode("mode", 0); err != nil || m.Perm() != 0o777 || m&fs.ModeSticky == 0 {
-		t.Errorf("FileMode = %v %v", m, err)
+	if vals, err := (api.Attributes{api.ModeAttr(0)}).Parse(p); err != nil || vals.Mode("mode").Perm() != 0o777 || vals.Mode("mode")&fs.ModeSticky == 0 {
+		t.Errorf("ModeAttr = %v %v", vals, err)
 	}
-	if _, err := p.Bool("b", false); err == nil {
+	if _, err := (api.Attributes{api.BoolAttr("b")}).Parse(p); err == nil {
 		t.Error(`"yes" accepted as bool`)
 	}
-	if n, err := p.Int("n", 0, 0, 5); err == nil {
-		t.Errorf("7 accepted in [0,5]: %d", n)
+	if vals, err := (api.Attributes{api.IntAttr("n", 0, 5)}).Parse(p); err == nil {
+		t.Errorf("7 accepted in [0,5]: %v", vals)
 	}
 	if err := p.Only("size", "mode", "n", "b"); err == nil || !strings.Contains(err.Error(), `"big"`) {
 		t.Errorf("Only = %v", err)

@@ -165,11 +165,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	// below, so an operator changing a default does not turn the republish of a
 	// running pod into AlreadyExists.
 	hash := requestHash(v, params)
-	check := volume.CheckWithoutValidator
-	if val, ok := As[Validator](backend); ok {
-		check = val.Validate
-	}
-	if err := d.allAccepted(check(v)); err != nil || attrErr != nil {
+	if err := d.allAccepted(ValidateVolume(backend, v)); err != nil || attrErr != nil {
 		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
 	}
 	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
@@ -239,15 +235,16 @@ func (d *Driver) allAccepted(err error) error {
 // still does.
 func (d *Driver) fromRecord(rec *store.Record) *api.Volume {
 	v := volume.FromRecord(rec)
-	if len(d.opts.Attributes) == 0 {
+	attrs := declared(d.opts.Attributes, d.opts.Backends[rec.Backend])
+	if len(attrs) == 0 {
 		return v
 	}
-	v.Values = make(api.Values, len(d.opts.Attributes))
-	for _, a := range d.opts.Attributes {
+	v.Values = make(api.Values, len(attrs))
+	for _, a := range attrs {
 		if vals, err := (api.Attributes{a}).Parse(v.Params); err == nil {
 			maps.Copy(v.Values, vals)
 		}
 	}
-	v.Params = d.opts.Attributes.Split(v.Params)
+	v.Params = attrs.Split(v.Params)
 	return v
 }

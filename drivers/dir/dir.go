@@ -15,20 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/stamp"
-)
-
-// Attribute names.
-const (
-	ParamMode = "mode"
-	ParamUID  = "uid"
-	ParamGID  = "gid"
 )
 
 // Options configure the backend.
@@ -41,9 +33,17 @@ type Options struct {
 	AllowSoftSize bool
 }
 
-// Backend implements framework.Backend, framework.Validator, framework.Lister,
-// framework.Finder and framework.Stamper.
+// Backend implements framework.Backend, framework.AttributeDeclarer,
+// framework.Validator, framework.Lister, framework.Finder and
+// framework.Stamper.
 type Backend struct{ opts Options }
+
+// attributes are what Backend.Attributes declares.
+var attributes = api.Attributes{api.ModeAttr(0o777), api.UIDAttr(), api.GIDAttr()}
+
+// Attributes declares the dir attributes: "mode" (default 0777), "uid" and
+// "gid" (unset: the directory is the driver's).
+func (b *Backend) Attributes() api.Attributes { return attributes }
 
 // New returns a directory backend.
 func New(opts Options) (*Backend, error) {
@@ -55,7 +55,7 @@ func New(opts Options) (*Backend, error) {
 
 // Validate checks the attributes.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(ParamMode, ParamUID, ParamGID); err != nil {
+	if err := attributes.Apply(v); err != nil {
 		return err
 	}
 	if v.FSType != "" {
@@ -64,19 +64,20 @@ func (b *Backend) Validate(v *api.Volume) error {
 	if v.Size > 0 && !b.opts.AllowSoftSize {
 		return api.InvalidParamf("the dir backend cannot enforce attribute %q; remove it or use a backend with a hard limit (tmpfs, loop)", api.ParamSize)
 	}
-	_, _, _, err := b.owner(v)
-	return err
+	return nil
 }
 
-func (b *Backend) owner(v *api.Volume) (mode fs.FileMode, uid, gid int64, err error) {
-	if mode, err = v.Params.FileMode(ParamMode, 0o777); err != nil {
-		return
+// owner returns the mode and owner of v's directory (-1: unchanged); v's
+// attributes are applied.
+func owner(v *api.Volume) (mode fs.FileMode, uid, gid int64) {
+	uid, gid = -1, -1
+	if v.Values.Has(api.ParamUID) {
+		uid = v.Values.Int(api.ParamUID)
 	}
-	if uid, err = v.Params.Int(ParamUID, -1, 0, math.MaxUint32-1); err != nil {
-		return
+	if v.Values.Has(api.ParamGID) {
+		gid = v.Values.Int(api.ParamGID)
 	}
-	gid, err = v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
-	return
+	return v.Values.Mode(api.ParamMode), uid, gid
 }
 
 func (b *Backend) path(id string) (string, error) {
@@ -92,10 +93,10 @@ func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	if err != nil {
 		return api.Source{}, err
 	}
-	mode, uid, gid, err := b.owner(v)
-	if err != nil {
+	if err := attributes.Apply(v); err != nil {
 		return api.Source{}, err
 	}
+	mode, uid, gid := owner(v)
 	if err := os.MkdirAll(b.opts.Root, 0o700); err != nil {
 		return api.Source{}, err
 	}

@@ -14,13 +14,10 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 )
 
-// Attribute names.
-const (
-	ParamFSType = "fsType"
-	ParamMode   = "mode"
-	ParamUID    = "uid"
-	ParamGID    = "gid"
-)
+// ParamFSType is the attribute that chooses the filesystem (FSExt4, FSXFS).
+// The backend's other attributes are api.ParamMode, api.ParamUID and
+// api.ParamGID (Backend.Attributes).
+const ParamFSType = "fsType"
 
 // Filesystem types.
 const (
@@ -89,9 +86,12 @@ type Options struct {
 	BufferedIO bool
 }
 
-// Backend implements framework.Backend, framework.Validator, framework.Lister
-// and framework.HealthChecker.
-type Backend struct{ opts Options }
+// Backend implements framework.Backend, framework.AttributeDeclarer,
+// framework.Validator, framework.Lister and framework.HealthChecker.
+type Backend struct {
+	opts  Options
+	attrs api.Attributes
+}
 
 // New returns a loop backend.
 func New(opts Options) (*Backend, error) {
@@ -111,13 +111,23 @@ func New(opts Options) (*Backend, error) {
 	if opts.DefaultMode == 0 {
 		opts.DefaultMode = 0o777
 	}
-	return &Backend{opts: opts}, nil
+	return &Backend{opts: opts, attrs: api.Attributes{
+		api.EnumAttr(ParamFSType, FSExt4, FSXFS),
+		api.ModeAttr(opts.DefaultMode),
+		api.UIDAttr().Default("0"),
+		api.GIDAttr(), // unset: the pod's fsGroup, else 0 (Backend.root)
+	}}, nil
 }
+
+// Attributes declares the loop attributes: "fsType" (the pod's fsType, else
+// Options.DefaultFSType), "mode" (Options.DefaultMode), "uid" (default 0) and
+// "gid" (the pod's fsGroup, else 0).
+func (b *Backend) Attributes() api.Attributes { return b.attrs }
 
 // Validate checks the attributes, applies the default size and rounds it up to
 // 4KiB, and sets v.FSType to the filesystem the volume gets.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(ParamFSType, ParamMode, ParamUID, ParamGID); err != nil {
+	if err := b.attrs.Apply(v); err != nil {
 		return err
 	}
 	fsType, err := b.fsType(v)
@@ -136,12 +146,9 @@ func (b *Backend) Validate(v *api.Volume) error {
 }
 
 // fsType resolves the filesystem from the "fsType" attribute, the pod's fsType
-// and the default.
+// and the default; v's attributes are applied.
 func (b *Backend) fsType(v *api.Volume) (string, error) {
-	attr, err := v.Params.OneOf(ParamFSType, "", FSExt4, FSXFS)
-	if err != nil {
-		return "", err
-	}
+	attr := v.Values.String(ParamFSType)
 	switch v.FSType {
 	case "", FSExt4, FSXFS:
 	default:
@@ -219,33 +226,19 @@ type rootAttrs struct {
 	uid, gid int64
 }
 
-// root resolves "mode", "uid", "gid" and the pod's fsGroup. As in the tmpfs
-// backend, an fsGroup becomes the group of the root when "gid" is unset, with
-// mode 2775 when "mode" is unset.
+// root resolves "mode", "uid", "gid" (v's attributes, applied) and the pod's
+// fsGroup. As in the tmpfs backend, an fsGroup becomes the group of the root
+// when "gid" is unset, with mode 2775 when "mode" is unset.
 func (b *Backend) root(v *api.Volume, fsType string) (rootAttrs, error) {
-	mode, err := v.Params.FileMode(ParamMode, b.opts.DefaultMode)
-	if err != nil {
-		return rootAttrs{}, err
-	}
-	uid, err := v.Params.Int(ParamUID, 0, 0, math.MaxUint32-1)
-	if err != nil {
-		return rootAttrs{}, err
-	}
-	gid, err := v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
-	if err != nil {
-		return rootAttrs{}, err
-	}
-	if gid < 0 {
-		gid = 0
-		if v.FSGroup != nil {
-			gid = *v.FSGroup
-			if !v.Params.Has(ParamMode) {
-				mode = fs.ModeSetgid | 0o775
-			}
+	mode, uid, gid := v.Values.Mode(api.ParamMode), v.Values.Int(api.ParamUID), v.Values.Int(api.ParamGID)
+	if !v.Values.Has(api.ParamGID) && v.FSGroup != nil {
+		gid = *v.FSGroup
+		if !v.Values[api.ParamMode].Set {
+			mode = fs.ModeSetgid | 0o775
 		}
 	}
 	if fsType == FSXFS && mode&fs.ModeSticky != 0 {
-		return rootAttrs{}, api.InvalidParamf("attribute %q: xfs volumes cannot have the sticky bit on their root (mkfs.xfs cannot set it); drop the leading 1 or use fsType ext4", ParamMode)
+		return rootAttrs{}, api.InvalidParamf("attribute %q: xfs volumes cannot have the sticky bit on their root (mkfs.xfs cannot set it); drop the leading 1 or use fsType ext4", api.ParamMode)
 	}
 	return rootAttrs{mode: mode, uid: uid, gid: gid}, nil
 }

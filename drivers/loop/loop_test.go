@@ -121,7 +121,11 @@ func TestRoot(t *testing.T) {
 		{api.Params{"gid": "5"}, &gid, rootAttrs{mode: 0o777, gid: 5}},
 		{api.Params{"mode": "0700"}, &gid, rootAttrs{mode: 0o700, gid: 3000}},
 	} {
-		got, err := b.root(&api.Volume{Params: tt.params, FSGroup: tt.fsGroup}, FSExt4)
+		v := &api.Volume{Params: tt.params, FSGroup: tt.fsGroup}
+		if err := b.Attributes().Apply(v); err != nil { // as the framework and Validate do
+			t.Fatal(err)
+		}
+		got, err := b.root(v, FSExt4)
 		if err != nil || got != tt.want {
 			t.Errorf("root(%v, fsGroup %v) = %+v, %v; want %+v", tt.params, tt.fsGroup, got, err, tt.want)
 		}

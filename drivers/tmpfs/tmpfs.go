@@ -41,20 +41,16 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"math"
 	"runtime"
 	"strconv"
 
 	"github.com/ephemera-csi/ephemera/api"
 )
 
-// Attribute names.
-const (
-	ParamMode     = "mode"
-	ParamUID      = "uid"
-	ParamGID      = "gid"
-	ParamNrInodes = "nr_inodes"
-)
+// ParamNrInodes is the attribute of a volume's inode limit. The backend's
+// other attributes are api.ParamMode, api.ParamUID and api.ParamGID
+// (Backend.Attributes).
+const ParamNrInodes = "nr_inodes"
 
 // SourceName is the mount source shown in /proc/mounts for Ephemera's tmpfs
 // volumes.
@@ -105,9 +101,12 @@ const (
 	DefaultMaxInodes = 1 << 20
 )
 
-// Backend implements framework.Backend, framework.Validator,
-// framework.Finder and framework.MountOnly.
-type Backend struct{ opts Options }
+// Backend implements framework.Backend, framework.AttributeDeclarer,
+// framework.Validator, framework.Finder and framework.MountOnly.
+type Backend struct {
+	opts  Options
+	attrs api.Attributes
+}
 
 // New returns a tmpfs backend, or an error naming the first invalid option. It
 // starts nothing and touches no file.
@@ -116,8 +115,18 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	opts.setDefaults()
-	return &Backend{opts: opts}, nil
+	return &Backend{opts: opts, attrs: api.Attributes{
+		api.ModeAttr(opts.DefaultMode),
+		api.UIDAttr(), // none: the tmpfs root is the mounter's (the driver's)
+		api.GIDAttr(),
+		// Checked by Validate, whose messages need the size and the caps.
+		api.StringAttr(ParamNrInodes),
+	}}, nil
 }
+
+// Attributes declares the tmpfs attributes: "mode" (Options.DefaultMode),
+// "uid", "gid" (unset: the tmpfs root is the driver's) and "nr_inodes".
+func (b *Backend) Attributes() api.Attributes { return b.attrs }
 
 // modeBits are the FileMode bits DefaultMode may have: those tmpfs' mode=
 // takes (api.ModeBits).
@@ -161,7 +170,7 @@ func (o *Options) setDefaults() {
 
 // Validate checks the tmpfs attributes and applies the default size.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(ParamMode, ParamUID, ParamGID, ParamNrInodes); err != nil {
+	if err := b.attrs.Apply(v); err != nil {
 		return err
 	}
 	if v.FSType != "" && v.FSType != "tmpfs" {
@@ -177,29 +186,18 @@ func (b *Backend) Validate(v *api.Volume) error {
 	return err
 }
 
+// options are the mount options of v, whose attributes are applied
+// (b.attrs.Apply).
 func (b *Backend) options(v *api.Volume) ([]string, error) {
-	mode, err := v.Params.FileMode(ParamMode, b.opts.DefaultMode)
-	if err != nil {
-		return nil, err
-	}
-	uid, err := v.Params.Int(ParamUID, -1, 0, math.MaxUint32-1)
-	if err != nil {
-		return nil, err
-	}
-	gid, err := v.Params.Int(ParamGID, -1, 0, math.MaxUint32-1)
-	if err != nil {
-		return nil, err
-	}
 	inodes, err := b.inodes(v)
 	if err != nil {
 		return nil, err
 	}
-	opts := []string{"size=" + strconv.FormatInt(v.Size, 10), "mode=" + octal(mode)}
-	if uid >= 0 {
-		opts = append(opts, "uid="+strconv.FormatInt(uid, 10))
-	}
-	if gid >= 0 {
-		opts = append(opts, "gid="+strconv.FormatInt(gid, 10))
+	opts := []string{"size=" + strconv.FormatInt(v.Size, 10), "mode=" + octal(v.Values.Mode(api.ParamMode))}
+	for _, id := range []string{api.ParamUID, api.ParamGID} {
+		if v.Values.Has(id) {
+			opts = append(opts, id+"="+strconv.FormatInt(v.Values.Int(id), 10))
+		}
 	}
 	opts = append(opts, "nr_inodes="+strconv.FormatInt(inodes, 10))
 	return opts, nil
@@ -210,10 +208,10 @@ func (b *Backend) options(v *api.Volume) ([]string, error) {
 // the kernel reads as "unlimited".
 func (b *Backend) inodes(v *api.Volume) (int64, error) {
 	def := b.defaultInodes(v.Size)
-	s, ok := v.Params[ParamNrInodes]
-	if !ok {
+	if !v.Values.Has(ParamNrInodes) {
 		return def, nil
 	}
+	s := v.Values.String(ParamNrInodes)
 	n, err := strconv.ParseInt(s, 10, 64)
 	switch {
 	case err != nil || n < 0:
@@ -244,6 +242,9 @@ func octal(m fs.FileMode) string { return fmt.Sprintf("%04o", api.ModeBits(m)) }
 func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	if runtime.GOOS != "linux" {
 		return api.Source{}, fmt.Errorf("tmpfs volumes: %w (use the dir backend)", api.ErrNotSupported)
+	}
+	if err := b.attrs.Apply(v); err != nil {
+		return api.Source{}, err
 	}
 	opts, err := b.options(v)
 	if err != nil {

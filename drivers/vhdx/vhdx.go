@@ -13,8 +13,13 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 )
 
-// Attribute names.
+// ParamFSType is the backend's one attribute (Backend.Attributes): unset or
+// "ntfs".
 const ParamFSType = "fsType"
+
+// attributes are the vhdx attributes; Validate checks the fsType, which may
+// be spelt in any case.
+var attributes = api.Attributes{api.StringAttr(ParamFSType)}
 
 // FSNTFS is the only filesystem the backend formats.
 const FSNTFS = "ntfs"
@@ -62,8 +67,9 @@ type Options struct {
 	host host
 }
 
-// Backend implements framework.Backend, framework.Validator, framework.Lister,
-// framework.Stamper and framework.HealthChecker.
+// Backend implements framework.Backend, framework.AttributeDeclarer,
+// framework.Validator, framework.Lister, framework.Stamper and
+// framework.HealthChecker.
 type Backend struct {
 	opts Options
 	host host
@@ -103,13 +109,16 @@ func isAbs(p string) bool {
 	return len(p) >= 3 && (p[0]|0x20) >= 'a' && (p[0]|0x20) <= 'z' && p[1] == ':' && (p[2] == '\\' || p[2] == '/')
 }
 
+// Attributes declares the vhdx attribute: "fsType".
+func (b *Backend) Attributes() api.Attributes { return attributes }
+
 // Validate checks the attributes, applies the default size, rounds it up to
 // 1MiB and sets v.FSType to "ntfs".
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(ParamFSType); err != nil {
+	if err := attributes.Apply(v); err != nil {
 		return err
 	}
-	attr := v.Params.String(ParamFSType, "")
+	attr := v.Values.String(ParamFSType)
 	for _, fs := range []string{attr, v.FSType} {
 		if fs != "" && !strings.EqualFold(fs, FSNTFS) {
 			return api.InvalidParamf("fsType %q is not supported by the vhdx backend; VHDX volumes are NTFS (leave fsType unset or set it to %q)", fs, FSNTFS)

@@ -56,9 +56,12 @@ func (b pluginBackend) Validate(v *api.Volume) error {
 	return nil
 }
 
-// Create returns the tmpfs the driver mounts.
+// Create returns the tmpfs the driver mounts, from tmpfs's attributes (the
+// tmpfs backend refuses tokenfile's, as in Validate).
 func (b pluginBackend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
-	return b.mem.Create(ctx, v)
+	tv := *v
+	tv.Params = attributes.Split(v.Params)
+	return b.mem.Create(ctx, &tv)
 }
 
 // Delete has nothing to free: the tmpfs goes with its mount.

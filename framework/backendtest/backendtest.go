@@ -32,8 +32,9 @@ type Options struct {
 	// them, for example {"size": "16Mi"}. The framework's own attributes ("size",
 	// "backend") are handled as the framework handles them: "size" becomes
 	// Volume.Size, "backend" the backend's name (default "backendtest"), and
-	// neither reaches Volume.Params. A backend that is not a
-	// [framework.Validator] accepts no other attribute.
+	// neither reaches Volume.Params. A backend that is neither a
+	// [framework.Validator] nor a [framework.AttributeDeclarer] accepts no
+	// other attribute.
 	Params map[string]string
 	// Size is the size in bytes the backend is expected to enforce on a volume
 	// made from Params (usually the "size" attribute). 0 means the backend does
@@ -191,13 +192,12 @@ func (s *suite) buildVolume(name, kubeletRoot string) (*api.Volume, error) {
 
 // validate applies what the framework checks before the first Create.
 func (s *suite) validate(b framework.Backend, v *api.Volume) error {
-	if val, ok := framework.As[framework.Validator](b); ok {
-		return val.Validate(v)
+	err := framework.ValidateVolume(b, v)
+	_, declares := framework.As[framework.AttributeDeclarer](b)
+	if _, validates := framework.As[framework.Validator](b); err != nil && !validates && !declares {
+		return fmt.Errorf("the backend is neither a framework.Validator nor a framework.AttributeDeclarer, so the framework refuses every attribute and fsType: %w", err)
 	}
-	if err := volume.CheckWithoutValidator(v); err != nil {
-		return fmt.Errorf("the backend is not a framework.Validator, so the framework refuses every attribute and fsType: %w", err)
-	}
-	return nil
+	return err
 }
 
 // create calls Create and deletes the volume at cleanup.
@@ -270,8 +270,8 @@ func orphan(v *api.Volume) *api.Volume { return volume.Orphan(v.ID, v.Backend) }
 
 func (s *suite) testValidate(t *testing.T) {
 	e := s.setup(t)
-	val, ok := framework.As[framework.Validator](e.b)
-	if !ok {
+	_, validates := framework.As[framework.Validator](e.b)
+	if _, declares := framework.As[framework.AttributeDeclarer](e.b); !validates && !declares {
 		v, err := s.buildVolume("vol-1", e.kubeletRoot)
 		if err != nil {
 			t.Fatal(err)
@@ -279,13 +279,13 @@ func (s *suite) testValidate(t *testing.T) {
 		if err := s.validate(e.b, v); err != nil {
 			t.Fatalf("Options.Params %v: %v", s.opts.Params, err)
 		}
-		t.Skip("not a framework.Validator: the framework refuses every attribute itself")
+		t.Skip("neither a framework.Validator nor an AttributeDeclarer: the framework refuses every attribute itself")
 	}
 	v, err := s.buildVolume("vol-1", e.kubeletRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := val.Validate(v); err != nil {
+	if err := s.validate(e.b, v); err != nil {
 		t.Errorf("Validate(Options.Params %v) = %v, want nil", s.opts.Params, err)
 	}
 
@@ -295,10 +295,10 @@ func (s *suite) testValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.Params[unknown] = "x"
-	err = val.Validate(v)
+	err = s.validate(e.b, v)
 	switch {
 	case err == nil:
-		t.Errorf("Validate accepted the unknown attribute %q; a typo in a pod spec must fail loudly (use api.Params.Only)", unknown)
+		t.Errorf("Validate accepted the unknown attribute %q; a typo in a pod spec must fail loudly (declare the backend's attributes: framework.AttributeDeclarer)", unknown)
 	case !errors.Is(err, api.ErrInvalidParams):
 		t.Errorf("Validate with unknown attribute %q = %v, want an error wrapping api.ErrInvalidParams", unknown, err)
 	case !strings.Contains(err.Error(), unknown):

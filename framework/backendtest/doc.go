@@ -3,9 +3,11 @@
 // storetest. It checks the contract the framework relies on, with the volumes
 // the framework would pass:
 //
-//   - Validate (a [framework.Validator]) accepts Options.Params, refuses an
-//     unknown attribute with an error wrapping api.ErrInvalidParams that names
-//     it, and creates nothing;
+//   - Validate (the backend's declared attributes, a
+//     [framework.AttributeDeclarer], and its [framework.Validator], checked as
+//     a publish checks them: [framework.ValidateVolume]) accepts
+//     Options.Params, refuses an unknown attribute with an error wrapping
+//     api.ErrInvalidParams that names it, and creates nothing;
 //   - Create is idempotent: a second Create of the same volume (with the State
 //     the first one recorded, as on a retry or repair) returns an equal Source,
 //     and does not disturb the volume while it is mounted;

@@ -461,7 +461,7 @@ func (b *Backend) Plan(ctx context.Context, v *api.Volume) (framework.Plan, erro
 func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
 	plugins, known := pluginStorage(v)
 	if known && !plugins {
-		return b.tmpfs.Create(ctx, v) // the driver's: nothing to ask the plugin
+		return b.tmpfsCreate(ctx, v) // the driver's: nothing to ask the plugin
 	}
 	ctx, cancel, s, err := b.start(ctx)
 	if err != nil {
@@ -476,7 +476,7 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 				api.ErrUnavailable, b.opts.Name, clip(s.name), clip(s.version), v.ID)
 		}
 		v.State = withState(v.State, createsKey, "false")
-		return b.tmpfs.Create(ctx, v)
+		return b.tmpfsCreate(ctx, v)
 	}
 	if !known {
 		v.State = withState(v.State, createsKey, "true")
@@ -526,13 +526,13 @@ func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
 		t := k.Tmpfs
 		tv := &api.Volume{Size: v.Size, FSType: v.FSType, Params: api.Params{}}
 		if t.GetMode() != 0 {
-			tv.Params[tmpfs.ParamMode] = strconv.FormatUint(uint64(t.GetMode()), 8)
+			tv.Params[api.ParamMode] = strconv.FormatUint(uint64(t.GetMode()), 8)
 		}
 		if t.Uid != nil {
-			tv.Params[tmpfs.ParamUID] = strconv.FormatUint(uint64(t.GetUid()), 10)
+			tv.Params[api.ParamUID] = strconv.FormatUint(uint64(t.GetUid()), 10)
 		}
 		if t.Gid != nil {
-			tv.Params[tmpfs.ParamGID] = strconv.FormatUint(uint64(t.GetGid()), 10)
+			tv.Params[api.ParamGID] = strconv.FormatUint(uint64(t.GetGid()), 10)
 		}
 		if err := b.tmpfs.Validate(tv); err != nil {
 			return api.Source{}, b.garbage("Create", "tmpfs %v: %v", t, err)
@@ -544,6 +544,20 @@ func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
 	default:
 		return api.Source{}, b.garbage("Create", "no source, or a kind of source this driver does not know (a newer protocol?)")
 	}
+}
+
+// tmpfsCreate creates v as the driver's tmpfs: with the tmpfs attributes of
+// v.Params and no other (a plugin that validates without CREATE accepts its
+// own, which are not the tmpfs's to refuse).
+func (b *Backend) tmpfsCreate(ctx context.Context, v *api.Volume) (api.Source, error) {
+	tv := *v
+	tv.Params, tv.Values = api.Params{}, maps.Clone(v.Values)
+	for _, k := range b.tmpfs.Attributes().Keys() {
+		if val, ok := v.Params[k]; ok {
+			tv.Params[k] = val
+		}
+	}
+	return b.tmpfs.Create(ctx, &tv)
 }
 
 // Delete asks the plugin to free a volume's storage (CREATE; also for a

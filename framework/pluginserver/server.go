@@ -78,7 +78,7 @@ type Server struct {
 	pb.UnimplementedPluginServer
 	opts Options
 	caps []pb.Capability
-	val  framework.Validator
+	val  bool // VALIDATE: the backend is a Validator or an AttributeDeclarer
 	list framework.Lister
 	hc   framework.HealthChecker
 }
@@ -107,7 +107,9 @@ func New(opts Options) (*Server, error) {
 		}
 		s.caps = append(s.caps, pb.Capability_CAPABILITY_CREATE)
 		var ok bool
-		if s.val, ok = framework.As[framework.Validator](b); ok {
+		_, validates := framework.As[framework.Validator](b)
+		_, declares := framework.As[framework.AttributeDeclarer](b)
+		if s.val = validates || declares; s.val {
 			s.caps = append(s.caps, pb.Capability_CAPABILITY_VALIDATE)
 		}
 		if s.list, ok = framework.As[framework.Lister](b); ok {
@@ -223,11 +225,11 @@ func (s *Server) Handshake(_ context.Context, req *pb.HandshakeRequest) (*pb.Han
 
 // Validate runs the backend's Validator.
 func (s *Server) Validate(_ context.Context, req *pb.ValidateRequest) (*pb.ValidateResponse, error) {
-	if s.val == nil {
+	if !s.val {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_VALIDATE)
 	}
 	v := plugin.FromProto(req.GetVolume(), s.opts.Name)
-	if err := s.val.Validate(v); err != nil {
+	if err := framework.ValidateVolume(s.opts.Backend, v); err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.ValidateResponse{SizeBytes: v.Size}, nil
@@ -240,6 +242,12 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	}
 	v := plugin.FromProto(req.GetVolume(), s.opts.Name)
 	v.Secrets, v.Tokens = req.GetSecrets(), plugin.TokensFromProto(req.GetTokens())
+	if ad, ok := framework.As[framework.AttributeDeclarer](s.opts.Backend); ok {
+		// As the framework hands Create a volume: declared attributes in Values.
+		if err := ad.Attributes().Apply(v); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	src, err := s.opts.Backend.Create(ctx, v)
 	if err != nil {
 		return nil, toStatus(err)
