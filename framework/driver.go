@@ -22,7 +22,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// StateFile is the name of the bbolt file in Options.StateDir.
+// StateFile is the name of the bbolt file in Options.Node.StateDir.
 const StateFile = "state.db"
 
 // Driver is an ephemeral inline CSI node plugin: the CSI Identity and Node
@@ -37,7 +37,7 @@ type Driver struct {
 	inflight  chan struct{}
 	capacity  *capacity
 	refresher *refresher
-	// contentBudget is Options.ContentBytesInFlight.
+	// contentBudget is Options.Volumes.ContentBytesInFlight.
 	contentBudget *budget
 	orphans       orphans
 	stats         *statsCache // walks of directory volumes (statswalk.go)
@@ -64,28 +64,28 @@ func New(opts Options) (*Driver, error) {
 	}
 	d := &Driver{
 		opts:     opts,
-		mounter:  opts.Mounter,
-		store:    opts.Store,
-		inflight: make(chan struct{}, opts.MaxInFlight),
-		capacity: newCapacity(opts.MaxVolumesPerNode, opts.Capacity),
+		mounter:  opts.Volumes.Mounter,
+		store:    opts.State.Store,
+		inflight: make(chan struct{}, opts.Limits.MaxInFlight),
+		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.Capacity),
 		capabilities: &csi.NodeGetCapabilitiesResponse{
 			Capabilities: nodeCapabilities(),
 		},
 		nodeInfo: &csi.NodeGetInfoResponse{
-			NodeId:            opts.NodeID,
-			MaxVolumesPerNode: opts.MaxVolumesPerNode,
+			NodeId:            opts.Node.ID,
+			MaxVolumesPerNode: opts.Limits.MaxVolumesPerNode,
 		},
 		pluginInfo: &csi.GetPluginInfoResponse{
 			Name:          opts.DriverName,
-			VendorVersion: opts.Version,
+			VendorVersion: opts.Node.Version,
 		},
 	}
 	if d.mounter == nil {
 		d.mounter = mount.New()
 	}
-	d.refresher = newRefresher(d, opts.RefreshConcurrency)
-	d.contentBudget = newBudget(opts.ContentBytesInFlight)
-	d.stats = newStatsCache(opts.StatsWalk)
+	d.refresher = newRefresher(d, opts.Volumes.RefreshConcurrency)
+	d.contentBudget = newBudget(opts.Volumes.ContentBytesInFlight)
+	d.stats = newStatsCache(opts.Limits.StatsWalk)
 	d.initObservability()
 	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed
 	return d, nil
@@ -125,14 +125,14 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
 	}
-	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
+	log := d.opts.Observability.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	// Fail fast, before opening the state or reconciling (which deletes backend
 	// storage that this process has no record of), when another process serves
 	// the endpoint. Listen below checks again.
-	sock, _ := socketPath(d.opts.Endpoint)
+	sock, _ := socketPath(d.opts.Node.Endpoint)
 	if err := unixsock.CheckNotServed(sock); err != nil {
 		return d.endpointInUse(err)
 	}
@@ -164,7 +164,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	n, used := d.capacity.snapshot()
 	log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
 	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
+	_ = d.checkPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
 
 	// Runnables (an event recorder, a pod informer) run until the GC and the
 	// refresher, which use them, have stopped.
@@ -174,10 +174,10 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		stopRunnables()
 		runnables.Wait()
 	}()
-	if d.opts.CSIDrivers != nil {
+	if d.opts.Observability.CSIDrivers != nil {
 		runnables.Go(func() { d.checkCSIDriverObject(klog.NewContext(rctx, log)) })
 	} else {
-		log.Info("Not checking the CSIDriver object: no API access (Options.CSIDrivers is unset)")
+		log.Info("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers is unset)")
 	}
 	for _, r := range d.opts.Runnables {
 		runnables.Go(func() {
@@ -195,7 +195,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		return d.endpointInUse(err)
 	}
 	if err != nil {
-		return fmt.Errorf("CSI endpoint %s: %w", d.opts.Endpoint, err)
+		return fmt.Errorf("CSI endpoint %s: %w", d.opts.Node.Endpoint, err)
 	}
 	// The gRPC server closes lis when it stops; this covers the returns before.
 	// Close removes the socket only if it is still this process's.
@@ -219,7 +219,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	d.ready.Store(true)
 	d.refresher.start(klog.NewContext(ctx, log))
 	gcDone := make(chan struct{})
-	if d.opts.GCInterval > 0 {
+	if d.opts.GC.Interval > 0 {
 		go func() {
 			defer close(gcDone)
 			d.runGC(ctx)
@@ -227,17 +227,17 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	} else {
 		close(gcDone)
 	}
-	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, logkeys.Version, d.opts.Version, logkeys.Node, d.opts.NodeID)
+	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Node.Endpoint, logkeys.Version, d.opts.Node.Version, logkeys.Node, d.opts.Node.ID)
 
 	// The registrar starts only now that NodeGetInfo answers, and stops before
 	// the CSI server so the kubelet deregisters the driver before its socket goes.
 	regCtx, stopReg := context.WithCancel(ctx)
 	regDone := make(chan struct{})
-	if d.opts.RegisterWithKubelet {
+	if d.opts.Node.RegisterWithKubelet {
 		reg, err := registration.New(registration.Options{
 			DriverName:      d.opts.DriverName,
 			Endpoint:        sock,
-			RegistrationDir: filepath.Join(d.opts.KubeletRootDir, "plugins_registry"),
+			RegistrationDir: filepath.Join(d.opts.Node.KubeletRootDir, "plugins_registry"),
 			Logger:          log,
 		})
 		if err != nil {
@@ -267,7 +267,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	if removed, uerr := lis.Unlink(); uerr != nil {
 		log.Error(uerr, "Cannot remove CSI socket")
 	} else if !removed {
-		log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Endpoint)
+		log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Node.Endpoint)
 	}
 	<-gcDone
 	d.refresher.stop()
@@ -277,7 +277,7 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 
 // endpointInUse is Run's error when another process serves the endpoint.
 func (d *Driver) endpointInUse(err error) error {
-	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Endpoint, err)
+	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Node.Endpoint, err)
 }
 
 // stopGracefully lets in-flight calls finish for up to grace, then cuts them off.
