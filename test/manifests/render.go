@@ -80,6 +80,7 @@ func Targets() []Target {
 		{Name: "kustomize-linux", Kustomize: "deploy/overlays/linux"},
 		{Name: "kustomize-linux-embedded-registrar", Kustomize: "deploy/overlays/linux-embedded-registrar"},
 		{Name: "kustomize-windows-hostprocess", Kustomize: "deploy/overlays/windows-hostprocess"},
+		{Name: "kustomize-windows-csi-proxy", Kustomize: "deploy/overlays/windows-csi-proxy"},
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
