@@ -113,6 +113,8 @@ func TestImageVersionsAgree(t *testing.T) {
 		"kustomize-windows-hostprocess":      driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
 		"kustomize-windows-csi-proxy":        driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 		"helm-default":                       driverImage + ":" + chart.AppVersion,
+		"helm-windows-hostprocess":           driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
+		"helm-windows-csi-proxy":             driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 	}
 	for _, r := range renderAll(t) {
 		w, ok := want[r.Name]
