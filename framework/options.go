@@ -27,7 +27,8 @@ import (
 //   - Node: who and where the driver is (version, node, socket, directories,
 //     kubelet registration).
 //   - Volumes: what a volume is made of (default backend, accepted
-//     attributes, mount options, authorizer, content calls and refreshes).
+//     attributes, mount options, authorizer, content calls and refreshes,
+//     the mounter).
 //   - Limits: how much the node gives (volumes, sizes, budgets, requests in
 //     flight, deadlines, stats walks).
 //   - State: the durable records and what startup does with a damaged file.
@@ -170,6 +171,35 @@ type VolumeOptions struct {
 	// mount.New() (mount(2) on Linux, directory symlinks on Windows); unit tests
 	// pass mount.NewFake().
 	Mounter mount.Interface
+	// WindowsMode is how the driver reaches the host on Windows when Mounter
+	// is nil: WindowsHostProcess (a HostProcess container that links
+	// directories itself: mount.New()) or WindowsCSIProxy (an ordinary
+	// Windows container; every change on the host is a call to csi-proxy v1
+	// over its named pipe: mount.NewCSIProxy). A driver whose backends must
+	// create their storage through csi-proxy too (the dir backend's Host)
+	// builds the mount.CSIProxy itself and passes it as Mounter. Defaults
+	// to WindowsHostProcess; WindowsCSIProxy without a Mounter is refused on
+	// other systems (there are no named pipes).
+	WindowsMode WindowsMode
+}
+
+// WindowsMode is VolumeOptions.WindowsMode.
+type WindowsMode string
+
+// The values of VolumeOptions.WindowsMode (and of the scratch driver's
+// --windows-mode).
+const (
+	WindowsHostProcess WindowsMode = "hostprocess"
+	WindowsCSIProxy    WindowsMode = "csi-proxy"
+)
+
+// ParseWindowsMode returns the WindowsMode s names.
+func ParseWindowsMode(s string) (WindowsMode, error) {
+	switch m := WindowsMode(s); m {
+	case WindowsHostProcess, WindowsCSIProxy:
+		return m, nil
+	}
+	return "", fmt.Errorf("windows mode %q is neither %q nor %q", s, WindowsHostProcess, WindowsCSIProxy)
 }
 
 // Defaults of VolumeOptions.
@@ -194,6 +224,9 @@ func (v *VolumeOptions) setDefaults(backends map[string]Backend) {
 	}
 	if v.RefreshConcurrency == 0 {
 		v.RefreshConcurrency = defaultRefreshConcurrency
+	}
+	if v.WindowsMode == "" {
+		v.WindowsMode = WindowsHostProcess
 	}
 }
 
@@ -406,6 +439,11 @@ func (o *Options) setDefaults() {
 
 func (o *Options) validate() error {
 	var errs []error
+	if _, err := ParseWindowsMode(string(o.Volumes.WindowsMode)); err != nil {
+		errs = append(errs, fmt.Errorf("Volumes.WindowsMode: %w", err))
+	} else if o.Volumes.WindowsMode == WindowsCSIProxy && o.Volumes.Mounter == nil && !isWindows {
+		errs = append(errs, errors.New("Volumes.WindowsMode csi-proxy needs Windows (csi-proxy's named pipes), or a Volumes.Mounter (mount.NewCSIProxy with a Dial)"))
+	}
 	if o.DriverName == "" {
 		errs = append(errs, errors.New("DriverName is required"))
 	} else if err := validateDriverName(o.DriverName); err != nil {
