@@ -197,3 +197,63 @@ func TestHelmMonitoring(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmWindowsEqualsOverlays: with windows.enabled the chart renders, for the
+// scratch driver's defaults, the same Windows node plugin as the kustomize
+// overlay of its mode (pod spec, selector, rollout; the chart's objects carry
+// more labels), beside the Linux one unless linux.enabled is false; an unknown
+// mode is refused.
+func TestHelmWindowsEqualsOverlays(t *testing.T) {
+	if r := helmObjects(t, map[string]any{}); len(r.find("DaemonSet")) != 1 {
+		t.Errorf("default values: %d DaemonSets, want the Linux one only", len(r.find("DaemonSet")))
+	}
+	for mode, overlay := range map[string]string{"hostprocess": "deploy/overlays/windows-hostprocess", "csi-proxy": "deploy/overlays/windows-csi-proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			r := helmObjects(t, map[string]any{"windows": map[string]any{"enabled": true, "mode": mode}})
+			var linux, windows Object
+			for _, ds := range r.find("DaemonSet") {
+				switch ds.Name() {
+				case "ephemera-scratch-node":
+					linux = ds
+				case "ephemera-scratch-node-windows":
+					windows = ds
+				}
+			}
+			if linux == nil || windows == nil || len(r.find("DaemonSet")) != 2 {
+				t.Fatalf("%d DaemonSets, want the Linux one and ephemera-scratch-node-windows", len(r.find("DaemonSet")))
+			}
+			root, err := RepoRoot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Kustomize(filepath.Join(root, overlay))
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err := Decode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := rendered{Target{Name: overlay}, objs}.driverDaemonSet(t)
+			for _, path := range [][]any{{"spec", "template", "spec"}, {"spec", "selector"}, {"spec", "updateStrategy"}} {
+				if got, want := windows.Get(path...), k.Get(path...); !reflect.DeepEqual(got, want) {
+					gy, _ := yaml.Marshal(got)
+					wy, _ := yaml.Marshal(want)
+					t.Errorf("%v differs between the chart and %s: change both\nchart:\n%s\noverlay:\n%s", path, overlay, gy, wy)
+				}
+			}
+		})
+	}
+	if _, err := Helm(filepath.Join(mustRoot(t), Chart), map[string]any{"windows": map[string]any{"enabled": true, "mode": "process"}}, Namespace); err == nil {
+		t.Errorf("windows.mode=process rendered, want a schema error")
+	}
+}
+
+func mustRoot(t *testing.T) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
