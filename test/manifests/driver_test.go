@@ -63,7 +63,7 @@ func TestHelmAnyDriver(t *testing.T) {
 		"sidecars": []any{map[string]any{"name": "plugin", "image": "registry.example.com/plugin:v1",
 			"volumeMounts": []any{map[string]any{"name": "plugin", "mountPath": "/plugin"}}}},
 		"image":     map[string]any{"repository": "registry.example.com/files", "tag": "v2"},
-		"csiDriver": map[string]any{"seLinuxMount": true, "serviceAccountTokenInSecrets": false, "requiresRepublish": true},
+		"csiDriver": map[string]any{"serviceAccountTokenInSecrets": false, "requiresRepublish": true},
 		"registrar": map[string]any{"mode": "embedded"},
 		"rbac":      map[string]any{"extraRules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"get"}}}},
 	})
@@ -105,10 +105,10 @@ func TestHelmAnyDriver(t *testing.T) {
 		t.Errorf("volumes lack the plugin emptyDir")
 	}
 	d := r.find("CSIDriver")[0]
-	if d.Name() != "files.example.com" || d.Get("spec", "seLinuxMount") != true || d.Get("spec", "serviceAccountTokenInSecrets") != false || d.Get("spec", "requiresRepublish") != true {
+	if d.Name() != "files.example.com" || d.Get("spec", "serviceAccountTokenInSecrets") != false || d.Get("spec", "requiresRepublish") != true {
 		t.Errorf("CSIDriver %s %v", d.Name(), d.Get("spec"))
 	}
-	// Left out while null (the default).
+	// Left out while null (the default); seLinuxMount always (no chart value).
 	d = helmObjects(t, map[string]any{}).find("CSIDriver")[0]
 	for _, f := range []string{"seLinuxMount", "serviceAccountTokenInSecrets"} {
 		if v, ok := d.Get("spec").(map[string]any)[f]; ok {
@@ -130,8 +130,9 @@ func TestHelmAnyDriver(t *testing.T) {
 		"volume typo":           {"extraVolumes": []any{map[string]any{"name": "plugin", "emptydir": map[string]any{}}}},
 		"mount without path":    {"driver": map[string]any{"volumeMounts": []any{map[string]any{"name": "plugin"}}}},
 		"env typo":              {"driver": map[string]any{"env": []any{map[string]any{"name": "A", "valu": "b"}}}},
-		"seLinuxMount string":   {"csiDriver": map[string]any{"seLinuxMount": "true"}},
-		"rbac rule typo":        {"rbac": map[string]any{"extraRules": []any{map[string]any{"verbs": []any{"get"}, "resource": []any{"secrets"}}}}},
+		// Dropped: no effect on inline volumes (docs/operations.md, "SELinux nodes").
+		"seLinuxMount":   {"csiDriver": map[string]any{"seLinuxMount": true}},
+		"rbac rule typo": {"rbac": map[string]any{"extraRules": []any{map[string]any{"verbs": []any{"get"}, "resource": []any{"secrets"}}}}},
 	} {
 		root, _ := RepoRoot()
 		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
