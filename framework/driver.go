@@ -4,21 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/mount"
-	"github.com/ephemera-csi/ephemera/framework/registration"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -50,9 +45,6 @@ type Driver struct {
 
 	metrics *metrics.Metrics // observability.go
 	http    httpState
-
-	mu     sync.Mutex
-	server *grpc.Server // set while serving, for tests
 }
 
 // New validates opts and returns a Driver. It starts nothing and does no I/O; call
@@ -128,156 +120,20 @@ func (d *Driver) Ready() bool { return d.ready.Load() }
 // startup fails, among others at once when another process serves the
 // endpoint, or when the kubelet refuses the registration; the process should
 // then exit non-zero and be restarted.
-func (d *Driver) Run(ctx context.Context) (err error) {
+func (d *Driver) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
 	}
 	log := d.opts.Observability.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 
 	// Fail fast, before opening the state or reconciling (which deletes backend
 	// storage that this process has no record of), when another process serves
-	// the endpoint. Listen below checks again.
+	// the endpoint. Listen (the grpc component) checks again.
 	sock, _ := socketPath(d.opts.Node.Endpoint)
 	if err := unixsock.CheckNotServed(sock); err != nil {
 		return d.endpointInUse(err)
 	}
-
-	if d.store == nil {
-		st, err := d.openState(log)
-		if err != nil {
-			return err
-		}
-		d.store = st
-		defer func() {
-			if cerr := st.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("closing driver state: %w", cerr)
-			}
-		}()
-	}
-
-	// Metrics and /healthz answer during the reconcile; /readyz says not ready.
-	stopHTTP, err := d.serveHTTP(log)
-	if err != nil {
-		return err
-	}
-	defer stopHTTP()
-
-	start := time.Now()
-	if err := d.reconcile(ctx); err != nil {
-		return fmt.Errorf("startup reconcile: %w", err)
-	}
-	n, used := d.capacity.snapshot()
-	log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
-	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-	_ = d.checkPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
-
-	// Runnables (an event recorder, a pod informer) run until the GC and the
-	// refresher, which use them, have stopped.
-	rctx, stopRunnables := context.WithCancel(context.WithoutCancel(ctx))
-	var runnables sync.WaitGroup
-	defer func() {
-		stopRunnables()
-		runnables.Wait()
-	}()
-	if d.opts.Observability.CSIDrivers != nil {
-		runnables.Go(func() { d.checkCSIDriverObject(klog.NewContext(rctx, log)) })
-	} else {
-		log.Info("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers is unset)")
-	}
-	for _, r := range d.opts.Runnables {
-		runnables.Go(func() {
-			if err := r.Run(rctx); err != nil && rctx.Err() == nil {
-				log.Error(err, "A runnable of the driver stopped", logkeys.Runnable, fmt.Sprintf("%T", r))
-			}
-		})
-	}
-
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		return fmt.Errorf("creating socket dir: %w", err)
-	}
-	lis, err := unixsock.Listen(sock, 0o600)
-	if errors.Is(err, unixsock.ErrInUse) {
-		return d.endpointInUse(err)
-	}
-	if err != nil {
-		return fmt.Errorf("CSI endpoint %s: %w", d.opts.Node.Endpoint, err)
-	}
-	// The gRPC server closes lis when it stops; this covers the returns before.
-	// Close removes the socket only if it is still this process's.
-	defer lis.Close()
-
-	// The kubelet dials a new connection for every call, so a burst of
-	// publishes is a burst of connections, each with gRPC's 32 KiB read and
-	// write buffers by default. CSI messages are a few KiB: 4 KiB buffers take
-	// a 64-publish burst from 12 to 9 MiB of anonymous memory
-	// (docs/operations.md, "Memory and CPU of the driver"). gRPC already
-	// returns the write buffer to a pool after each flush.
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-	csi.RegisterIdentityServer(srv, identityServer{d: d})
-	csi.RegisterNodeServer(srv, nodeServer{d: d})
-	d.mu.Lock()
-	d.server = srv
-	d.mu.Unlock()
-
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(lis) }()
-	d.ready.Store(true)
-	d.refresher.start(klog.NewContext(ctx, log))
-	gcDone := make(chan struct{})
-	if d.opts.GC.Interval > 0 {
-		go func() {
-			defer close(gcDone)
-			d.runGC(ctx)
-		}()
-	} else {
-		close(gcDone)
-	}
-	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Node.Endpoint, logkeys.Version, d.opts.Node.Version, logkeys.Node, d.opts.Node.ID)
-
-	// The registrar starts only now that NodeGetInfo answers, and stops before
-	// the CSI server so the kubelet deregisters the driver before its socket goes.
-	regCtx, stopReg := context.WithCancel(ctx)
-	regDone := make(chan struct{})
-	if d.opts.Node.RegisterWithKubelet {
-		reg, err := registration.New(registration.Options{
-			DriverName:      d.opts.DriverName,
-			Endpoint:        sock,
-			RegistrationDir: filepath.Join(d.opts.Node.KubeletRootDir, "plugins_registry"),
-			Logger:          log,
-		})
-		if err != nil {
-			stopReg()
-			srv.Stop()
-			return err
-		}
-		go func() {
-			defer close(regDone)
-			if err := reg.Run(regCtx); err != nil {
-				errc <- fmt.Errorf("kubelet registration: %w", err)
-			}
-		}()
-	} else {
-		close(regDone)
-	}
-
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	d.ready.Store(false)
-	stopReg()
-	<-regDone
-	cancel()
-	stopGracefully(srv, 10*time.Second)
-	if removed, uerr := lis.Unlink(); uerr != nil {
-		log.Error(uerr, "Cannot remove CSI socket")
-	} else if !removed {
-		log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Node.Endpoint)
-	}
-	<-gcDone
-	d.refresher.stop()
+	err := runComponents(ctx, log, d.components(log, sock))
 	log.Info("Stopped serving")
 	return err
 }
