@@ -29,7 +29,14 @@ type component struct {
 	stop  func() error
 }
 
-// runComponents starts cs in order and stops them in reverse: when ctx ends,
+// components are what Run starts, in order, and the logger of their
+// failures.
+type components struct {
+	log  klog.Logger
+	list []component
+}
+
+// run starts the components in order and stops them in reverse: when ctx ends,
 // when one fails to start, or when one's run fails. This is the one place a
 // component's failure is handled: it is logged with the component's name,
 // the components started are stopped in reverse, and it is returned. Each
@@ -37,7 +44,8 @@ type component struct {
 // cancellation only while starting), canceled when its turn to stop comes, so a component stops
 // only after every component started after it has stopped. It returns the
 // first error: the failure, else the first error of a stop.
-func runComponents(ctx context.Context, log klog.Logger, cs []component) (err error) {
+func (g components) run(ctx context.Context) (err error) {
+	log, cs := g.log, g.list
 	type failure struct {
 		name string
 		err  error
@@ -106,17 +114,27 @@ func runComponents(ctx context.Context, log klog.Logger, cs []component) (err er
 	return err
 }
 
-// components are what Run starts, in order: the state, the HTTP server
+// components returns what Run starts, in order: the state, the HTTP server
 // (metrics and /healthz answer during the reconcile), the startup reconcile,
 // the runnables (which the refresher and the GC use), the refresher, the
 // orphan GC, the CSI server on sock, the kubelet registrar (once NodeGetInfo
 // answers; it stops first, so the kubelet deregisters the driver before its
 // socket goes), and readiness (set last, cleared first).
-func (d *Driver) components(log klog.Logger, sock string) []component {
-	return []component{
+func (d *Driver) components(log klog.Logger, sock string) components {
+	return components{log, []component{
 		d.stateComponent(log),
 		d.httpComponent(log),
-		{name: "reconcile", start: func(ctx context.Context) error { return d.startupReconcile(ctx, log) }},
+		{name: "reconcile", start: func(ctx context.Context) error {
+			start := time.Now()
+			if err := d.reconcile(ctx); err != nil {
+				return fmt.Errorf("startup reconcile: %w", err)
+			}
+			n, used := d.capacity.snapshot()
+			log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
+			// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
+			_ = d.checkPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
+			return nil
+		}},
 		d.runnablesComponent(log),
 		{
 			name:  "refresher",
@@ -136,7 +154,7 @@ func (d *Driver) components(log klog.Logger, sock string) []component {
 			start: func(context.Context) error { d.ready.Store(true); return nil },
 			stop:  func() error { d.ready.Store(false); return nil },
 		},
-	}
+	}}
 }
 
 // stateComponent opens the state, unless Options.State.Store is set, and
@@ -179,19 +197,6 @@ func (d *Driver) httpComponent(log klog.Logger) component {
 		},
 		stop: func() error { stop(); return nil },
 	}
-}
-
-// startupReconcile reconciles the state with the node and the backends.
-func (d *Driver) startupReconcile(ctx context.Context, log klog.Logger) error {
-	start := time.Now()
-	if err := d.reconcile(ctx); err != nil {
-		return fmt.Errorf("startup reconcile: %w", err)
-	}
-	n, used := d.capacity.snapshot()
-	log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
-	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-	_ = d.checkPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
-	return nil
 }
 
 // runnablesComponent runs the CSIDriver check and Options.Runnables until

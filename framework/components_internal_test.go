@@ -59,7 +59,7 @@ func TestRunComponentsOrder(t *testing.T) {
 		if cancel {
 			cs = append(cs, component{name: "cancel", run: func(context.Context) error { stop(); return nil }})
 		}
-		return runComponents(ctx, log, cs)
+		return components{log, cs}.run(ctx)
 	}
 
 	// ctx ends: all started in order, stopped in reverse, each run ending
@@ -104,11 +104,11 @@ func TestRunComponentsOrder(t *testing.T) {
 func TestRunComponentsStartCanceled(t *testing.T) {
 	log := ktesting.NewLogger(t, ktesting.NewConfig())
 	ctx, cancel := context.WithCancel(t.Context())
-	err := runComponents(ctx, log, []component{{name: "slow", start: func(ctx context.Context) error {
+	err := components{log, []component{{name: "slow", start: func(ctx context.Context) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()
-	}}})
+	}}}}.run(ctx)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("%v, want the start's context.Canceled", err)
 	}
@@ -119,7 +119,7 @@ func TestRunComponentsEndedBeforeStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	tr := &trace{}
-	if err := runComponents(ctx, ktesting.NewLogger(t, ktesting.NewConfig()), []component{tr.traced("a", nil, nil, nil)}); err != nil || len(tr.got) != 0 {
+	if err := (components{ktesting.NewLogger(t, ktesting.NewConfig()), []component{tr.traced("a", nil, nil, nil)}}).run(ctx); err != nil || len(tr.got) != 0 {
 		t.Fatalf("%v %q, want nothing started", err, tr.got)
 	}
 }

@@ -133,7 +133,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	if err := unixsock.CheckNotServed(sock); err != nil {
 		return d.endpointInUse(err)
 	}
-	err := runComponents(ctx, log, d.components(log, sock))
+	err := d.components(log, sock).run(ctx)
 	log.Info("Stopped serving")
 	return err
 }
