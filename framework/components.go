@@ -41,9 +41,10 @@ type components struct {
 // component's failure is handled: it is logged with the component's name,
 // the components started are stopped in reverse, and it is returned. Each
 // component runs under a context of its own (ctx's values, and its
-// cancellation only while starting), canceled when its turn to stop comes, so a component stops
-// only after every component started after it has stopped. It returns the
-// first error: the failure, else the first error of a stop.
+// cancellation only while starting), canceled when its turn to stop comes,
+// so a component stops only after every component started after it has
+// stopped. It returns the first error: the failure, else the first error of
+// a stop. When ctx ends during the startup, no further component starts.
 func (g components) run(ctx context.Context) (err error) {
 	log, cs := g.log, g.list
 	type failure struct {
