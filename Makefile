@@ -43,7 +43,7 @@ NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
 .PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
+        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
 
@@ -59,7 +59,7 @@ run: build
 	$(BIN)/walkthrough --driver $(BIN)/ephemera-scratch --work $(OUT)
 
 ## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
-## manifests, Dockerfile sources, e2e). Each step prints its wall and CPU time (.ci/step), and
+## manifests, the image index built twice and checked, e2e). Each step prints its wall and CPU time (.ci/step), and
 ## the list is repeated at the end (and kept in _output/test-times.txt). The Kubernetes binaries
 ## for e2e build in the background from the start, at the lowest CPU and I/O priority, so they
 ## take only what the steps leave idle; e2e raises the build to normal priority and waits for it
@@ -74,8 +74,12 @@ test:
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
 	  echo "test: building the Kubernetes binaries in the background (log: $(OUT)/build-k8s.log)"; \
 	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-k8s.sh >$(OUT)/build-k8s.log 2>&1 & echo $$! >$(OUT)/build-k8s.pid ); \
-	  trap 'kill -TERM -- -$$(cat $(OUT)/build-k8s.pid) 2>/dev/null; rm -f $(OUT)/build-k8s.pid' EXIT; \
 	fi; \
+	if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then \
+	  echo "test: building containerd 2 beside them (log: $(OUT)/build-containerd.log)"; \
+	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-containerd.sh >$(OUT)/build-containerd.log 2>&1 & echo $$! >$(OUT)/build-containerd.pid ); \
+	fi; \
+	trap 'for b in k8s containerd; do [ -f $(OUT)/build-$$b.pid ] && kill -TERM -- -$$(cat $(OUT)/build-$$b.pid) 2>/dev/null; rm -f $(OUT)/build-$$b.pid; done' EXIT; \
 	t0=$$(date +%s); rc=0; beside=; \
 	for s in $(TEST_STEPS); do \
 	  if [ "$$s" = e2e ] && [ -n "$(TEST_BESIDE_E2E)" ]; then \
@@ -91,7 +95,7 @@ test:
 	  echo "--- beside e2e: $(TEST_BESIDE_E2E)"; cat $(OUT)/beside-e2e.log; \
 	fi; \
 	echo "make test: $$(( $$(date +%s) - t0 ))s"; cat $(OUT)/test-times.txt; \
-	grep -h '^build-k8s: built' $(OUT)/build-k8s.log 2>/dev/null | sed 's/^/background /'; exit $$rc
+	grep -h -e '^build-k8s: built' -e '^build-containerd: built' $(OUT)/build-k8s.log $(OUT)/build-containerd.log 2>/dev/null | sed 's/^/background /'; exit $$rc
 
 ## deps: the Debian packages make test needs (containerd, runc, mkfs, losetup, protoc; root; a no-op when present)
 deps:
@@ -144,17 +148,23 @@ E2E_FULLNODE_COMPARE ?=
 # pins one patch release (test/e2e/README.md, "Kubernetes versions"). build-k8s.sh refuses any other.
 K8S_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' test/e2e/k8s/go.mod)
 export K8S_VERSION
+# CONTAINERD: the containerd of e2e's containerd runtime: 2 (default), the release test/e2e/containerd/go.mod
+# pins (v2.4.2), built from the Go module proxy by test/e2e/build-containerd.sh (cached, and in make test beside
+# the Kubernetes build), or 1.6, Debian 12's package (install-deps.sh). runc is Debian's for both.
+CONTAINERD ?= 2
 
-## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) once, cached;
-## make e2e K8S_VERSION=v1.35.4 for another supported release), with the image's driver binary
+## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) and containerd 2
+## once, cached; make e2e K8S_VERSION=v1.35.4 for another supported release, CONTAINERD=1.6 for Debian's containerd),
+## with the image's driver binary
 ## (build-static); the harness builds testbin and the registrar with the images' flags (STATICFLAGS).
 e2e: build-static
 	@test/e2e/build-k8s.sh --check
 	test/e2e/install-deps.sh
-	@if [ -f $(OUT)/build-k8s.pid ]; then pg=$$(cat $(OUT)/build-k8s.pid); \
-	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; true; fi
+	@for b in k8s containerd; do if [ -f $(OUT)/build-$$b.pid ]; then pg=$$(cat $(OUT)/build-$$b.pid); \
+	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; fi; done; true
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
-	EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
+	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
+	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
@@ -214,7 +224,7 @@ cross: cross-test-windows
 	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
-## verify: gofmt clean, go.mod tidy, every module file of test/e2e/k8s verified (go mod verify), no tracked
+## verify: gofmt clean, go.mod tidy, every module file of test/e2e/k8s and test/e2e/containerd verified (go mod verify), no tracked
 ## file over 1 MiB and every main package's go build output ignored (.ci/check-tree)
 verify: proto-check verify-e2e-modules
 	.ci/check-tree
@@ -223,10 +233,11 @@ verify: proto-check verify-e2e-modules
 	  if ! diff -q go.mod /tmp/go.mod.bak >/dev/null || ! diff -q go.sum /tmp/go.sum.bak >/dev/null; then \
 	    echo "go.mod/go.sum not tidy (run go mod tidy)"; cp /tmp/go.mod.bak go.mod; cp /tmp/go.sum.bak go.sum; exit 1; fi
 
-## verify-e2e-modules: go mod verify for each Kubernetes module file of test/e2e/k8s (go.mod, v1.*.mod):
-## the downloaded modules each pins are the ones its .sum names
+## verify-e2e-modules: go mod verify for each Kubernetes module file of test/e2e/k8s (go.mod, v1.*.mod) and for
+## test/e2e/containerd: the downloaded modules each pins are the ones its .sum names
 verify-e2e-modules:
 	@cd test/e2e/k8s && for m in go.mod v1.*.mod; do echo "go mod verify -modfile=$$m"; $(GO) mod verify -modfile=$$m || exit 1; done
+	@cd test/e2e/containerd && echo "go mod verify (test/e2e/containerd)" && $(GO) mod verify
 
 ## bench: the latency table against the raw-syscall floor, the kubelet-shaped comparison with a
 ## stateless reference driver (ratios), the overhead of a plugin process over the same backend in process
@@ -253,9 +264,20 @@ manifests:
 chart-readme:
 	cd test/manifests && $(GO) run ./cmd/chart-readme
 
-IMAGE_REPO       ?= ghcr.io/ephemera-csi/ephemera-scratch
-IMAGE_TAG        ?= $(VERSION)
-CONTAINER_ENGINE ?= docker
+# The image (deploy/images, its own module; docs/operations.md, "The image"): an OCI layout
+# of linux/amd64, linux/arm64 and windows/amd64 (HostProcess) with an SBOM each, built without a
+# container engine. Every timestamp is the commit's (SOURCE_DATE_EPOCH); the Debian packages of the
+# Linux images are the ones deploy/images/debian.pins names, fetched once into IMAGE_CACHE.
+IMAGE_OUT        ?= $(OUT)/image
+IMAGE_CACHE      ?= $(if $(filter 0,$(shell id -u)),/var/cache/ephemera-image,$(HOME)/.cache/ephemera-image)
+IMAGE_SOURCE     ?= https://github.com/ephemera-csi/ephemera
+DEBIAN_MIRROR    ?= http://deb.debian.org/debian
+DEBIAN_SECURITY_MIRROR ?= http://deb.debian.org/debian-security
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+IMAGE_BINS        = -bin linux/amd64=$(CURDIR)/$(BIN)/ephemera-scratch -bin linux/arm64=$(CURDIR)/$(BIN)/linux-arm64/ephemera-scratch \
+                    -bin windows/amd64=$(CURDIR)/$(BIN)/ephemera-scratch.exe
+IMAGE_FLAGS       = -pins debian.pins -mirror $(DEBIAN_MIRROR) -cache $(IMAGE_CACHE)/debs $(IMAGE_BINS) \
+                    -version $(VERSION) -revision $(COMMIT) -source $(IMAGE_SOURCE) -source-date-epoch $(SOURCE_DATE_EPOCH)
 
 ## build-static: the scratch driver as a static, stripped Linux binary (CGO_ENABLED=0) for the image
 build-static:
@@ -286,15 +308,36 @@ cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
 	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
-## image-check: every COPY source of deploy/images/Dockerfile.* and examples/plugin-node/Dockerfile exists after the
-## builds (no container engine needed; Dockerfile.driver, the template for an author's driver, copies the whole context)
-image-check: build-static build-windows
-	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver \
-	  $(NODE_EXAMPLE)/Dockerfile
+## build-static-arm64: the same for linux/arm64 (_output/bin/linux-arm64/ephemera-scratch; cross-compiled, CGO_ENABLED=0)
+build-static-arm64:
+	GOOS=linux GOARCH=arm64 $(GOSTATIC) build $(STATICFLAGS) -ldflags "$(SHIP_LDFLAGS)" -o $(BIN)/linux-arm64/ephemera-scratch ./drivers/scratch
 
-## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
-image: image-check
-	$(CONTAINER_ENGINE) build -f deploy/images/Dockerfile.linux -t $(IMAGE_REPO):$(IMAGE_TAG) .
+## image: the image index of the scratch driver as an OCI layout in _output/image (linux/amd64, linux/arm64,
+## windows/amd64 HostProcess; a CycloneDX SBOM per platform in the index and in _output/image.sbom/), no container
+## engine; prints the index digest (also in _output/image.digest). Push it with any OCI tool, e.g.
+## `skopeo copy --all oci:_output/image:$(VERSION) docker://REGISTRY/ephemera-scratch:$(VERSION)`
+image: build-static build-static-arm64 build-windows
+	cd deploy/images && $(GOSTATIC) run -trimpath . build $(IMAGE_FLAGS) -out $(CURDIR)/$(IMAGE_OUT) -digest-file $(CURDIR)/$(IMAGE_OUT).digest
+
+## image-push: push make image's index (all platforms and SBOMs) to IMAGE_REPO:$(VERSION), with the credentials of
+## ~/.docker/config.json (no container engine; make image-push IMAGE_REPO=registry.example.com/ephemera-scratch)
+image-push:
+	@test -n "$(IMAGE_REPO)" || { echo "image-push: set IMAGE_REPO (e.g. registry.example.com/ephemera-scratch)"; exit 2; }
+	cd deploy/images && $(GOSTATIC) run -trimpath . push -layout $(CURDIR)/$(IMAGE_OUT) -to $(IMAGE_REPO):$(VERSION)
+
+## image-pins: refresh deploy/images/debian.pins to the newest bookworm packages (run it when make image says a
+## pinned .deb is gone from the mirror, then commit the file)
+image-pins:
+	cd deploy/images && $(GO) run . pins -pins debian.pins -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR)
+
+## image-check: make image, then deploy/images' tests against it: every ELF's DT_NEEDED resolves inside its layer,
+## the layers' drivers are the builds' (sha256), annotations, user and SBOMs, and a second build from the same inputs
+## gives the same index digest; and every COPY source of the authors' template deploy/images/Dockerfile.driver and
+## of examples/plugin-node/Dockerfile exists (no container engine needed)
+image-check: image
+	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) EPHEMERA_IMAGE_BUILD_FLAGS='$(IMAGE_FLAGS)' \
+	  $(GOSTATIC) test -trimpath -count=1 ./...
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.driver $(NODE_EXAMPLE)/Dockerfile
 
 clean:
 	rm -rf $(OUT)

@@ -107,7 +107,7 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 // otherVolumesTarget reports whether p (a mount point as the mount table
 // shows it) is the target of an inline volume other than id.
 func (d *Driver) otherVolumesTarget(p, id string) bool {
-	for _, root := range []string{d.opts.KubeletRootDir, d.realRoot()} {
+	for _, root := range []string{d.opts.Node.KubeletRootDir, d.realRoot()} {
 		if t, err := volume.ParseTarget(root, p, isWindows); err == nil {
 			return t.Handle() != id
 		}
@@ -118,10 +118,10 @@ func (d *Driver) otherVolumesTarget(p, id string) bool {
 // realRoot is the kubelet root with symbolic links resolved, as the mount
 // table shows paths below it.
 func (d *Driver) realRoot() string {
-	if r, err := filepath.EvalSymlinks(d.opts.KubeletRootDir); err == nil {
+	if r, err := filepath.EvalSymlinks(d.opts.Node.KubeletRootDir); err == nil {
 		return r
 	}
-	return d.opts.KubeletRootDir
+	return d.opts.Node.KubeletRootDir
 }
 
 // publishOverMount handles a first publish whose target is already a mount
@@ -132,7 +132,7 @@ func (d *Driver) realRoot() string {
 // is false when the target is not a mount point.
 func (d *Driver) publishOverMount(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, handled bool, err error) {
 	v := pr.vol
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	mounted, err := d.mounter.IsMountPoint(root, v.TargetPath)
 	if err != nil {
 		if errors.Is(err, mount.ErrSymlink) {
@@ -239,7 +239,7 @@ func needsIntent(b Backend) bool {
 // readVolData reads the kubelet's vol_data.json beside target (resolved
 // beneath the kubelet root) and returns its driver name and volume handle.
 func (d *Driver) readVolData(target string) (driver, handle string, err error) {
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, filepath.Dir(target))
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, filepath.Dir(target))
 	if err != nil {
 		return "", "", err
 	}
@@ -264,7 +264,7 @@ func (d *Driver) readVolData(target string) (driver, handle string, err error) {
 // according to the kubelet: its vol_data.json names this driver and the handle
 // derived from the target. It returns the parsed target and the handle.
 func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
-	pt, err := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
+	pt, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
 	if err != nil {
 		return volume.Target{}, "", false
 	}
@@ -280,7 +280,7 @@ func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
 // kubelet has on this node (pods/*/volumes/kubernetes.io~csi/*/vol_data.json)
 // to their targets.
 func (d *Driver) volDataIndex() (map[string]string, error) {
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	podsDir := filepath.Join(root, volume.PodsDir)
 	r, err := d.mounter.OpenTarget(root, podsDir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -322,8 +322,8 @@ func (d *Driver) volDataIndex() (map[string]string, error) {
 // target (the mount table, or links on Windows) but has no record: the state
 // was lost while pods used the volumes.
 func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) error {
-	log := d.opts.Logger.WithName("reconcile")
-	root := d.opts.KubeletRootDir
+	log := d.opts.Observability.Logger.WithName("reconcile")
+	root := d.opts.Node.KubeletRootDir
 	targets, err := d.mounter.Published(root)
 	if err != nil {
 		return fmt.Errorf("listing published targets: %w", err)
@@ -395,7 +395,7 @@ func (d *Driver) adoptPublished(ctx context.Context, known map[string]bool) erro
 // every piece of storage has a record afterwards, the area is stamped with the
 // store's identity.
 func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, known map[string]bool, index func() (map[string]string, error)) (failed []error) {
-	log := d.opts.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
+	log := d.opts.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
 	lister, ok := As[Lister](b)
 	if !ok {
 		return nil
@@ -428,7 +428,7 @@ func (d *Driver) adoptInventory(ctx context.Context, name string, b Backend, kno
 			continue
 		}
 		if t, ok := idx[id]; ok {
-			pt, _ := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
+			pt, _ := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
 			rec := d.rebuiltRecord(id, name, store.PhasePublished)
 			rec.VolumeName, rec.TargetPath, rec.Pod = pt.VolumeName, t, api.Pod{UID: pt.PodUID}
 			if err := d.keep(ctx, rec); err != nil {

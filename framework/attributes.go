@@ -9,7 +9,7 @@ import (
 )
 
 // AttributeDeclarer is implemented by backends that accept volume attributes:
-// Attributes declares them, as Options.Attributes declares the driver's
+// Attributes declares them, as Options.Volumes.AcceptedAttributes declares the driver's
 // (api.Attributes; api.ModeAttr, api.UIDAttr and api.GIDAttr for a root
 // directory's mode and owner). The framework applies the declaration before
 // the backend's Validate (api.Attributes.Apply): a key neither the backend,
@@ -17,7 +17,7 @@ import (
 // accepted key, the declared ones are parsed (every problem reported at once)
 // into Volume.Values and taken out of Volume.Params. Validate is left with the
 // checks that need more than one attribute or the size. The declaration must
-// pass api.Attributes.Check and may not repeat a key of Options.Attributes.
+// pass api.Attributes.Check and may not repeat a key of Options.Volumes.AcceptedAttributes.
 type AttributeDeclarer interface {
 	Attributes() api.Attributes
 }

@@ -19,7 +19,7 @@ func TestNewRefusesDeclarationConflicts(t *testing.T) {
 	_, err = framework.New(framework.Options{
 		DriverName: "conflict.csi.ephemera.dev",
 		Backends:   map[string]framework.Backend{"tmpfs": mem},
-		Attributes: api.Attributes{api.StringAttr("app"), api.EnumAttr(api.ParamMode, "ro", "rw")},
+		Volumes:    framework.VolumeOptions{AcceptedAttributes: api.Attributes{api.StringAttr("app"), api.EnumAttr(api.ParamMode, "ro", "rw")}},
 	})
 	if err == nil || !strings.Contains(err.Error(), `attribute "mode" is backend "tmpfs"'s`) || strings.Contains(err.Error(), `"app"`) {
 		t.Errorf("New with a driver attribute %q beside tmpfs = %v, want a refusal naming it and the backend", api.ParamMode, err)

@@ -30,7 +30,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
 	defer cancel()
 	log := klog.FromContext(ctx).WithValues(logkeys.Backend, pr.vol.Backend)
 	ctx = klog.NewContext(ctx, log)
@@ -71,7 +71,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // repaired.
 func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
 	log := klog.FromContext(ctx)
-	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
+	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return nil, transient(fmt.Errorf("checking target: %w", err))
 	}
@@ -120,7 +120,7 @@ func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[stri
 		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
 	if err := d.mountAndFill(ctx, pr, src); err != nil {
-		if uerr := d.mounter.Unmount(d.opts.KubeletRootDir, v.TargetPath); uerr != nil {
+		if uerr := d.mounter.Unmount(d.opts.Node.KubeletRootDir, v.TargetPath); uerr != nil {
 			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
 		}
 		return api.Source{}, err
@@ -141,7 +141,7 @@ func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *st
 	if err != nil {
 		return nil, err
 	}
-	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, full.TargetPath)
+	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
 	if err != nil {
 		return nil, transient(fmt.Errorf("checking target: %w", err))
 	}
@@ -175,7 +175,7 @@ func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *st
 func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
 	v := pr.vol
 	v.State = state
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	if v.ReadOnly && d.fills(v) {
 		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable to finish its publish: %w", err)
@@ -294,12 +294,12 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 // applies read-only.
 func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.Source) error {
 	v := pr.vol
-	if err := d.mounter.MakeTarget(d.opts.KubeletRootDir, v.TargetPath); err != nil {
+	if err := d.mounter.MakeTarget(d.opts.Node.KubeletRootDir, v.TargetPath); err != nil {
 		return fmt.Errorf("creating target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMkdir)
-	src.MountOptions = d.opts.MountOptions[v.Backend] // the operator's, never a backend's
-	if err := d.mounter.Mount(d.opts.KubeletRootDir, src, v.TargetPath); err != nil {
+	src.MountOptions = d.opts.Volumes.MountOptions[v.Backend] // the operator's, never a backend's
+	if err := d.mounter.Mount(d.opts.Node.KubeletRootDir, src, v.TargetPath); err != nil {
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
@@ -308,7 +308,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); err != nil {
 			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}
@@ -344,7 +344,7 @@ func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 // so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
 // kubelet leaves this to the driver and never walks the volume itself.
 func (d *Driver) applyFSGroup(target string, gid int) error {
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, target)
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, target)
 	if err != nil {
 		return err
 	}
@@ -369,7 +369,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if req.GetTargetPath() == "" {
 		return nil, invalidArgf("target_path is required")
 	}
-	t, err := volume.ParseTarget(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
 		return nil, invalidArgf("%v", err)
 	}
@@ -381,7 +381,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
 	defer cancel()
 
 	rec, err := d.store.Get(ctx, id)
@@ -417,11 +417,11 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 
 // unpublishTarget unmounts everything at target and removes the directory.
 func (d *Driver) unpublishTarget(target string) error {
-	if err := d.mounter.Unmount(d.opts.KubeletRootDir, target); err != nil {
+	if err := d.mounter.Unmount(d.opts.Node.KubeletRootDir, target); err != nil {
 		return fmt.Errorf("unmounting target: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterUnmount)
-	if err := d.mounter.RemoveTarget(d.opts.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := d.mounter.RemoveTarget(d.opts.Node.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing target directory: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterRemoveDir)

@@ -34,7 +34,7 @@ import (
 // NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
 // store fails the startup. Nothing is ever deleted because a record is missing.
 func (d *Driver) reconcile(ctx context.Context) error {
-	log := d.opts.Logger.WithName("reconcile")
+	log := d.opts.Observability.Logger.WithName("reconcile")
 	recs, err := d.store.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing volume records: %w", err)
@@ -49,7 +49,7 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		case store.PhaseUnclaimed:
 			continue
 		case store.PhasePublished:
-			mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
+			mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 			if err != nil {
 				vlog.Error(err, "Checking target of published volume")
 			} else if !mounted {

@@ -64,7 +64,7 @@ func (r *refresher) start(ctx context.Context) {
 	r.mu.Lock()
 	r.ctx = ctx
 	r.mu.Unlock()
-	if iv := r.d.opts.RefreshInterval; iv > 0 && r.d.anyContent() {
+	if iv := r.d.opts.Volumes.RefreshInterval; iv > 0 && r.d.anyContent() {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -223,7 +223,7 @@ func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
 
 // refreshOne is a driver-initiated refresh of one volume.
 func (d *Driver) refreshOne(ctx context.Context, id string) {
-	log := d.opts.Logger.WithValues(logkeys.VolumeID, id)
+	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
 	if !d.locks.TryAcquire(id) {
 		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
 		return
@@ -251,7 +251,7 @@ func (d *Driver) refreshOne(ctx context.Context, id string) {
 		// until its next publish, which refreshes the content itself.
 		return
 	}
-	if mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
+	if mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
 		return // the next republish repairs it, with fresh content
 	}
 	v := d.fromRecord(rec)
@@ -296,11 +296,11 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 	}
 	defer release()
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, false); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable for the refresh: %w", err)
 		}
 		defer func() {
-			if rerr := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); rerr != nil {
+			if rerr := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); rerr != nil {
 				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
 			}
 		}()
@@ -319,7 +319,7 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 	if cp == nil {
 		return nil, release, fmt.Errorf("backend %s has no content provider", v.Backend)
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Volumes.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
 		if release, err = d.contentBudget.reserve(ctx, cb.ContentLimits().MaxBytes); err != nil {
@@ -346,7 +346,7 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	if cb, ok := d.contentFor(v.Backend).(ContentBounder); ok {
 		opts.Limits = cb.ContentLimits()
 	}
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, v.TargetPath)
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, v.TargetPath)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
@@ -386,12 +386,12 @@ func (d *Driver) anyContent() bool {
 }
 
 // authorizers returns what approves a first publish of a volume of the named
-// backend: Options.Authorizer, then the backend itself when it is an
+// backend: Options.Volumes.Authorizer, then the backend itself when it is an
 // Authorizer. Each must approve.
 func (d *Driver) authorizers(backend string) []Authorizer {
 	var as []Authorizer
-	if d.opts.Authorizer != nil {
-		as = append(as, d.opts.Authorizer)
+	if d.opts.Volumes.Authorizer != nil {
+		as = append(as, d.opts.Volumes.Authorizer)
 	}
 	if a, ok := As[Authorizer](d.opts.Backends[backend]); ok {
 		as = append(as, a)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"flag"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/client-go/kubernetes/fake"
@@ -29,7 +31,7 @@ func TestFlags(t *testing.T) {
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "mount-options", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-timeout",
-		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint",
+		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint", "windows-mode",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("flags %q, want %q", names, want)
@@ -40,7 +42,7 @@ func TestFlags(t *testing.T) {
 	}
 	for name, def := range map[string]string{
 		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
-		"tmpfs-max-inodes": "1048576", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
+		"tmpfs-max-inodes": "1048576", "windows-mode": "hostprocess", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
 	} {
 		if got := fs.Lookup(name).DefValue; got != def {
 			t.Errorf("--%s defaults to %q, want %q", name, got, def)
@@ -60,7 +62,7 @@ func TestFlags(t *testing.T) {
 		c.api != (apiFlags{events: true, gcConfirm: true, kubeconfig: "k"}) {
 		t.Errorf("parsed %+v %+v %+v %+v %+v %q %q %q", c.tmpfs, c.dir, c.loop, c.vhdx, c.api, c.backends, c.maxVolumeSize, c.capacity)
 	}
-	if c.opts.NodeID != "n" || c.opts.DriverName != DriverName {
+	if c.opts.Node.ID != "n" || c.opts.DriverName != DriverName {
 		t.Errorf("options %+v", c.opts)
 	}
 }
@@ -76,33 +78,56 @@ func TestAddComponents(t *testing.T) {
 		pods:       clientset.CoreV1().Pods(""),
 		csiDrivers: csiDrivers,
 	}
-	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}
-	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || opts.CSIDrivers != nil || len(opts.Runnables) != 0 {
+	opts := framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Observability.Events != nil || opts.GC.Pods != nil || opts.Observability.CSIDrivers != nil || len(opts.Runnables) != 0 {
 		t.Fatalf("without flags: %v, %+v", err, opts)
 	}
 	if err := (apiFlags{events: true, gcConfirm: true}).addComponents(&opts, client); err != nil {
 		t.Fatal(err)
 	}
-	rec, ok := opts.Events.(*events.Recorder)
+	rec, ok := opts.Observability.Events.(*events.Recorder)
 	if !ok {
-		t.Fatalf("Events is %T, want an *events.Recorder", opts.Events)
+		t.Fatalf("Events is %T, want an *events.Recorder", opts.Observability.Events)
 	}
-	pods, ok := opts.Pods.(*kube.Pods)
+	pods, ok := opts.GC.Pods.(*kube.Pods)
 	if !ok {
-		t.Fatalf("Pods is %T, want a *kube.Pods", opts.Pods)
+		t.Fatalf("Pods is %T, want a *kube.Pods", opts.GC.Pods)
 	}
 	if len(opts.Runnables) != 2 || opts.Runnables[0] != rec || opts.Runnables[1] != pods {
 		t.Errorf("Runnables %v, want the recorder and the pod informer", opts.Runnables)
 	}
-	if opts.CSIDrivers != csiDrivers {
-		t.Errorf("CSIDrivers %v, want the API client (the startup check of the CSIDriver object)", opts.CSIDrivers)
+	if opts.Observability.CSIDrivers != csiDrivers {
+		t.Errorf("CSIDrivers %v, want the API client (the startup check of the CSIDriver object)", opts.Observability.CSIDrivers)
 	}
 	// Either flag gives API access, and the check.
-	opts = framework.Options{DriverName: DriverName, NodeID: "node-1"}
-	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.CSIDrivers != csiDrivers {
-		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.CSIDrivers)
+	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.Observability.CSIDrivers != csiDrivers {
+		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.Observability.CSIDrivers)
 	}
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)
+	}
+}
+
+func TestCSIProxyModeRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		backends string
+		plugins  int
+		want     string // "" for no error
+	}{
+		{"dir", 0, ""},
+		{" dir ,", 0, ""},
+		{"dir,vhdx", 0, "vhdx needs --windows-mode=hostprocess: csi-proxy v1 cannot create or attach a VHDX"},
+		{"tmpfs", 0, `"tmpfs" is not available with --windows-mode=csi-proxy`},
+		{"dir", 1, "--plugin is not available with --windows-mode=csi-proxy"},
+	} {
+		err := csiProxyRefuses(tc.backends, tc.plugins)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("csiProxyRefuses(%q, %d) = %v, want %q", tc.backends, tc.plugins, err, tc.want)
+		}
+	}
+	if got, want := csiProxyDirRoot(filepath.FromSlash("/var/lib/kubelet"), DriverName),
+		filepath.FromSlash("/var/lib/kubelet/plugins/"+DriverName+"/volumes"); got != want {
+		t.Errorf("csiProxyDirRoot = %s, want %s", got, want)
 	}
 }

@@ -70,7 +70,7 @@ func TestGreeterPlugin(t *testing.T) {
 	t.Cleanup(func() { backend.Close() })
 	h := drivertest.Start(t, framework.Options{
 		DriverName: driverName,
-		NodeID:     "node-1",
+		Node:       framework.NodeOptions{ID: "node-1"},
 		Backends:   map[string]framework.Backend{"greeter": backend},
 	})
 	k := h.Kubelet

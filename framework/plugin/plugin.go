@@ -26,6 +26,7 @@ import (
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
@@ -121,7 +122,7 @@ type Options struct {
 	// MaxContentBytes bounds one Content answer, as content.Cost counts it:
 	// its data, its paths and content.FileOverhead per file, so that many
 	// small files cost what they take in memory. The driver reserves it from
-	// framework.Options.ContentBytesInFlight for each call, and New of the
+	// framework.Options.Volumes.ContentBytesInFlight for each call, and New of the
 	// framework refuses a bound beyond that budget. Default
 	// DefaultMaxContentBytes.
 	MaxContentBytes int
@@ -241,7 +242,7 @@ func New(opts Options) (*Backend, error) {
 // ContentLimits are the bounds of one Content answer (Options.MaxContentBytes
 // and MaxContentFiles, the content package's bounds on paths): the codec
 // checks an answer against them before decoding it, the driver reserves
-// their MaxBytes of framework.Options.ContentBytesInFlight for each call and
+// their MaxBytes of framework.Options.Volumes.ContentBytesInFlight for each call and
 // writes the files under them (framework.ContentBounder).
 func (b *Backend) ContentLimits() content.Limits {
 	return content.Limits{MaxFiles: b.opts.MaxContentFiles, MaxBytes: int64(b.opts.MaxContentBytes)}.WithDefaults()
@@ -722,12 +723,18 @@ func (b *Backend) Authorize(ctx context.Context, v *api.Volume) error {
 	return nil
 }
 
-// callError turns a failed call into an error wrapping the api sentinel of
-// its code, naming the plugin. Codes that say the plugin changed (it is gone,
-// or does not know the call) drop the handshake.
+// callError turns a failed call into an error naming the plugin. An answer
+// with a kind (a pluginserver's: errkind.WireStatus) wraps the kind's
+// sentinel, so that the framework gives it the code it has in process; an
+// answer without one (an older plugin, one in another language, a refusal of
+// the protocol) wraps the api sentinel of its code. Codes that say the plugin
+// changed (it is gone, or does not know the call) drop the handshake.
 func (b *Backend) callError(method string, err error) error {
 	st, _ := status.FromError(err)
 	msg := clip(st.Message())
+	if kind, ok := errkind.FromWire(st); ok {
+		return &remoteError{msg: fmt.Sprintf("%s (plugin %s)", msg, b.opts.Name), kind: kind}
+	}
 	var kind error
 	switch st.Code() {
 	case codes.InvalidArgument:
@@ -757,6 +764,16 @@ func (b *Backend) callError(method string, err error) error {
 	}
 	return fmt.Errorf("%w: %s (plugin %s)", kind, msg, b.opts.Name)
 }
+
+// remoteError is a plugin's error of a known kind: the plugin's message, and
+// the kind's sentinel (or the backend's own gRPC status) to match.
+type remoteError struct {
+	msg  string
+	kind error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.kind }
 
 // garbage is the error for an answer that breaks the protocol.
 func (b *Backend) garbage(method, format string, args ...any) error {

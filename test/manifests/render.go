@@ -80,9 +80,14 @@ func Targets() []Target {
 		{Name: "kustomize-linux", Kustomize: "deploy/overlays/linux"},
 		{Name: "kustomize-linux-embedded-registrar", Kustomize: "deploy/overlays/linux-embedded-registrar"},
 		{Name: "kustomize-windows-hostprocess", Kustomize: "deploy/overlays/windows-hostprocess"},
+		{Name: "kustomize-windows-csi-proxy", Kustomize: "deploy/overlays/windows-csi-proxy"},
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+		// The chart's Windows node plugin alone (the Linux one off), in each mode:
+		// TestHelmWindowsEqualsOverlays keeps them equal to the kustomize overlays.
+		{Name: "helm-windows-hostprocess", HelmValues: map[string]any{"linux": map[string]any{"enabled": false}, "windows": map[string]any{"enabled": true}}},
+		{Name: "helm-windows-csi-proxy", HelmValues: map[string]any{"linux": map[string]any{"enabled": false}, "windows": map[string]any{"enabled": true, "mode": "csi-proxy"}}},
 		{Name: "kustomize-linux-plugin-sidecar", Kustomize: "deploy/overlays/linux-plugin-sidecar"},
 		{Name: "kustomize-plugin-daemonset", Kustomize: "deploy/plugin-daemonset"},
 		{Name: "helm-plugins", HelmValues: PluginValues()},
@@ -157,6 +162,13 @@ func Kustomize(dir string) ([]byte, error) {
 // That is what `helm install` applies.
 func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
 	return helm(chartDir, "ephemera-scratch", values, ns, false)
+}
+
+// HelmRelease is `helm template release chartDir --namespace ns --skip-tests` with
+// values (validated against values.schema.json): what `helm install release` would
+// apply. The authors' path without helm (cmd/render -chart, docs/authors.md).
+func HelmRelease(chartDir, release, ns string, values map[string]any) ([]byte, error) {
+	return helm(chartDir, release, values, ns, false)
 }
 
 // HelmTests renders only the chart's `helm test` hooks (templates/tests/).
