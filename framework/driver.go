@@ -80,6 +80,13 @@ func New(opts Options) (*Driver, error) {
 			VendorVersion: opts.Version,
 		},
 	}
+	if d.mounter == nil && opts.WindowsMode == WindowsCSIProxy {
+		m, err := mount.NewCSIProxy(mount.CSIProxyOptions{})
+		if err != nil {
+			return nil, err
+		}
+		d.mounter = m
+	}
 	if d.mounter == nil {
 		d.mounter = mount.New()
 	}

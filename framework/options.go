@@ -203,9 +203,38 @@ type Options struct {
 	// mount.New() (mount(2) on Linux, directory symlinks on Windows); unit tests
 	// pass mount.NewFake().
 	Mounter mount.Interface
+	// WindowsMode is how the driver reaches the host on Windows when Mounter
+	// is nil: WindowsHostProcess (a HostProcess container that links
+	// directories itself: mount.New()) or WindowsCSIProxy (an ordinary
+	// Windows container; every change on the host is a call to csi-proxy v1
+	// over its named pipe: mount.NewCSIProxy). A driver whose backends must
+	// create their storage through csi-proxy too (the dir backend's Host)
+	// builds the mount.CSIProxy itself and passes it as Mounter. Defaults
+	// to WindowsHostProcess; WindowsCSIProxy without a Mounter is refused on
+	// other systems (there are no named pipes).
+	WindowsMode WindowsMode
 	// Store holds the per-volume state. Defaults to a bbolt file at
 	// <StateDir>/state.db; unit tests may pass memstore.New().
 	Store store.Store
+}
+
+// WindowsMode is Options.WindowsMode.
+type WindowsMode string
+
+// The values of Options.WindowsMode (and of the scratch driver's
+// --windows-mode).
+const (
+	WindowsHostProcess WindowsMode = "hostprocess"
+	WindowsCSIProxy    WindowsMode = "csi-proxy"
+)
+
+// ParseWindowsMode returns the WindowsMode s names.
+func ParseWindowsMode(s string) (WindowsMode, error) {
+	switch m := WindowsMode(s); m {
+	case WindowsHostProcess, WindowsCSIProxy:
+		return m, nil
+	}
+	return "", fmt.Errorf("windows mode %q is neither %q nor %q", s, WindowsHostProcess, WindowsCSIProxy)
 }
 
 // Options.MaxVolumeSize's default, and its value for no cap.
@@ -235,6 +264,9 @@ func DefaultStateDir(driverName string) string {
 func (o *Options) setDefaults() {
 	if o.Version == "" {
 		o.Version = "dev"
+	}
+	if o.WindowsMode == "" {
+		o.WindowsMode = WindowsHostProcess
 	}
 	if o.KubeletRootDir == "" {
 		o.KubeletRootDir = defaultKubeletRoot
@@ -291,6 +323,11 @@ func (o *Options) setDefaults() {
 
 func (o *Options) validate() error {
 	var errs []error
+	if _, err := ParseWindowsMode(string(o.WindowsMode)); err != nil {
+		errs = append(errs, fmt.Errorf("option WindowsMode: %w", err))
+	} else if o.WindowsMode == WindowsCSIProxy && o.Mounter == nil && !isWindows {
+		errs = append(errs, errors.New("option WindowsMode csi-proxy needs Windows (csi-proxy's named pipes), or a Mounter (mount.NewCSIProxy with a Dial)"))
+	}
 	if o.DriverName == "" {
 		errs = append(errs, errors.New("DriverName is required"))
 	} else if err := validateDriverName(o.DriverName); err != nil {

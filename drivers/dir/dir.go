@@ -39,6 +39,26 @@ type Options struct {
 	// Defaults to false: "size" is refused with a message naming hard-limit
 	// backends.
 	AllowSoftSize bool
+	// Host, when set, creates and removes the volume directories (and Root)
+	// instead of the os package: on a Windows node without HostProcess it is
+	// the csi-proxy seam (*mount.CSIProxy), and Root must then lie below
+	// csi-proxy's working directories (the kubelet root). The attributes
+	// "mode", "uid" and "gid" are then refused (csi-proxy v1 creates
+	// directories with its own account's rights and has no call to change
+	// them). The stamp file in Root is still written by the driver itself.
+	// Defaults to nil: the os package.
+	Host Host
+}
+
+// Host creates and removes directories on the node for the backend (see
+// Options.Host).
+type Host interface {
+	// Mkdir creates path and its missing parents; an existing directory is
+	// not an error.
+	Mkdir(ctx context.Context, path string) error
+	// RemoveAll removes path and everything in it, following no link; a
+	// missing path is not an error.
+	RemoveAll(ctx context.Context, path string) error
 }
 
 // Backend implements framework.Backend, framework.Validator, framework.Lister,
@@ -55,7 +75,11 @@ func New(opts Options) (*Backend, error) {
 
 // Validate checks the attributes.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := v.Params.Only(ParamMode, ParamUID, ParamGID); err != nil {
+	if b.opts.Host != nil {
+		if err := v.Params.Only(); err != nil {
+			return fmt.Errorf("%w (the dir backend behind csi-proxy has no mode, uid or gid: csi-proxy v1 cannot set them)", err)
+		}
+	} else if err := v.Params.Only(ParamMode, ParamUID, ParamGID); err != nil {
 		return err
 	}
 	if v.FSType != "" {
@@ -87,10 +111,16 @@ func (b *Backend) path(id string) (string, error) {
 }
 
 // Create makes the volume's directory; an existing one is kept (idempotent).
-func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
+func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
 	p, err := b.path(v.ID)
 	if err != nil {
 		return api.Source{}, err
+	}
+	if b.opts.Host != nil {
+		if err := b.opts.Host.Mkdir(ctx, p); err != nil {
+			return api.Source{}, err
+		}
+		return api.Source{Path: p}, nil
 	}
 	mode, uid, gid, err := b.owner(v)
 	if err != nil {
@@ -122,6 +152,9 @@ func (b *Backend) Delete(ctx context.Context, v *api.Volume) error {
 	if err != nil {
 		return err
 	}
+	if b.opts.Host != nil {
+		return b.opts.Host.RemoveAll(ctx, p)
+	}
 	return removeAll(ctx, p)
 }
 
@@ -148,7 +181,14 @@ func (b *Backend) Find(_ context.Context, v *api.Volume) (api.Source, error) {
 func (b *Backend) Stamp(context.Context) (string, error) { return stamp.Read(b.opts.Root) }
 
 // SetStamp stamps Root with the state store's identity.
-func (b *Backend) SetStamp(_ context.Context, id string) error { return stamp.Write(b.opts.Root, id) }
+func (b *Backend) SetStamp(ctx context.Context, id string) error {
+	if b.opts.Host != nil {
+		if err := b.opts.Host.Mkdir(ctx, b.opts.Root); err != nil {
+			return err
+		}
+	}
+	return stamp.Write(b.opts.Root, id)
+}
 
 // List returns the IDs of the volume directories present.
 func (b *Backend) List(context.Context) ([]string, error) {

@@ -2,7 +2,9 @@
 // every pod volume its own scratch space: a size-limited tmpfs (default) or a
 // directory under the driver's state dir. On Windows the backends are dir
 // (default) and vhdx (an NTFS volume of its own with a hard size); it then runs
-// as a HostProcess container (deploy/overlays/windows-hostprocess).
+// as a HostProcess container (deploy/overlays/windows-hostprocess), or, with
+// --windows-mode=csi-proxy, as an ordinary Windows container that changes the
+// host only through csi-proxy v1 (dir backend only; deploy/overlays/windows-csi-proxy).
 //
 //	volumes:
 //	- name: scratch
@@ -13,6 +15,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -36,6 +39,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/events"
 	"github.com/ephemera-csi/ephemera/framework/kube"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
 // DriverName is the scratch driver's default CSI name.
@@ -85,6 +89,7 @@ func main() {
 	var c config
 	c.bindFlags(flag.CommandLine)
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { c.backendsSet = c.backendsSet || f.Name == "backends" })
 	if c.version {
 		printVersion(os.Stdout, readBuildInfo())
 		return
@@ -123,6 +128,8 @@ func main() {
 type config struct {
 	opts          framework.Options
 	backends      string // --backends
+	backendsSet   bool   // --backends was given
+	windowsMode   string // --windows-mode
 	maxVolumeSize string // --max-volume-size
 	capacity      string // --capacity
 	tmpfs         tmpfsFlags
@@ -169,6 +176,7 @@ type apiFlags struct {
 // bindFlags registers every flag of the driver on fs, writing into c.
 func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.backends, "backends", defaults.backends, "Comma-separated backends pods may choose with the \"backend\" attribute (tmpfs, dir, loop on Linux; dir, vhdx on Windows).")
+	fs.StringVar(&c.windowsMode, "windows-mode", string(framework.WindowsHostProcess), "Windows: how the driver reaches the host. hostprocess: a HostProcess container (csi-proxy v2 as a library; backends dir and vhdx). csi-proxy: an ordinary Windows container; every change on the host is a call to csi-proxy v1 over its named pipes, which the pod mounts; only the dir backend (the default --backends then), its volumes in <kubelet-root>\\plugins\\<driver-name>\\volumes, where csi-proxy accepts paths.")
 	fs.StringVar(&c.vhdx.defaultSize, "vhdx-default-size", "", "Size of vhdx volumes without a \"size\" attribute. Empty: \"size\" is required.")
 	fs.BoolVar(&c.vhdx.dynamic, "vhdx-dynamic", false, "Create dynamically expanding VHDX files instead of fixed-size ones (fast and thin, but the node disk may be overcommitted).")
 	fs.StringVar(&c.loop.fsType, "loop-fstype", "ext4", "Filesystem of loop volumes without an fsType: ext4 or xfs.")
@@ -235,14 +243,34 @@ func run(c config) (err error) {
 	} else if opts.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
 		return err
 	}
+	if opts.WindowsMode, err = framework.ParseWindowsMode(c.windowsMode); err != nil {
+		return fmt.Errorf("--windows-mode: %w", err)
+	}
+	backends, dirRoot := c.backends, filepath.Join(opts.StateDir, "volumes")
+	var dirHost dir.Host
+	if opts.WindowsMode == framework.WindowsCSIProxy {
+		if !c.backendsSet {
+			backends = "dir"
+		}
+		if err := csiProxyRefuses(backends, len(c.plugins)); err != nil {
+			return err
+		}
+		m, err := mount.NewCSIProxy(mount.CSIProxyOptions{})
+		if err != nil {
+			return fmt.Errorf("--windows-mode=csi-proxy: %w", err)
+		}
+		defer m.Close()
+		opts.Mounter, dirHost = m, m
+		dirRoot = csiProxyDirRoot(opts.KubeletRootDir, opts.DriverName)
+	}
 	opts.Backends = map[string]framework.Backend{}
-	for _, name := range strings.Split(c.backends, ",") {
+	for _, name := range strings.Split(backends, ",") {
 		var b framework.Backend
 		switch name = strings.TrimSpace(name); name {
 		case "tmpfs":
 			b, err = c.tmpfs.backend(tmpfsSize)
 		case "dir":
-			b, err = c.dir.backend(filepath.Join(opts.StateDir, "volumes"))
+			b, err = c.dir.backend(dirRoot, dirHost)
 		case "loop":
 			b, err = c.loop.backend(filepath.Join(opts.StateDir, "loop"), max(opts.MaxVolumeSize, 0))
 		case "vhdx":
@@ -290,9 +318,38 @@ func (f tmpfsFlags) backend(defaultSize int64) (*tmpfs.Backend, error) {
 	return tmpfs.New(tmpfs.Options{DefaultSize: defaultSize, MaxInodes: f.maxInodes})
 }
 
-// backend returns the dir backend, its volumes under root.
-func (f dirFlags) backend(root string) (framework.Backend, error) {
-	return dir.New(dir.Options{Root: root, AllowSoftSize: f.softSize})
+// backend returns the dir backend, its volumes under root, made by host
+// (nil: the os package).
+func (f dirFlags) backend(root string, host dir.Host) (framework.Backend, error) {
+	return dir.New(dir.Options{Root: root, AllowSoftSize: f.softSize, Host: host})
+}
+
+// csiProxyDirRoot is where the dir backend keeps its volumes in the
+// csi-proxy mode: below the kubelet root, the only place csi-proxy v1
+// accepts paths (unless an operator adds a --working-dir to csi-proxy), in
+// the driver's own plugin directory, which the kubelet never cleans.
+func csiProxyDirRoot(kubeletRoot, driverName string) string {
+	return filepath.Join(kubeletRoot, "plugins", driverName, "volumes")
+}
+
+// csiProxyRefuses returns why backends (--backends) and plugins (the number
+// of --plugin flags) cannot run in the csi-proxy mode: csi-proxy v1 can
+// create and link directories, but cannot create or attach a VHDX, and a
+// plugin's storage needs mounts it cannot make.
+func csiProxyRefuses(backends string, plugins int) error {
+	for _, name := range strings.Split(backends, ",") {
+		switch name = strings.TrimSpace(name); name {
+		case "dir", "":
+		case "vhdx":
+			return errors.New("--backends: vhdx needs --windows-mode=hostprocess: csi-proxy v1 cannot create or attach a VHDX; with --windows-mode=csi-proxy use --backends=dir")
+		default:
+			return fmt.Errorf("--backends: %q is not available with --windows-mode=csi-proxy, which serves the dir backend only", name)
+		}
+	}
+	if plugins > 0 {
+		return errors.New("--plugin is not available with --windows-mode=csi-proxy, which serves the dir backend only")
+	}
+	return nil
 }
 
 // backend returns the loop backend, its backing files in path.

@@ -2,8 +2,10 @@ package main
 
 import (
 	"flag"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/client-go/kubernetes/fake"
@@ -29,7 +31,7 @@ func TestFlags(t *testing.T) {
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
 		"metrics-address", "mount-options", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-timeout",
-		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint",
+		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint", "windows-mode",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("flags %q, want %q", names, want)
@@ -40,7 +42,7 @@ func TestFlags(t *testing.T) {
 	}
 	for name, def := range map[string]string{
 		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
-		"tmpfs-max-inodes": "1048576", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
+		"tmpfs-max-inodes": "1048576", "windows-mode": "hostprocess", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
 	} {
 		if got := fs.Lookup(name).DefValue; got != def {
 			t.Errorf("--%s defaults to %q, want %q", name, got, def)
@@ -104,5 +106,28 @@ func TestAddComponents(t *testing.T) {
 	}
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)
+	}
+}
+
+func TestCSIProxyModeRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		backends string
+		plugins  int
+		want     string // "" for no error
+	}{
+		{"dir", 0, ""},
+		{" dir ,", 0, ""},
+		{"dir,vhdx", 0, "vhdx needs --windows-mode=hostprocess: csi-proxy v1 cannot create or attach a VHDX"},
+		{"tmpfs", 0, `"tmpfs" is not available with --windows-mode=csi-proxy`},
+		{"dir", 1, "--plugin is not available with --windows-mode=csi-proxy"},
+	} {
+		err := csiProxyRefuses(tc.backends, tc.plugins)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("csiProxyRefuses(%q, %d) = %v, want %q", tc.backends, tc.plugins, err, tc.want)
+		}
+	}
+	if got, want := csiProxyDirRoot(filepath.FromSlash("/var/lib/kubelet"), DriverName),
+		filepath.FromSlash("/var/lib/kubelet/plugins/"+DriverName+"/volumes"); got != want {
+		t.Errorf("csiProxyDirRoot = %s, want %s", got, want)
 	}
 }
