@@ -43,7 +43,7 @@ NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
 .PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-windows image image-check
+        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
 
@@ -59,7 +59,7 @@ run: build
 	$(BIN)/walkthrough --driver $(BIN)/ephemera-scratch --work $(OUT)
 
 ## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
-## manifests, Dockerfile sources, e2e). Each step prints its wall and CPU time (.ci/step), and
+## manifests, the image index built twice and checked, e2e). Each step prints its wall and CPU time (.ci/step), and
 ## the list is repeated at the end (and kept in _output/test-times.txt). The Kubernetes binaries
 ## for e2e build in the background from the start, at the lowest CPU and I/O priority, so they
 ## take only what the steps leave idle; e2e raises the build to normal priority and waits for it
@@ -253,9 +253,20 @@ manifests:
 chart-readme:
 	cd test/manifests && $(GO) run ./cmd/chart-readme
 
-IMAGE_REPO       ?= ghcr.io/ephemera-csi/ephemera-scratch
-IMAGE_TAG        ?= $(VERSION)
-CONTAINER_ENGINE ?= docker
+# The image (deploy/images, its own module; docs/operations.md, "The image"): an OCI layout
+# of linux/amd64, linux/arm64 and windows/amd64 (HostProcess) with an SBOM each, built without a
+# container engine. Every timestamp is the commit's (SOURCE_DATE_EPOCH); the Debian packages of the
+# Linux images are the ones deploy/images/debian.pins names, fetched once into IMAGE_CACHE.
+IMAGE_OUT        ?= $(OUT)/image
+IMAGE_CACHE      ?= $(if $(filter 0,$(shell id -u)),/var/cache/ephemera-image,$(HOME)/.cache/ephemera-image)
+IMAGE_SOURCE     ?= https://github.com/ephemera-csi/ephemera
+DEBIAN_MIRROR    ?= http://deb.debian.org/debian
+DEBIAN_SECURITY_MIRROR ?= http://deb.debian.org/debian-security
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+IMAGE_BINS        = -bin linux/amd64=$(CURDIR)/$(BIN)/ephemera-scratch -bin linux/arm64=$(CURDIR)/$(BIN)/linux-arm64/ephemera-scratch \
+                    -bin windows/amd64=$(CURDIR)/$(BIN)/ephemera-scratch.exe
+IMAGE_FLAGS       = -pins debian.pins -mirror $(DEBIAN_MIRROR) -cache $(IMAGE_CACHE)/debs $(IMAGE_BINS) \
+                    -version $(VERSION) -revision $(COMMIT) -source $(IMAGE_SOURCE) -source-date-epoch $(SOURCE_DATE_EPOCH)
 
 ## build-static: the scratch driver as a static, stripped Linux binary (CGO_ENABLED=0) for the image
 build-static:
@@ -286,15 +297,36 @@ cross-test-windows:
 	@for p in $(WINDOWS_TEST_PKGS); do echo "GOOS=windows go test -c $$p"; \
 	  GOOS=windows GOARCH=amd64 $(GOSTATIC) test -c $(STATICFLAGS) -o /dev/null $$p || exit 1; done
 
-## image-check: every COPY source of deploy/images/Dockerfile.* and examples/plugin-node/Dockerfile exists after the
-## builds (no container engine needed; Dockerfile.driver, the template for an author's driver, copies the whole context)
-image-check: build-static build-windows
-	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.linux deploy/images/Dockerfile.windows deploy/images/Dockerfile.driver \
-	  $(NODE_EXAMPLE)/Dockerfile
+## build-static-arm64: the same for linux/arm64 (_output/bin/linux-arm64/ephemera-scratch; cross-compiled, CGO_ENABLED=0)
+build-static-arm64:
+	GOOS=linux GOARCH=arm64 $(GOSTATIC) build $(STATICFLAGS) -ldflags "$(SHIP_LDFLAGS)" -o $(BIN)/linux-arm64/ephemera-scratch ./drivers/scratch
 
-## image: the Linux image $(IMAGE_REPO):$(IMAGE_TAG) with $(CONTAINER_ENGINE); the Windows image needs a Windows builder (see deploy/images/Dockerfile.windows)
-image: image-check
-	$(CONTAINER_ENGINE) build -f deploy/images/Dockerfile.linux -t $(IMAGE_REPO):$(IMAGE_TAG) .
+## image: the image index of the scratch driver as an OCI layout in _output/image (linux/amd64, linux/arm64,
+## windows/amd64 HostProcess; a CycloneDX SBOM per platform in the index and in _output/image.sbom/), no container
+## engine; prints the index digest (also in _output/image.digest). Push it with any OCI tool, e.g.
+## `skopeo copy --all oci:_output/image:$(VERSION) docker://REGISTRY/ephemera-scratch:$(VERSION)`
+image: build-static build-static-arm64 build-windows
+	cd deploy/images && $(GOSTATIC) run -trimpath . build $(IMAGE_FLAGS) -out $(CURDIR)/$(IMAGE_OUT) -digest-file $(CURDIR)/$(IMAGE_OUT).digest
+
+## image-push: push make image's index (all platforms and SBOMs) to IMAGE_REPO:$(VERSION), with the credentials of
+## ~/.docker/config.json (no container engine; make image-push IMAGE_REPO=registry.example.com/ephemera-scratch)
+image-push:
+	@test -n "$(IMAGE_REPO)" || { echo "image-push: set IMAGE_REPO (e.g. registry.example.com/ephemera-scratch)"; exit 2; }
+	cd deploy/images && $(GOSTATIC) run -trimpath . push -layout $(CURDIR)/$(IMAGE_OUT) -to $(IMAGE_REPO):$(VERSION)
+
+## image-pins: refresh deploy/images/debian.pins to the newest bookworm packages (run it when make image says a
+## pinned .deb is gone from the mirror, then commit the file)
+image-pins:
+	cd deploy/images && $(GO) run . pins -pins debian.pins -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR)
+
+## image-check: make image, then deploy/images' tests against it: every ELF's DT_NEEDED resolves inside its layer,
+## the layers' drivers are the builds' (sha256), annotations, user and SBOMs, and a second build from the same inputs
+## gives the same index digest; and every COPY source of the authors' template deploy/images/Dockerfile.driver and
+## of examples/plugin-node/Dockerfile exists (no container engine needed)
+image-check: image
+	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) EPHEMERA_IMAGE_BUILD_FLAGS='$(IMAGE_FLAGS)' \
+	  $(GOSTATIC) test -trimpath -count=1 ./...
+	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.driver $(NODE_EXAMPLE)/Dockerfile
 
 clean:
 	rm -rf $(OUT)

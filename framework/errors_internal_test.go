@@ -20,8 +20,8 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
-// Codes are chosen in one function: no file of the framework's packages but
-// errors.go builds a gRPC status (status.Error, Errorf, New, Newf, or a
+// Codes are chosen in one table: no file of the framework's packages but
+// internal/errkind's builds a gRPC status (status.Error, Errorf, New, Newf, or a
 // status.Status literal).
 func TestCodesChosenInOnePlace(t *testing.T) {
 	var pkgs []string
@@ -45,10 +45,10 @@ func TestCodesChosenInOnePlace(t *testing.T) {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			name := filepath.Join(dir, e.Name())
-			// pluginserver answers another service (the plugin protocol,
-			// api/plugin/v1alpha1): its codes are chosen in its own errors.go.
-			if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") || name == "errors.go" ||
-				name == filepath.Join("pluginserver", "errors.go") {
+			// The table is errkind's: the framework's servers and pluginserver
+			// (the plugin protocol, api/plugin/v1alpha1) answer by it.
+			if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") ||
+				dir == filepath.Join("internal", "errkind") {
 				continue
 			}
 			f, err := parser.ParseFile(fset, name, nil, 0)
@@ -75,7 +75,7 @@ func TestCodesChosenInOnePlace(t *testing.T) {
 				if x, ok := sel.X.(*ast.Ident); ok && x.Name == alias {
 					switch sel.Sel.Name {
 					case "Error", "Errorf", "New", "Newf", "FromProto", "ErrorProto":
-						t.Errorf("%s: status.%s outside errors.go: return an api sentinel or a kind instead (framework/errors.go)", fset.Position(sel.Pos()), sel.Sel.Name)
+						t.Errorf("%s: status.%s outside framework/internal/errkind: return an api sentinel or a kind instead (framework/errors.go)", fset.Position(sel.Pos()), sel.Sel.Name)
 					}
 				}
 				return true

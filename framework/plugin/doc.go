@@ -18,5 +18,11 @@
 // after a reconnect (a restarted plugin, possibly another version) the
 // handshake is made again.
 //
+// Errors: a plugin's error that carries its kind (a google.rpc.ErrorInfo of
+// domain "ephemera.dev", as pluginserver sends) comes back wrapping the kind's
+// sentinel (an api sentinel, an errno such as EBUSY, fs.ErrNotExist), so that
+// the driver gives it the code it has in process; one without (a plugin in
+// another language, an older one) is mapped by its code.
+//
 // Package pluginserver is the other side, for plugins written in Go.
 package plugin

@@ -26,6 +26,7 @@ import (
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
@@ -708,12 +709,18 @@ func (b *Backend) Authorize(ctx context.Context, v *api.Volume) error {
 	return nil
 }
 
-// callError turns a failed call into an error wrapping the api sentinel of
-// its code, naming the plugin. Codes that say the plugin changed (it is gone,
-// or does not know the call) drop the handshake.
+// callError turns a failed call into an error naming the plugin. An answer
+// with a kind (a pluginserver's: errkind.WireStatus) wraps the kind's
+// sentinel, so that the framework gives it the code it has in process; an
+// answer without one (an older plugin, one in another language, a refusal of
+// the protocol) wraps the api sentinel of its code. Codes that say the plugin
+// changed (it is gone, or does not know the call) drop the handshake.
 func (b *Backend) callError(method string, err error) error {
 	st, _ := status.FromError(err)
 	msg := clip(st.Message())
+	if kind, ok := errkind.FromWire(st); ok {
+		return &remoteError{msg: fmt.Sprintf("%s (plugin %s)", msg, b.opts.Name), kind: kind}
+	}
 	var kind error
 	switch st.Code() {
 	case codes.InvalidArgument:
@@ -743,6 +750,16 @@ func (b *Backend) callError(method string, err error) error {
 	}
 	return fmt.Errorf("%w: %s (plugin %s)", kind, msg, b.opts.Name)
 }
+
+// remoteError is a plugin's error of a known kind: the plugin's message, and
+// the kind's sentinel (or the backend's own gRPC status) to match.
+type remoteError struct {
+	msg  string
+	kind error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.kind }
 
 // garbage is the error for an answer that breaks the protocol.
 func (b *Backend) garbage(method, format string, args ...any) error {

@@ -36,6 +36,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	pb "github.com/ephemera-csi/ephemera/api/plugin/v1alpha1"
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/plugin"
@@ -72,10 +73,12 @@ type Options struct {
 	Logger klog.Logger
 }
 
-// Server is a plugin server: New, then Run, or Register on a gRPC server of
-// your own.
+// Server is a plugin server: New, then Run. Its calls are served only through
+// Run, which recovers a handler's panic and answers every error by the
+// module's one error table (framework/internal/errkind): a backend's error
+// crosses the socket with its kind and has the same code in the driver as in
+// process.
 type Server struct {
-	pb.UnimplementedPluginServer
 	opts Options
 	caps []pb.Capability
 	val  framework.Validator
@@ -140,8 +143,12 @@ func Serve(ctx context.Context, opts Options) error {
 	return s.Run(ctx)
 }
 
-// Register registers the plugin service on g.
-func (s *Server) Register(g grpc.ServiceRegistrar) { pb.RegisterPluginServer(g, s) }
+// service is the plugin service of a Server: unexported, so that every call
+// goes through Run's interceptor.
+type service struct {
+	pb.UnimplementedPluginServer
+	*Server
+}
 
 // Run listens on Options.Endpoint and serves until ctx ends, then stops
 // gracefully (calls in flight finish) and removes the socket.
@@ -158,7 +165,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("pluginserver: %w", err)
 	}
 	g := grpc.NewServer(grpc.ChainUnaryInterceptor(s.logCalls))
-	s.Register(g)
+	pb.RegisterPluginServer(g, service{Server: s})
 	s.opts.Logger.Info("Serving plugin", logkeys.Plugin, s.opts.Name, logkeys.Version, s.opts.Version,
 		logkeys.Endpoint, p, logkeys.Capabilities, capNames(s.caps))
 	done := make(chan error, 1)
@@ -181,14 +188,16 @@ type listener struct{ *unixsock.Listener }
 var _ net.Listener = listener{}
 
 // logCalls logs each call's method, volume, code and duration at V(4); a
-// panic in a handler becomes Internal instead of killing the plugin.
+// panic in a handler becomes Internal instead of killing the plugin, and
+// every error is answered with its kind (errkind.WireStatus).
 func (s *Server) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			err = statusf(codes.Internal, "plugin %s: %s panicked: %v", s.opts.Name, info.FullMethod, r)
+			err = errkind.With(errkind.ErrInternal, fmt.Errorf("plugin %s: %s panicked: %v", s.opts.Name, info.FullMethod, r))
 			s.opts.Logger.Error(nil, "Plugin call panicked", logkeys.Method, info.FullMethod, logkeys.Err, fmt.Sprint(r))
 		}
+		err = errkind.WireStatus(err)
 		var id string
 		if r, ok := req.(interface{ GetVolume() *pb.Volume }); ok {
 			id = r.GetVolume().GetId()
@@ -209,32 +218,32 @@ func capNames(cs []pb.Capability) []string {
 
 // unimplemented is the answer to a call the handshake did not offer.
 func (s *Server) unimplemented(c pb.Capability) error {
-	return statusf(codes.Unimplemented, "plugin %s does not implement %s", s.opts.Name, strings.TrimPrefix(c.String(), "CAPABILITY_"))
+	return errkind.Bare(codes.Unimplemented, "plugin %s does not implement %s", s.opts.Name, strings.TrimPrefix(c.String(), "CAPABILITY_"))
 }
 
 // Handshake implements the protocol's handshake.
-func (s *Server) Handshake(_ context.Context, req *pb.HandshakeRequest) (*pb.HandshakeResponse, error) {
+func (s service) Handshake(_ context.Context, req *pb.HandshakeRequest) (*pb.HandshakeResponse, error) {
 	if !slices.Contains(req.GetProtocolVersions(), plugin.ProtocolVersion) {
-		return nil, statusf(codes.FailedPrecondition, "plugin %s speaks protocol %s; the driver offered %q",
+		return nil, errkind.Bare(codes.FailedPrecondition, "plugin %s speaks protocol %s; the driver offered %q",
 			s.opts.Name, plugin.ProtocolVersion, req.GetProtocolVersions())
 	}
 	return &pb.HandshakeResponse{Name: s.opts.Name, Version: s.opts.Version, ProtocolVersion: plugin.ProtocolVersion, Capabilities: s.caps}, nil
 }
 
 // Validate runs the backend's Validator.
-func (s *Server) Validate(_ context.Context, req *pb.ValidateRequest) (*pb.ValidateResponse, error) {
+func (s service) Validate(_ context.Context, req *pb.ValidateRequest) (*pb.ValidateResponse, error) {
 	if s.val == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_VALIDATE)
 	}
 	v := plugin.FromProto(req.GetVolume(), s.opts.Name)
 	if err := s.val.Validate(v); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &pb.ValidateResponse{SizeBytes: v.Size}, nil
 }
 
 // Create runs the backend's Create and turns its source into the protocol's.
-func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateResponse, error) {
+func (s service) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateResponse, error) {
 	if s.opts.Backend == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_CREATE)
 	}
@@ -242,7 +251,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	v.Secrets, v.Tokens = req.GetSecrets(), plugin.TokensFromProto(req.GetTokens())
 	src, err := s.opts.Backend.Create(ctx, v)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	ps, err := s.source(src)
 	if err != nil {
@@ -256,13 +265,13 @@ func (s *Server) source(src api.Source) (*pb.Source, error) {
 	if src.IsDir() {
 		rel, err := filepath.Rel(s.opts.Dir, src.Path)
 		if s.opts.Dir == "" || err != nil || !filepath.IsLocal(rel) {
-			return nil, statusf(codes.Internal, "plugin %s: the backend returned directory %q, which is not below the directory shared with the driver (Options.Dir %q)",
+			return nil, errkind.Bare(codes.Internal, "plugin %s: the backend returned directory %q, which is not below the directory shared with the driver (Options.Dir %q)",
 				s.opts.Name, src.Path, s.opts.Dir)
 		}
 		return &pb.Source{Kind: &pb.Source_Directory{Directory: &pb.Directory{Path: filepath.ToSlash(rel)}}}, nil
 	}
 	if src.FSType != "tmpfs" {
-		return nil, statusf(codes.Internal, "plugin %s: the backend returned a %s filesystem on %q; protocol %s carries directories and tmpfs only",
+		return nil, errkind.Bare(codes.Internal, "plugin %s: the backend returned a %s filesystem on %q; protocol %s carries directories and tmpfs only",
 			s.opts.Name, src.FSType, src.Path, plugin.ProtocolVersion)
 	}
 	t := &pb.Tmpfs{}
@@ -284,30 +293,30 @@ func (s *Server) source(src api.Source) (*pb.Source, error) {
 }
 
 // Delete runs the backend's Delete.
-func (s *Server) Delete(ctx context.Context, req *pb.DeleteRequest) (*pb.DeleteResponse, error) {
+func (s service) Delete(ctx context.Context, req *pb.DeleteRequest) (*pb.DeleteResponse, error) {
 	if s.opts.Backend == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_CREATE)
 	}
 	if err := s.opts.Backend.Delete(ctx, plugin.FromProto(req.GetVolume(), s.opts.Name)); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &pb.DeleteResponse{}, nil
 }
 
 // List runs the backend's Lister.
-func (s *Server) List(ctx context.Context, _ *pb.ListRequest) (*pb.ListResponse, error) {
+func (s service) List(ctx context.Context, _ *pb.ListRequest) (*pb.ListResponse, error) {
 	if s.list == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_LIST)
 	}
 	ids, err := s.list.List(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &pb.ListResponse{VolumeIds: ids}, nil
 }
 
 // Check runs the backend's HealthChecker.
-func (s *Server) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+func (s service) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 	if s.hc == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_CHECK)
 	}
@@ -318,7 +327,7 @@ func (s *Server) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResp
 }
 
 // Content runs the content provider.
-func (s *Server) Content(ctx context.Context, req *pb.ContentRequest) (*pb.ContentResponse, error) {
+func (s service) Content(ctx context.Context, req *pb.ContentRequest) (*pb.ContentResponse, error) {
 	if s.opts.Content == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_CONTENT)
 	}
@@ -326,7 +335,7 @@ func (s *Server) Content(ctx context.Context, req *pb.ContentRequest) (*pb.Conte
 	v.Secrets, v.Tokens = req.GetSecrets(), plugin.TokensFromProto(req.GetTokens())
 	files, err := s.opts.Content.Content(ctx, v)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	names := make([]string, 0, len(files))
 	for p := range files {
@@ -343,7 +352,7 @@ func (s *Server) Content(ctx context.Context, req *pb.ContentRequest) (*pb.Conte
 
 // Authorize runs the authorizer: a refusal wrapping api.ErrPermissionDenied
 // is an answer, any other error a failed call.
-func (s *Server) Authorize(ctx context.Context, req *pb.AuthorizeRequest) (*pb.AuthorizeResponse, error) {
+func (s service) Authorize(ctx context.Context, req *pb.AuthorizeRequest) (*pb.AuthorizeResponse, error) {
 	if s.opts.Authorizer == nil {
 		return nil, s.unimplemented(pb.Capability_CAPABILITY_AUTHORIZE)
 	}
@@ -354,6 +363,6 @@ func (s *Server) Authorize(ctx context.Context, req *pb.AuthorizeRequest) (*pb.A
 	case errors.Is(err, api.ErrPermissionDenied):
 		return &pb.AuthorizeResponse{Reason: strings.TrimPrefix(err.Error(), api.ErrPermissionDenied.Error()+": ")}, nil
 	default:
-		return nil, toStatus(err)
+		return nil, err
 	}
 }

@@ -354,6 +354,19 @@ func TestAdmissionPolicy(t *testing.T) {
 				t.Errorf("%s: policy does not mention %q", r.Name, want)
 			}
 		}
+		if r.example() {
+			// An author's driver: the condition and the messages name it, not the
+			// scratch driver or its sizes.
+			for _, not := range []string{"scratch", "256Mi"} {
+				if strings.Contains(text, not) {
+					t.Errorf("%s: policy of %s mentions %q", r.Name, r.driverName(), not)
+				}
+			}
+			want := "uses-" + strings.ReplaceAll(r.driverName(), ".", "-") + "-inline"
+			if got := p.Get("spec", "matchConditions", 0, "name"); got != want {
+				t.Errorf("%s: match condition %v, want %s", r.Name, got, want)
+			}
+		}
 		// The nr_inodes cap: a variable equal to the driver's --tmpfs-max-inodes,
 		// and a rule that applies it to every volume with nr_inodes.
 		if got := variable(p, "maxInodes"); got != maxInodes {

@@ -159,6 +159,13 @@ func Helm(chartDir string, values map[string]any, ns string) ([]byte, error) {
 	return helm(chartDir, "ephemera-scratch", values, ns, false)
 }
 
+// HelmRelease is `helm template release chartDir --namespace ns --skip-tests` with
+// values (validated against values.schema.json): what `helm install release` would
+// apply. The authors' path without helm (cmd/render -chart, docs/authors.md).
+func HelmRelease(chartDir, release, ns string, values map[string]any) ([]byte, error) {
+	return helm(chartDir, release, values, ns, false)
+}
+
 // HelmTests renders only the chart's `helm test` hooks (templates/tests/).
 func HelmTests(chartDir string, values map[string]any, ns string) ([]byte, error) {
 	return helm(chartDir, "ephemera-scratch", values, ns, true)

@@ -20,6 +20,13 @@
 //     INVALID_ARGUMENT (the pod spec must change), PERMISSION_DENIED,
 //     NOT_FOUND, RESOURCE_EXHAUSTED, UNAVAILABLE and ABORTED (the kubelet
 //     retries). Any other code is reported as an internal error of the plugin.
+//     An error may also carry a google.rpc.ErrorInfo detail of domain
+//     "ephemera.dev" whose reason names its kind (EBUSY, ENOSPC, NOT_EXIST,
+//     INVALID_PARAMS, ...: the table in docs/design.md, "Errors"): the driver
+//     then treats it as that kind, as it treats the same error of a backend in
+//     process, whatever the code. Reason STATUS: the code is the plugin's own
+//     and reaches the kubelet as it is. A reason the driver does not know is
+//     ignored (the code decides). framework/pluginserver sends the detail.
 //  5. Every call carries the driver's deadline (grpc-timeout); stop work when
 //     it passes.
 //  6. Secrets and service-account tokens arrive only on Create and Content.

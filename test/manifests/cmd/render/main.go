@@ -10,6 +10,16 @@
 // tests render an example for their node (its kubelet root, ports) this way.
 //
 //	go run ./cmd/render -out DIR -target helm-example-hello -values e2e-values.yaml
+//
+// With -chart it is `helm template` of that chart directory, for a driver author
+// without helm, from anywhere (no checkout needed: docs/authors.md, "Without helm"):
+// the values files over the chart's defaults (validated against its
+// values.schema.json), the chart linted with them, the objects written to -out FILE
+// or stdout.
+//
+//	go run github.com/ephemera-csi/ephemera/test/manifests/cmd/render@VERSION \
+//	  -chart "$(go list -m -f '{{.Dir}}' github.com/ephemera-csi/ephemera)/deploy/helm/ephemera-driver" \
+//	  -release whoami -values values.yaml > whoami.yaml
 package main
 
 import (
@@ -18,6 +28,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"helm.sh/helm/v3/pkg/chartutil"
 	"sigs.k8s.io/yaml"
@@ -28,8 +39,34 @@ import (
 func main() {
 	out := flag.String("out", "", "directory for the rendered manifests (created; required)")
 	target := flag.String("target", "", "render only this target (a name of manifests.Targets) into -out/<target>.yaml")
-	values := flag.String("values", "", "with -target, a Helm target: a YAML file of chart values over the target's")
+	var valueFiles []string
+	flag.Func("values", "with -target (a Helm target): a YAML file of chart values over the target's; with -chart: a values file over the chart's defaults (repeatable, later files win)", func(v string) error {
+		valueFiles = append(valueFiles, v)
+		return nil
+	})
+	chart := flag.String("chart", "", "render this chart directory (helm template) instead of the repository's targets")
+	release := flag.String("release", "", "with -chart: the release name (what `helm install NAME` would take; required)")
+	namespace := flag.String("namespace", manifests.Namespace, "with -chart: the release namespace")
 	flag.Parse()
+	if *chart != "" {
+		if *target != "" || *release == "" {
+			fmt.Fprintln(os.Stderr, "render: -chart takes -release NAME (and -values FILE ...), not -target")
+			os.Exit(2)
+		}
+		if err := runChart(*chart, *release, *namespace, valueFiles, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "render:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(valueFiles) > 1 {
+		fmt.Fprintln(os.Stderr, "render: one -values file with -target")
+		os.Exit(2)
+	}
+	values := new(string)
+	if len(valueFiles) == 1 {
+		*values = valueFiles[0]
+	}
 	if *out == "" {
 		fmt.Fprintln(os.Stderr, "render: -out DIR is required")
 		os.Exit(2)
@@ -48,6 +85,47 @@ func main() {
 		fmt.Fprintln(os.Stderr, "render:", err)
 		os.Exit(1)
 	}
+}
+
+// runChart renders chartDir as release in ns with the values files (later over
+// earlier), after helm lint with the same values, into out ("" or "-": stdout).
+func runChart(chartDir, release, ns string, valueFiles []string, out string) error {
+	vals := map[string]any{}
+	for _, f := range valueFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		v := map[string]any{}
+		if err := yaml.Unmarshal(b, &v); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		vals = chartutil.CoalesceTables(v, vals)
+	}
+	msgs, err := manifests.Lint(chartDir, vals)
+	for _, m := range msgs {
+		fmt.Fprintf(os.Stderr, "helm lint: %s\n", m)
+	}
+	if err != nil {
+		return err
+	}
+	b, err := manifests.HelmRelease(chartDir, release, ns, vals)
+	if err != nil {
+		return err
+	}
+	objs, err := manifests.Decode(b)
+	if err != nil {
+		return err
+	}
+	if out == "" || out == "-" {
+		_, err = os.Stdout.Write(b)
+		return err
+	}
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d objects (%s)\n", out, len(objs), strings.Join(valueFiles, ", "))
+	return nil
 }
 
 func run(out string) error {
