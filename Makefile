@@ -74,8 +74,12 @@ test:
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
 	  echo "test: building the Kubernetes binaries in the background (log: $(OUT)/build-k8s.log)"; \
 	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-k8s.sh >$(OUT)/build-k8s.log 2>&1 & echo $$! >$(OUT)/build-k8s.pid ); \
-	  trap 'kill -TERM -- -$$(cat $(OUT)/build-k8s.pid) 2>/dev/null; rm -f $(OUT)/build-k8s.pid' EXIT; \
 	fi; \
+	if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then \
+	  echo "test: building containerd 2 beside them (log: $(OUT)/build-containerd.log)"; \
+	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-containerd.sh >$(OUT)/build-containerd.log 2>&1 & echo $$! >$(OUT)/build-containerd.pid ); \
+	fi; \
+	trap 'for b in k8s containerd; do [ -f $(OUT)/build-$$b.pid ] && kill -TERM -- -$$(cat $(OUT)/build-$$b.pid) 2>/dev/null; rm -f $(OUT)/build-$$b.pid; done' EXIT; \
 	t0=$$(date +%s); rc=0; beside=; \
 	for s in $(TEST_STEPS); do \
 	  if [ "$$s" = e2e ] && [ -n "$(TEST_BESIDE_E2E)" ]; then \
@@ -91,7 +95,7 @@ test:
 	  echo "--- beside e2e: $(TEST_BESIDE_E2E)"; cat $(OUT)/beside-e2e.log; \
 	fi; \
 	echo "make test: $$(( $$(date +%s) - t0 ))s"; cat $(OUT)/test-times.txt; \
-	grep -h '^build-k8s: built' $(OUT)/build-k8s.log 2>/dev/null | sed 's/^/background /'; exit $$rc
+	grep -h -e '^build-k8s: built' -e '^build-containerd: built' $(OUT)/build-k8s.log $(OUT)/build-containerd.log 2>/dev/null | sed 's/^/background /'; exit $$rc
 
 ## deps: the Debian packages make test needs (containerd, runc, mkfs, losetup, protoc; root; a no-op when present)
 deps:
@@ -144,17 +148,23 @@ E2E_FULLNODE_COMPARE ?=
 # pins one patch release (test/e2e/README.md, "Kubernetes versions"). build-k8s.sh refuses any other.
 K8S_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' test/e2e/k8s/go.mod)
 export K8S_VERSION
+# CONTAINERD: the containerd of e2e's containerd runtime: 2 (default), the release test/e2e/containerd/go.mod
+# pins (v2.4.2), built from the Go module proxy by test/e2e/build-containerd.sh (cached, and in make test beside
+# the Kubernetes build), or 1.6, Debian 12's package (install-deps.sh). runc is Debian's for both.
+CONTAINERD ?= 2
 
-## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) once, cached;
-## make e2e K8S_VERSION=v1.35.4 for another supported release), with the image's driver binary
+## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) and containerd 2
+## once, cached; make e2e K8S_VERSION=v1.35.4 for another supported release, CONTAINERD=1.6 for Debian's containerd),
+## with the image's driver binary
 ## (build-static); the harness builds testbin and the registrar with the images' flags (STATICFLAGS).
 e2e: build-static
 	@test/e2e/build-k8s.sh --check
 	test/e2e/install-deps.sh
-	@if [ -f $(OUT)/build-k8s.pid ]; then pg=$$(cat $(OUT)/build-k8s.pid); \
-	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; true; fi
+	@for b in k8s containerd; do if [ -f $(OUT)/build-$$b.pid ]; then pg=$$(cat $(OUT)/build-$$b.pid); \
+	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; fi; done; true
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
-	EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
+	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
+	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
@@ -214,7 +224,7 @@ cross: cross-test-windows
 	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
-## verify: gofmt clean, go.mod tidy, every module file of test/e2e/k8s verified (go mod verify), no tracked
+## verify: gofmt clean, go.mod tidy, every module file of test/e2e/k8s and test/e2e/containerd verified (go mod verify), no tracked
 ## file over 1 MiB and every main package's go build output ignored (.ci/check-tree)
 verify: proto-check verify-e2e-modules
 	.ci/check-tree
@@ -223,10 +233,11 @@ verify: proto-check verify-e2e-modules
 	  if ! diff -q go.mod /tmp/go.mod.bak >/dev/null || ! diff -q go.sum /tmp/go.sum.bak >/dev/null; then \
 	    echo "go.mod/go.sum not tidy (run go mod tidy)"; cp /tmp/go.mod.bak go.mod; cp /tmp/go.sum.bak go.sum; exit 1; fi
 
-## verify-e2e-modules: go mod verify for each Kubernetes module file of test/e2e/k8s (go.mod, v1.*.mod):
-## the downloaded modules each pins are the ones its .sum names
+## verify-e2e-modules: go mod verify for each Kubernetes module file of test/e2e/k8s (go.mod, v1.*.mod) and for
+## test/e2e/containerd: the downloaded modules each pins are the ones its .sum names
 verify-e2e-modules:
 	@cd test/e2e/k8s && for m in go.mod v1.*.mod; do echo "go mod verify -modfile=$$m"; $(GO) mod verify -modfile=$$m || exit 1; done
+	@cd test/e2e/containerd && echo "go mod verify (test/e2e/containerd)" && $(GO) mod verify
 
 ## bench: the latency table against the raw-syscall floor, the kubelet-shaped comparison with a
 ## stateless reference driver (ratios), the overhead of a plugin process over the same backend in process

@@ -11,7 +11,7 @@ import (
 )
 
 // Attribute declares one volume attribute a driver accepts from pods, beside
-// those of its backends (framework.Options.Attributes). The framework parses the
+// those of its backends (framework.Options.Volumes.AcceptedAttributes). The framework parses the
 // declared attributes once per publish, before the backend sees the rest, and
 // hands the parsed values to the backend and the content provider as
 // Volume.Attributes. Build one with StringAttr, EnumAttr, PatternAttr,

@@ -24,7 +24,7 @@ type Source struct {
 	Root string `json:"root,omitempty"`
 	// MountOptions are mount options of the mount at the target beside nosuid
 	// and nodev, which every published volume has: an operator's choice per
-	// backend (framework Options.MountOptions, from mount.SafeOptions), which
+	// backend (framework Options.Volumes.MountOptions, from mount.SafeOptions), which
 	// the framework sets before it mounts. Backends leave it empty. Linux only.
 	MountOptions []string `json:"mountOptions,omitempty"`
 }

@@ -65,10 +65,10 @@ type Volume struct {
 	Size int64
 	// Params are the user's volumeAttributes without kubelet-owned keys, the
 	// framework's ("size", "backend") and the driver's declared ones
-	// (framework.Options.Attributes): what is left for the backend.
+	// (framework.Options.Volumes.AcceptedAttributes): what is left for the backend.
 	Params Params
 	// Attributes are the driver's declared attributes, parsed, with their
-	// defaults (framework.Options.Attributes); nil when it declares none.
+	// defaults (framework.Options.Volumes.AcceptedAttributes); nil when it declares none.
 	Attributes Values
 	// Secrets are the contents of nodePublishSecretRef. They are only set while a
 	// publish or refresh is in progress, are never persisted and never logged.

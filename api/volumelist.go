@@ -13,7 +13,7 @@ type VolumeList struct {
 	// was read from a state file.
 	Driver string `json:"driver,omitempty"`
 	Node   string `json:"node,omitempty"`
-	// Version is the driver's Options.Version; empty from a state file.
+	// Version is the driver's Options.Node.Version; empty from a state file.
 	Version string `json:"version,omitempty"`
 	// Volumes are ordered by volume ID.
 	Volumes []VolumeInfo `json:"volumes"`

@@ -41,7 +41,7 @@ func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
 // readVolData reads the kubelet's vol_data.json beside target (resolved
 // beneath the kubelet root) and returns its driver name and volume handle.
 func (d *Driver) readVolData(target string) (driver, handle string, err error) {
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, filepath.Dir(target))
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, filepath.Dir(target))
 	if err != nil {
 		return "", "", err
 	}
@@ -66,7 +66,7 @@ func (d *Driver) readVolData(target string) (driver, handle string, err error) {
 // according to the kubelet: its vol_data.json names this driver and the handle
 // derived from the target. It returns the parsed target and the handle.
 func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
-	pt, err := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
+	pt, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
 	if err != nil {
 		return volume.Target{}, "", false
 	}
@@ -82,7 +82,7 @@ func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
 // kubelet has on this node (pods/*/volumes/kubernetes.io~csi/*/vol_data.json)
 // to their targets.
 func (d *Driver) volDataIndex() (map[string]string, error) {
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	podsDir := filepath.Join(root, volume.PodsDir)
 	r, err := d.mounter.OpenTarget(root, podsDir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -133,8 +133,8 @@ type finding struct {
 // known: the state was lost while pods used the volumes. Each gets a rebuilt
 // record (whenFoundMounted).
 func (d *Driver) unrecordedMounts(ctx context.Context, known map[string]bool) ([]finding, error) {
-	log := d.opts.Logger.WithName("reconcile")
-	root := d.opts.KubeletRootDir
+	log := d.opts.Observability.Logger.WithName("reconcile")
+	root := d.opts.Node.KubeletRootDir
 	targets, err := d.mounter.Published(root)
 	if err != nil {
 		return nil, fmt.Errorf("listing published targets: %w", err)
@@ -206,7 +206,7 @@ type inventory struct {
 // the area all along; otherwise it is whenFoundUnproven.
 func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, known map[string]bool, index func() (map[string]string, error)) *inventory {
 	inv := &inventory{name: name, b: b}
-	log := d.opts.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
+	log := d.opts.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
 	lister, ok := As[Lister](b)
 	if !ok {
 		return inv
@@ -243,7 +243,7 @@ func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, 
 			continue
 		}
 		if t, ok := idx[id]; ok {
-			pt, _ := volume.ParseTarget(d.opts.KubeletRootDir, t, isWindows)
+			pt, _ := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
 			rec := d.rebuiltRecord(id, name, store.PhasePublished)
 			rec.VolumeName, rec.TargetPath, rec.Pod = pt.VolumeName, t, api.Pod{UID: pt.PodUID}
 			inv.found = append(inv.found, finding{when: whenFoundPodded, op: op{rec: rec, b: b, log: vlog}})
@@ -265,7 +265,7 @@ func (d *Driver) stampArea(ctx context.Context, inv *inventory) {
 	if !inv.stamp {
 		return
 	}
-	log := d.opts.Logger.WithName("reconcile").WithValues(logkeys.Backend, inv.name)
+	log := d.opts.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, inv.name)
 	stamper, _ := As[Stamper](inv.b)
 	storeID := d.storeID()
 	if err := stamper.SetStamp(ctx, storeID); err != nil {

@@ -21,7 +21,7 @@ import (
 func TestDriverDeclaredAttributes(t *testing.T) {
 	var seenByContent []api.Volume
 	h := realHarness(t, func(o *framework.Options) {
-		o.Attributes = api.Attributes{
+		o.Volumes.AcceptedAttributes = api.Attributes{
 			api.DNSLabelAttr("app").Required(),
 			api.EnumAttr("format", "json", "yaml").Default("json"),
 		}

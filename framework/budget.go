@@ -10,7 +10,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 )
 
-// budget is Options.ContentBytesInFlight: the bytes that content answers in
+// budget is Options.Volumes.ContentBytesInFlight: the bytes that content answers in
 // flight may take, reserved in full before each bounded call. Waiters are
 // served in order; a waiter whose context ends gets ResourceExhausted.
 type budget struct {

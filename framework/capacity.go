@@ -14,7 +14,7 @@ import (
 )
 
 // capacity accounts what the node's volumes hold: their number (for
-// MaxVolumesPerNode) and the bytes of each backend (for Options.Capacity). It is
+// MaxVolumesPerNode) and the bytes of each backend (for Options.Limits.Capacity). It is
 // derived from the records, which are durable, so it survives restarts: reconcile
 // rebuilds it (with what it adopts from the node), a new publish reserves before
 // it creates anything, and a teardown releases after the record is deleted.
@@ -78,7 +78,7 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 // reserve admits one more volume of size bytes on backend, or returns
 // ResourceExhausted saying which limit is reached, with the numbers. A volume
 // larger than the backend's whole budget is ResourceExhausted too (as
-// Options.Capacity documents), with a message saying that it never fits. A
+// Options.Limits.Capacity documents), with a message saying that it never fits. A
 // negative size is InvalidArgument.
 func (c *capacity) reserve(driver, backend string, size int64) error {
 	if size < 0 {
@@ -197,7 +197,7 @@ func bytes(n int64) string {
 	return resource.NewQuantity(n, resource.BinarySI).String()
 }
 
-// validateCapacity checks Options.Capacity against the backends.
+// validateCapacity checks Options.Limits.Capacity against the backends.
 func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
 	for name, n := range budgets {
 		if _, ok := backends[name]; !ok {

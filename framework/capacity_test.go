@@ -18,8 +18,8 @@ import (
 func TestCapacityBudgetOverflow(t *testing.T) {
 	const budget = 10 << 20
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-		o.Capacity = map[string]int64{"tmpfs": budget}
-		o.MaxVolumeSize = framework.NoMaxVolumeSize // the budget is the only limit
+		o.Limits.Capacity = map[string]int64{"tmpfs": budget}
+		o.Limits.MaxVolumeSize = framework.NoMaxVolumeSize // the budget is the only limit
 	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	vol := func(name, size string) drivertest.InlineVolume {
@@ -46,7 +46,7 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("publish of 9.2233720368547E18 bytes: %v, want ResourceExhausted", err)
 	}
-	// Like any volume that does not fit (Options.Capacity documents
+	// Like any volume that does not fit (Options.Limits.Capacity documents
 	// ResourceExhausted), but saying that it never can.
 	if !strings.Contains(err.Error(), "larger than the whole budget") {
 		t.Errorf("publish of 9.2233720368547E18 bytes: %v, want a message saying it is larger than the whole budget", err)

@@ -14,7 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 )
 
-// CSIDriverGetter reads the driver's CSIDriver object (Options.CSIDrivers).
+// CSIDriverGetter reads the driver's CSIDriver object (Options.Observability.CSIDrivers).
 // kube.Client is one.
 type CSIDriverGetter interface {
 	// GetCSIDriver returns the CSIDriver object called name, or an error
@@ -22,7 +22,7 @@ type CSIDriverGetter interface {
 	GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver, error)
 }
 
-// CSIDriverEventSink is implemented by an Options.Events that can also post
+// CSIDriverEventSink is implemented by an Options.Observability.Events that can also post
 // events about the driver's CSIDriver object (events.Recorder does): the
 // startup check of the object posts its findings there.
 type CSIDriverEventSink interface {
@@ -104,7 +104,7 @@ func listOrUnset(l []string, unset string) string {
 var csiDriverCheckTimeout = time.Minute
 
 // checkCSIDriverObject runs the startup check of the CSIDriver object: it
-// reads it through Options.CSIDrivers (retrying transient errors for up to a
+// reads it through Options.Observability.CSIDrivers (retrying transient errors for up to a
 // minute), logs each problem as an error with what to fix, exports
 // ephemera_csidriver_misconfigured for every check and posts the problems as
 // one Warning event on the object. It never stops the driver: a publish that
@@ -119,7 +119,7 @@ func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 		err error
 	)
 	for wait := time.Second; ; wait = min(2*wait, 15*time.Second) {
-		obj, err = d.opts.CSIDrivers.GetCSIDriver(ctx, name)
+		obj, err = d.opts.Observability.CSIDrivers.GetCSIDriver(ctx, name)
 		if err == nil || errors.Is(err, api.ErrNotFound) {
 			break
 		}
@@ -154,7 +154,7 @@ func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 		log.Info("The CSIDriver object fits the driver", logkeys.CSIDriver, name)
 		return
 	}
-	if sink, ok := d.opts.Events.(CSIDriverEventSink); ok {
+	if sink, ok := d.opts.Observability.Events.(CSIDriverEventSink); ok {
 		ref := api.CSIDriver{Name: name}
 		if obj != nil {
 			ref.UID = obj.UID

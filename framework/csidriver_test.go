@@ -129,7 +129,7 @@ func TestCSIDriverCheckedAtStartup(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			getter := &fakeCSIDrivers{obj: tc.obj, fails: 1}
 			ev := &driverEvents{}
-			h, _, _ := fakeHarness(t, func(o *framework.Options) { o.CSIDrivers = getter; o.Events = ev })
+			h, _, _ := fakeHarness(t, func(o *framework.Options) { o.Observability.CSIDrivers = getter; o.Observability.Events = ev })
 			var m map[string]float64
 			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 				m = scrape(t, handlerGet(h.Driver().Handler(), "/metrics"))

@@ -55,12 +55,10 @@ func startProxyHarness(t *testing.T) *proxyHarness {
 	}
 	st := memstore.New()
 	h := drivertest.Start(t, framework.Options{
-		Store:          st,
-		KubeletRootDir: kubelet,
-		Backends:       map[string]framework.Backend{"dir": b},
-		DefaultBackend: "dir",
-		Mounter:        m,
-		WindowsMode:    framework.WindowsCSIProxy,
+		Backends: map[string]framework.Backend{"dir": b},
+		Node:     framework.NodeOptions{KubeletRootDir: kubelet},
+		Volumes:  framework.VolumeOptions{DefaultBackend: "dir", Mounter: m, WindowsMode: framework.WindowsCSIProxy},
+		State:    framework.StateOptions{Store: st},
 	})
 	srv.Reset()
 	return &proxyHarness{h: h, srv: srv, volumes: volumes, st: st}

@@ -21,7 +21,7 @@
 //     by a crash and deletes backend storage no record refers to;
 //   - per-volume locks (Aborted), an in-flight cap (ResourceExhausted) and one
 //     mapping of errors to gRPC codes;
-//   - optional self-registration with the kubelet (Options.RegisterWithKubelet).
+//   - optional self-registration with the kubelet (Options.Node.RegisterWithKubelet).
 //
 // # Testing a driver
 //

@@ -47,14 +47,16 @@ func TestDowngradeRefused(t *testing.T) {
 	}
 
 	d, err := framework.New(framework.Options{
-		DriverName:     "test.csi.ephemera.dev",
-		Version:        "v0.1.0",
-		NodeID:         "node-1",
-		KubeletRootDir: t.TempDir(),
-		StateDir:       stateDir,
-		Endpoint:       "unix://" + filepath.Join(t.TempDir(), "csi.sock"),
-		Backends:       map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{})},
-		Mounter:        mount.NewFake(),
+		DriverName: "test.csi.ephemera.dev",
+		Backends:   map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{})},
+		Node: framework.NodeOptions{
+			Version:        "v0.1.0",
+			ID:             "node-1",
+			KubeletRootDir: t.TempDir(),
+			StateDir:       stateDir,
+			Endpoint:       "unix://" + filepath.Join(t.TempDir(), "csi.sock"),
+		},
+		Volumes: framework.VolumeOptions{Mounter: mount.NewFake()},
 	})
 	if err != nil {
 		t.Fatal(err)

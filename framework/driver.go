@@ -4,25 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/mount"
-	"github.com/ephemera-csi/ephemera/framework/registration"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// StateFile is the name of the bbolt file in Options.StateDir.
+// StateFile is the name of the bbolt file in Options.Node.StateDir.
 const StateFile = "state.db"
 
 // Driver is an ephemeral inline CSI node plugin: the CSI Identity and Node
@@ -37,7 +32,7 @@ type Driver struct {
 	inflight  chan struct{}
 	capacity  *capacity
 	refresher *refresher
-	// contentBudget is Options.ContentBytesInFlight.
+	// contentBudget is Options.Volumes.ContentBytesInFlight.
 	contentBudget *budget
 	orphans       orphans
 	stats         *statsCache // walks of directory volumes (statswalk.go)
@@ -50,9 +45,6 @@ type Driver struct {
 
 	metrics *metrics.Metrics // observability.go
 	http    httpState
-
-	mu     sync.Mutex
-	server *grpc.Server // set while serving, for tests
 }
 
 // New validates opts and returns a Driver. It starts nothing and does no I/O; call
@@ -64,23 +56,23 @@ func New(opts Options) (*Driver, error) {
 	}
 	d := &Driver{
 		opts:     opts,
-		mounter:  opts.Mounter,
-		store:    opts.Store,
-		inflight: make(chan struct{}, opts.MaxInFlight),
-		capacity: newCapacity(opts.MaxVolumesPerNode, opts.Capacity),
+		mounter:  opts.Volumes.Mounter,
+		store:    opts.State.Store,
+		inflight: make(chan struct{}, opts.Limits.MaxInFlight),
+		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.Capacity),
 		capabilities: &csi.NodeGetCapabilitiesResponse{
 			Capabilities: nodeCapabilities(),
 		},
 		nodeInfo: &csi.NodeGetInfoResponse{
-			NodeId:            opts.NodeID,
-			MaxVolumesPerNode: opts.MaxVolumesPerNode,
+			NodeId:            opts.Node.ID,
+			MaxVolumesPerNode: opts.Limits.MaxVolumesPerNode,
 		},
 		pluginInfo: &csi.GetPluginInfoResponse{
 			Name:          opts.DriverName,
-			VendorVersion: opts.Version,
+			VendorVersion: opts.Node.Version,
 		},
 	}
-	if d.mounter == nil && opts.WindowsMode == WindowsCSIProxy {
+	if d.mounter == nil && opts.Volumes.WindowsMode == WindowsCSIProxy {
 		m, err := mount.NewCSIProxy(mount.CSIProxyOptions{})
 		if err != nil {
 			return nil, err
@@ -90,9 +82,9 @@ func New(opts Options) (*Driver, error) {
 	if d.mounter == nil {
 		d.mounter = mount.New()
 	}
-	d.refresher = newRefresher(d, opts.RefreshConcurrency)
-	d.contentBudget = newBudget(opts.ContentBytesInFlight)
-	d.stats = newStatsCache(opts.StatsWalk)
+	d.refresher = newRefresher(d, opts.Volumes.RefreshConcurrency)
+	d.contentBudget = newBudget(opts.Volumes.ContentBytesInFlight)
+	d.stats = newStatsCache(opts.Limits.StatsWalk)
 	d.initObservability()
 	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed
 	return d, nil
@@ -128,163 +120,27 @@ func (d *Driver) Ready() bool { return d.ready.Load() }
 // startup fails, among others at once when another process serves the
 // endpoint, or when the kubelet refuses the registration; the process should
 // then exit non-zero and be restarted.
-func (d *Driver) Run(ctx context.Context) (err error) {
+func (d *Driver) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
 	}
-	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	log := d.opts.Observability.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
 
 	// Fail fast, before opening the state or reconciling (which deletes backend
 	// storage that this process has no record of), when another process serves
-	// the endpoint. Listen below checks again.
-	sock, _ := socketPath(d.opts.Endpoint)
+	// the endpoint. Listen (the grpc component) checks again.
+	sock, _ := socketPath(d.opts.Node.Endpoint)
 	if err := unixsock.CheckNotServed(sock); err != nil {
 		return d.endpointInUse(err)
 	}
-
-	if d.store == nil {
-		st, err := d.openState(log)
-		if err != nil {
-			return err
-		}
-		d.store = st
-		defer func() {
-			if cerr := st.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("closing driver state: %w", cerr)
-			}
-		}()
-	}
-
-	// Metrics and /healthz answer during the reconcile; /readyz says not ready.
-	stopHTTP, err := d.serveHTTP(log)
-	if err != nil {
-		return err
-	}
-	defer stopHTTP()
-
-	start := time.Now()
-	if err := d.reconcile(ctx); err != nil {
-		return fmt.Errorf("startup reconcile: %w", err)
-	}
-	n, used := d.capacity.snapshot()
-	log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
-	// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-	_ = d.checkPodsDir(filepath.Join(d.opts.KubeletRootDir, "pods"))
-
-	// Runnables (an event recorder, a pod informer) run until the GC and the
-	// refresher, which use them, have stopped.
-	rctx, stopRunnables := context.WithCancel(context.WithoutCancel(ctx))
-	var runnables sync.WaitGroup
-	defer func() {
-		stopRunnables()
-		runnables.Wait()
-	}()
-	if d.opts.CSIDrivers != nil {
-		runnables.Go(func() { d.checkCSIDriverObject(klog.NewContext(rctx, log)) })
-	} else {
-		log.Info("Not checking the CSIDriver object: no API access (Options.CSIDrivers is unset)")
-	}
-	for _, r := range d.opts.Runnables {
-		runnables.Go(func() {
-			if err := r.Run(rctx); err != nil && rctx.Err() == nil {
-				log.Error(err, "A runnable of the driver stopped", logkeys.Runnable, fmt.Sprintf("%T", r))
-			}
-		})
-	}
-
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		return fmt.Errorf("creating socket dir: %w", err)
-	}
-	lis, err := unixsock.Listen(sock, 0o600)
-	if errors.Is(err, unixsock.ErrInUse) {
-		return d.endpointInUse(err)
-	}
-	if err != nil {
-		return fmt.Errorf("CSI endpoint %s: %w", d.opts.Endpoint, err)
-	}
-	// The gRPC server closes lis when it stops; this covers the returns before.
-	// Close removes the socket only if it is still this process's.
-	defer lis.Close()
-
-	// The kubelet dials a new connection for every call, so a burst of
-	// publishes is a burst of connections, each with gRPC's 32 KiB read and
-	// write buffers by default. CSI messages are a few KiB: 4 KiB buffers take
-	// a 64-publish burst from 12 to 9 MiB of anonymous memory
-	// (docs/operations.md, "Memory and CPU of the driver"). gRPC already
-	// returns the write buffer to a pool after each flush.
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-	csi.RegisterIdentityServer(srv, identityServer{d: d})
-	csi.RegisterNodeServer(srv, nodeServer{d: d})
-	d.mu.Lock()
-	d.server = srv
-	d.mu.Unlock()
-
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(lis) }()
-	d.ready.Store(true)
-	d.refresher.start(klog.NewContext(ctx, log))
-	gcDone := make(chan struct{})
-	if d.opts.GCInterval > 0 {
-		go func() {
-			defer close(gcDone)
-			d.runGC(ctx)
-		}()
-	} else {
-		close(gcDone)
-	}
-	log.Info("Serving CSI", logkeys.Endpoint, d.opts.Endpoint, logkeys.Version, d.opts.Version, logkeys.Node, d.opts.NodeID)
-
-	// The registrar starts only now that NodeGetInfo answers, and stops before
-	// the CSI server so the kubelet deregisters the driver before its socket goes.
-	regCtx, stopReg := context.WithCancel(ctx)
-	regDone := make(chan struct{})
-	if d.opts.RegisterWithKubelet {
-		reg, err := registration.New(registration.Options{
-			DriverName:      d.opts.DriverName,
-			Endpoint:        sock,
-			RegistrationDir: filepath.Join(d.opts.KubeletRootDir, "plugins_registry"),
-			Logger:          log,
-		})
-		if err != nil {
-			stopReg()
-			srv.Stop()
-			return err
-		}
-		go func() {
-			defer close(regDone)
-			if err := reg.Run(regCtx); err != nil {
-				errc <- fmt.Errorf("kubelet registration: %w", err)
-			}
-		}()
-	} else {
-		close(regDone)
-	}
-
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	d.ready.Store(false)
-	stopReg()
-	<-regDone
-	cancel()
-	stopGracefully(srv, 10*time.Second)
-	if removed, uerr := lis.Unlink(); uerr != nil {
-		log.Error(uerr, "Cannot remove CSI socket")
-	} else if !removed {
-		log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Endpoint)
-	}
-	<-gcDone
-	d.refresher.stop()
+	err := d.components(log, sock).run(ctx)
 	log.Info("Stopped serving")
 	return err
 }
 
 // endpointInUse is Run's error when another process serves the endpoint.
 func (d *Driver) endpointInUse(err error) error {
-	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Endpoint, err)
+	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Node.Endpoint, err)
 }
 
 // stopGracefully lets in-flight calls finish for up to grace, then cuts them off.

@@ -44,11 +44,16 @@ func TestSecondDriverOnSameEndpointFailsFast(t *testing.T) {
 	opts := func() framework.Options {
 		base := t.TempDir()
 		return framework.Options{
-			DriverName: "x.y", NodeID: "n", Endpoint: endpoint,
-			StateDir: filepath.Join(base, "state"), KubeletRootDir: filepath.Join(base, "kubelet"),
-			Backends: map[string]framework.Backend{"x": &listSpy{}},
-			Mounter:  mount.NewFake(),
-			Store:    memstore.New(), // separate states: only the endpoint is shared
+			DriverName: "x.y",
+			Backends:   map[string]framework.Backend{"x": &listSpy{}},
+			Node: framework.NodeOptions{
+				ID:             "n",
+				Endpoint:       endpoint,
+				StateDir:       filepath.Join(base, "state"),
+				KubeletRootDir: filepath.Join(base, "kubelet"),
+			},
+			Volumes: framework.VolumeOptions{Mounter: mount.NewFake()},
+			State:   framework.StateOptions{Store: memstore.New()}, // separate states: only the endpoint is shared
 		}
 	}
 	first := drivertest.Start(t, opts())

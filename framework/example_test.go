@@ -22,17 +22,17 @@ func ExampleNew() {
 	}
 	d, err := framework.New(framework.Options{
 		DriverName: "hello.csi.example.com",
-		NodeID:     "node-1", // normally os.Getenv("NODE_NAME") from the downward API
 		Backends:   map[string]framework.Backend{"tmpfs": mem},
 		Content: framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return map[string]api.File{"pod-name": {Data: []byte(v.Pod.Name)}}, nil
 		}),
+		Node: framework.NodeOptions{ID: "node-1"}, // normally os.Getenv("NODE_NAME") from the downward API
 	})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(d.Options().Endpoint)
+	fmt.Println(d.Options().Node.Endpoint)
 	// Output: unix:///var/lib/kubelet/plugins/hello.csi.example.com/csi.sock
 }
 
@@ -47,8 +47,8 @@ func ExampleDriver_Run() {
 	}
 	d, err := framework.New(framework.Options{
 		DriverName: "hello.csi.example.com",
-		NodeID:     os.Getenv("NODE_NAME"),
 		Backends:   map[string]framework.Backend{"tmpfs": mem},
+		Node:       framework.NodeOptions{ID: os.Getenv("NODE_NAME")},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

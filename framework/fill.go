@@ -47,7 +47,7 @@ func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 // so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
 // kubelet leaves this to the driver and never walks the volume itself.
 func (d *Driver) applyFSGroup(target string, gid int) error {
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, target)
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, target)
 	if err != nil {
 		return err
 	}
@@ -79,11 +79,11 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 	}
 	defer release()
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, false); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable for the refresh: %w", err)
 		}
 		defer func() {
-			if rerr := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); rerr != nil {
+			if rerr := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); rerr != nil {
 				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
 			}
 		}()
@@ -102,7 +102,7 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 	if cp == nil {
 		return nil, release, fmt.Errorf("backend %s has no content provider", v.Backend)
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.opts.ContentTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Volumes.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
 		if release, err = d.contentBudget.reserve(ctx, cb.ContentLimits().MaxBytes); err != nil {
@@ -129,7 +129,7 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	if cb, ok := d.contentFor(v.Backend).(ContentBounder); ok {
 		opts.Limits = cb.ContentLimits()
 	}
-	r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, v.TargetPath)
+	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, v.TargetPath)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
@@ -173,8 +173,8 @@ func (d *Driver) anyContent() bool {
 // Authorizer. Each must approve.
 func (d *Driver) authorizers(backend string) []Authorizer {
 	var as []Authorizer
-	if d.opts.Authorizer != nil {
-		as = append(as, d.opts.Authorizer)
+	if d.opts.Volumes.Authorizer != nil {
+		as = append(as, d.opts.Volumes.Authorizer)
 	}
 	if a, ok := As[Authorizer](d.opts.Backends[backend]); ok {
 		as = append(as, a)

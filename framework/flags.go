@@ -15,57 +15,51 @@ import (
 
 // BindFlags registers on fs the command-line flags every driver binary needs and
 // the operator-facing knobs of Options, writing into o. Values already in o are
-// the defaults shown. A driver adds its own flags beside them.
+// the defaults shown; the others are the groups' own defaults (their
+// setDefaults), written into the fields bound here only. A driver adds its own
+// flags beside them.
 //
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
 //	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
 func BindFlags(fs *flag.FlagSet, o *Options) {
-	if o.NodeID == "" {
-		o.NodeID = os.Getenv("NODE_NAME")
+	if o.Node.ID == "" {
+		o.Node.ID = os.Getenv("NODE_NAME")
 	}
-	if o.KubeletRootDir == "" {
-		o.KubeletRootDir = defaultKubeletRoot
-	}
-	if o.GCInterval == 0 {
-		o.GCInterval = defaultGCInterval
-	}
-	if o.OrphanGracePeriod == 0 {
-		o.OrphanGracePeriod = defaultOrphanGracePeriod
-	}
-	if o.GCMaxOrphanShare == 0 {
-		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
-	}
-	o.StatsWalk.setDefaults()
-	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
-	fs.StringVar(&o.NodeID, "nodeid", o.NodeID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
-	fs.StringVar(&o.KubeletRootDir, "kubelet-root", o.KubeletRootDir, "The kubelet's --root-dir.")
-	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory for the driver's state (state.db) and backend data. Default "+defaultStateRoot+"/<driver-name>; never under /tmp on a node.")
-	if o.StateRecovery == "" {
-		o.StateRecovery = StateRecoveryRebuild
-	}
-	fs.StringVar(&o.StateRecovery, "state-recovery", o.StateRecovery, "What startup does with a damaged state file: rebuild (move it aside, never delete it, and rebuild the state from the node) or refuse (fail, to inspect it first).")
-	fs.BoolVar(&o.RegisterWithKubelet, "register", o.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
-	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", o.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Serve /metrics, /healthz, /readyz and /volumes over HTTP on this address, e.g. :9809. Empty: off.")
-	if o.VolumesEndpoint == nil {
-		o.VolumesEndpoint = new(true)
-	}
-	fs.BoolVar(o.VolumesEndpoint, "volumes-endpoint", *o.VolumesEndpoint, "Serve GET /volumes on --metrics-address: the pods (namespace, name, UID), targets, backends, sizes and usage of this node's volumes, for ephemera-scratch volumes and kubectl ephemera volumes. false: 404.")
-	fs.DurationVar(&o.GCInterval, "gc-interval", o.GCInterval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
-	fs.DurationVar(&o.OrphanGracePeriod, "orphan-grace-period", o.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
-	fs.BoolVar(&o.GCDryRun, "gc-dry-run", o.GCDryRun, "Only log what the orphan GC would remove.")
-	if o.ContentBytesInFlight == 0 {
-		o.ContentBytesInFlight = DefaultContentBytesInFlight
-	}
-	fs.Var((*bytesFlag)(&o.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
-	fs.Var((*mountOptionsFlag)(&o.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
-	fs.Float64Var(&o.GCMaxOrphanShare, "gc-max-orphan-share", o.GCMaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none without --gc-confirm-with-api).")
-	fs.Int64Var(&o.StatsWalk.MaxEntries, "stats-max-entries", o.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
-	fs.IntVar(&o.StatsWalk.MaxDepth, "stats-max-depth", o.StatsWalk.MaxDepth, "Levels below a directory volume's root one volume-stats walk enters at most; deeper entries are not counted.")
-	fs.DurationVar(&o.StatsWalk.Timeout, "stats-timeout", o.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
-	fs.DurationVar(&o.StatsWalk.CacheTTL, "stats-cache-ttl", o.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
+	// The defaults, on copies: a field no flag binds keeps its zero value
+	// until New (the Logger, say, which follows a klog logger set after the
+	// flags are parsed). Without a driver name the node's Endpoint and
+	// StateDir stay empty: New derives them from --kubelet-root.
+	node, volumes, limits, state, gc, obs := o.Node, o.Volumes, o.Limits, o.State, o.GC, o.Observability
+	node.setDefaults("")
+	volumes.setDefaults(nil)
+	limits.setDefaults()
+	state.setDefaults()
+	gc.setDefaults()
+	obs.setDefaults()
+
+	fs.StringVar(&o.Node.Endpoint, "endpoint", node.Endpoint, "CSI endpoint, unix:///path/csi.sock. Default unix://<kubelet-root>/plugins/<driver-name>/csi.sock.")
+	fs.StringVar(&o.Node.ID, "nodeid", node.ID, "Node ID: the Kubernetes node name (default $NODE_NAME).")
+	fs.StringVar(&o.Node.KubeletRootDir, "kubelet-root", node.KubeletRootDir, "The kubelet's --root-dir.")
+	fs.StringVar(&o.Node.StateDir, "state-dir", node.StateDir, "Directory for the driver's state (state.db) and backend data. Default "+defaultStateRoot+"/<driver-name>; never under /tmp on a node.")
+	fs.StringVar(&o.State.Recovery, "state-recovery", state.Recovery, "What startup does with a damaged state file: rebuild (move it aside, never delete it, and rebuild the state from the node) or refuse (fail, to inspect it first).")
+	fs.BoolVar(&o.Node.RegisterWithKubelet, "register", node.RegisterWithKubelet, "Register with the kubelet through <kubelet-root>/plugins_registry (no node-driver-registrar sidecar needed).")
+	fs.Int64Var(&o.Limits.MaxVolumesPerNode, "max-volumes-per-node", limits.MaxVolumesPerNode, "Volumes this driver serves per node, reported to the scheduler. 0: no limit.")
+	fs.StringVar(&o.Observability.MetricsAddress, "metrics-address", obs.MetricsAddress, "Serve /metrics, /healthz, /readyz and /volumes over HTTP on this address, e.g. :9809. Empty: off.")
+	o.Observability.VolumesEndpoint = obs.VolumesEndpoint
+	fs.BoolVar(o.Observability.VolumesEndpoint, "volumes-endpoint", *obs.VolumesEndpoint, "Serve GET /volumes on --metrics-address: the pods (namespace, name, UID), targets, backends, sizes and usage of this node's volumes, for ephemera-scratch volumes and kubectl ephemera volumes. false: 404.")
+	fs.DurationVar(&o.GC.Interval, "gc-interval", gc.Interval, "How often the orphan GC looks for volumes whose pod directory is gone. Negative: off.")
+	fs.DurationVar(&o.GC.OrphanGracePeriod, "orphan-grace-period", gc.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
+	fs.BoolVar(&o.GC.DryRun, "gc-dry-run", gc.DryRun, "Only log what the orphan GC would remove.")
+	o.Volumes.ContentBytesInFlight = volumes.ContentBytesInFlight
+	fs.Var((*bytesFlag)(&o.Volumes.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
+	fs.Var((*mountOptionsFlag)(&o.Volumes.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
+	fs.Float64Var(&o.GC.MaxOrphanShare, "gc-max-orphan-share", gc.MaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none when the driver does not ask the API server).")
+	fs.Int64Var(&o.Limits.StatsWalk.MaxEntries, "stats-max-entries", limits.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
+	fs.IntVar(&o.Limits.StatsWalk.MaxDepth, "stats-max-depth", limits.StatsWalk.MaxDepth, "Levels below a directory volume's root one volume-stats walk enters at most; deeper entries are not counted.")
+	fs.DurationVar(&o.Limits.StatsWalk.Timeout, "stats-timeout", limits.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
+	fs.DurationVar(&o.Limits.StatsWalk.CacheTTL, "stats-cache-ttl", limits.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 }
 
 // bytesFlag is a positive quantity of bytes, as 48Mi or 50331648.

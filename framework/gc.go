@@ -40,20 +40,20 @@ type orphans struct {
 // collectGarbage runs one pass of the orphan GC (docs/design.md, "Orphan GC"): a volume
 // whose pod directory <kubelet-root>/pods/<uid> is gone belongs to a pod the
 // kubelet will never unpublish (deleted while the node or the driver was down,
-// or its directory removed by hand). After Options.OrphanGracePeriod of being
-// seen that way — and, with Options.Pods, after the API server confirms the pod
+// or its directory removed by hand). After Options.GC.OrphanGracePeriod of being
+// seen that way — and, with Options.GC.Pods, after the API server confirms the pod
 // is gone — it is torn down like an unpublish. Volumes busy with another
 // operation are skipped until the next pass. It returns what it did per volume.
 //
 // The GC distrusts a sudden empty world. It acts only on the pods directory it
 // first saw (same device and inode: a directory replaced, or a mount over it
 // lazily unmounted, stops it), and a pass in which more than
-// Options.GCMaxOrphanShare of the volumes look orphaned at once removes only
-// volumes the API server confirms gone (none without Options.Pods). Storage
+// Options.GC.MaxOrphanShare of the volumes look orphaned at once removes only
+// volumes the API server confirms gone (none without Options.GC.Pods). Storage
 // still mounted anywhere is never deleted (teardown).
 func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]gcResult, error) {
-	log := d.opts.Logger.WithName("gc")
-	podsDir := filepath.Join(d.opts.KubeletRootDir, "pods")
+	log := d.opts.Observability.Logger.WithName("gc")
+	podsDir := filepath.Join(d.opts.Node.KubeletRootDir, "pods")
 	if err := d.checkPodsDir(podsDir); err != nil {
 		d.metrics.GC(string(gcRefused))
 		return nil, err
@@ -86,7 +86,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			continue
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
-		if now.Sub(first) < d.opts.OrphanGracePeriod {
+		if now.Sub(first) < d.opts.GC.OrphanGracePeriod {
 			report(rec, gcPending)
 			continue
 		}
@@ -95,11 +95,11 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	d.orphans.forgetExcept(seen)
 	// A wholesale disappearance is more likely a replaced or hidden pods
 	// directory than that many pods deleted behind the kubelet's back.
-	suspicious := len(due) > max(1, int(d.opts.GCMaxOrphanShare*float64(total)))
+	suspicious := len(due) > max(1, int(d.opts.GC.MaxOrphanShare*float64(total)))
 	if suspicious {
-		if d.opts.Pods == nil {
+		if d.opts.GC.Pods == nil {
 			log.Error(nil, "Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation (--gc-confirm-with-api) that their pods are gone nothing is removed",
-				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GCMaxOrphanShare, logkeys.PodsDir, podsDir)
+				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
 			for _, rec := range due {
 				report(rec, gcRefused)
 			}
@@ -122,8 +122,8 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
-		if d.opts.Pods != nil {
-			exists, err := d.opts.Pods.PodExists(ctx, rec.Pod.UID)
+		if d.opts.GC.Pods != nil {
+			exists, err := d.opts.GC.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
 				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
 				locked(rec, gcFailed)
@@ -135,7 +135,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			}
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
-		if d.opts.GCDryRun {
+		if d.opts.GC.DryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
 			locked(rec, gcWouldRm)
 			continue
@@ -215,8 +215,8 @@ func (o *orphans) forgetExcept(keep map[string]bool) {
 
 // runGC runs the orphan GC at startup and every GCInterval until ctx ends.
 func (d *Driver) runGC(ctx context.Context) {
-	log := d.opts.Logger.WithName("gc")
-	t := time.NewTicker(d.opts.GCInterval)
+	log := d.opts.Observability.Logger.WithName("gc")
+	t := time.NewTicker(d.opts.GC.Interval)
 	defer t.Stop()
 	for {
 		results, err := d.collectGarbage(ctx, time.Now())

@@ -34,8 +34,8 @@ func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Drive
 	}
 	deleted := map[string]int{}
 	fake, st := mount.NewFake(), memstore.New()
-	opts.DriverName, opts.NodeID, opts.KubeletRootDir, opts.StateDir = "gc.test", "n", root, t.TempDir()
-	opts.Mounter, opts.Store = fake, st
+	opts.DriverName, opts.Node.ID, opts.Node.KubeletRootDir, opts.Node.StateDir = "gc.test", "n", root, t.TempDir()
+	opts.Volumes.Mounter, opts.State.Store = fake, st
 	opts.Backends = map[string]Backend{"dir": BackendFuncs{
 		CreateFunc: func(context.Context, *api.Volume) (api.Source, error) { return api.Source{Path: "/src"}, nil },
 		DeleteFunc: func(_ context.Context, v *api.Volume) error { deleted[v.ID]++; return nil },
@@ -64,7 +64,7 @@ func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Drive
 }
 
 func TestGCRemovesOrphansAfterGrace(t *testing.T) {
-	d, fake, st := gcDriver(t, Options{OrphanGracePeriod: time.Minute}, []string{"live", "gone"}, "live")
+	d, fake, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Minute}}, []string{"live", "gone"}, "live")
 	ctx, now := t.Context(), time.Now()
 
 	res, err := d.collectGarbage(ctx, now)
@@ -81,7 +81,7 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	if _, err := st.Get(ctx, api.VolumeHandle("gone", "v")); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("orphan record kept: %v", err)
 	}
-	if fake.MountCount(filepath.Join(d.opts.KubeletRootDir, "pods", "gone", "volumes", "kubernetes.io~csi", "v", "mount")) != 0 {
+	if fake.MountCount(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "gone", "volumes", "kubernetes.io~csi", "v", "mount")) != 0 {
 		t.Error("orphan still mounted")
 	}
 	if _, err := st.Get(ctx, api.VolumeHandle("live", "v")); err != nil {
@@ -93,12 +93,12 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 }
 
 func TestGCPodReappearingResetsGrace(t *testing.T) {
-	d, _, st := gcDriver(t, Options{OrphanGracePeriod: time.Minute}, []string{"flap"})
+	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Minute}}, []string{"flap"})
 	ctx, now := t.Context(), time.Now()
 	d.collectGarbage(ctx, now)
-	os.MkdirAll(filepath.Join(d.opts.KubeletRootDir, "pods", "flap"), 0o750)
+	os.MkdirAll(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "flap"), 0o750)
 	d.collectGarbage(ctx, now.Add(30*time.Second))
-	os.Remove(filepath.Join(d.opts.KubeletRootDir, "pods", "flap"))
+	os.Remove(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "flap"))
 	res, _ := d.collectGarbage(ctx, now.Add(70*time.Second))
 	if res[api.VolumeHandle("flap", "v")] != gcPending {
 		t.Fatalf("grace not restarted after the pod dir came back: %v", res)
@@ -110,7 +110,7 @@ func TestGCPodReappearingResetsGrace(t *testing.T) {
 
 func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 	pods := podSet{"in-api": true}
-	d, _, st := gcDriver(t, Options{OrphanGracePeriod: time.Nanosecond, Pods: pods}, []string{"in-api", "api-down", "gone"})
+	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond, Pods: pods}}, []string{"in-api", "api-down", "gone"})
 	ctx, now := t.Context(), time.Now()
 	d.collectGarbage(ctx, now)
 	res, _ := d.collectGarbage(ctx, now.Add(time.Second))
@@ -128,7 +128,7 @@ func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 		t.Errorf("%d records left, want 2", len(recs))
 	}
 
-	d2, _, st2 := gcDriver(t, Options{OrphanGracePeriod: time.Nanosecond, GCDryRun: true}, []string{"gone"})
+	d2, _, st2 := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond, DryRun: true}}, []string{"gone"})
 	d2.collectGarbage(ctx, now)
 	res, _ = d2.collectGarbage(ctx, now.Add(time.Second))
 	if res[api.VolumeHandle("gone", "v")] != gcWouldRm {
@@ -140,7 +140,7 @@ func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 }
 
 func TestGCSafety(t *testing.T) {
-	d, _, st := gcDriver(t, Options{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
+	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond}}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
 	ctx, now := t.Context(), time.Now()
 	// A volume busy with another operation is left for the next pass.
 	if !d.locks.TryAcquire(api.VolumeHandle("a", "v")) {
@@ -153,7 +153,7 @@ func TestGCSafety(t *testing.T) {
 		t.Errorf("busy volume removed: %v", err)
 	}
 	// A wrong kubelet root (no pods directory) must not make everything orphaned.
-	if err := os.RemoveAll(filepath.Join(d.opts.KubeletRootDir, "pods")); err != nil {
+	if err := os.RemoveAll(filepath.Join(d.opts.Node.KubeletRootDir, "pods")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.collectGarbage(ctx, now.Add(time.Hour)); err == nil {

@@ -117,7 +117,7 @@ type Stamper interface {
 // ContentProvider puts files into a volume: after its storage is published and
 // before the pod sees it, again on every republish (CSIDriver requiresRepublish:
 // true, with fresh secrets and service-account tokens), and on Driver.Refresh,
-// Driver.RefreshAll or Options.RefreshInterval. The files replace the volume's
+// Driver.RefreshAll or Options.Volumes.RefreshInterval. The files replace the volume's
 // previous content atomically (a reader sees the old set or the new set, never a
 // mix). v carries the pod's identity, attributes, Secrets and Tokens; on a
 // driver-initiated refresh Secrets and Tokens are those of the last publish this
@@ -125,7 +125,7 @@ type Stamper interface {
 //
 // A failing first publish rolls the volume back and the pod does not start. A
 // failing refresh keeps the volume and its last good content and is retried with
-// backoff. Each call is bounded by Options.ContentTimeout.
+// backoff. Each call is bounded by Options.Volumes.ContentTimeout.
 type ContentProvider interface {
 	Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
 }
@@ -134,7 +134,7 @@ type ContentProvider interface {
 // are bounded, as those of a plugin (framework/plugin) are: an answer never
 // exceeds ContentLimits, whose MaxBytes counts as content.Cost does (data,
 // paths and content.FileOverhead per file). The driver reserves MaxBytes
-// from Options.ContentBytesInFlight before each call, releases it once the
+// from Options.Volumes.ContentBytesInFlight before each call, releases it once the
 // files are written, and writes them under the same limits. Providers
 // without it are not counted and their files are written under the content
 // package's default limits: they are the driver's own code, whose answers
@@ -217,7 +217,7 @@ type PodChecker interface {
 	PodExists(ctx context.Context, uid string) (bool, error)
 }
 
-// EventSink receives Kubernetes events about pods' volumes (Options.Events).
+// EventSink receives Kubernetes events about pods' volumes (Options.Observability.Events).
 // The framework has no Kubernetes client of its own: package framework/events
 // provides an EventSink that posts core/v1 Events through client-go, rate
 // limited per pod.

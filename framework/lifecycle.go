@@ -312,7 +312,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
 	defer cancel()
 	log := klog.FromContext(ctx).WithValues(logkeys.Backend, pr.vol.Backend)
 	ctx = klog.NewContext(ctx, log)
@@ -367,7 +367,7 @@ func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
 // (o.mt), which Ephemera never mounts over.
 func (d *Driver) targetCase(ctx context.Context, o *op) (cond, error) {
 	v := o.pr.vol
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	isMount, err := d.mounter.IsMountPoint(root, v.TargetPath)
 	if err != nil {
 		if errors.Is(err, mount.ErrSymlink) {
@@ -420,7 +420,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 			return err
 		}
 		o.full = full
-		isMount, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, full.TargetPath)
+		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
 		if err != nil {
 			return transient(fmt.Errorf("checking target: %w", err))
 		}
@@ -431,7 +431,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		when = whenChanged
 	case from == statePublished:
-		isMount, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
+		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 		if err != nil {
 			return transient(fmt.Errorf("checking target: %w", err))
 		}
@@ -460,7 +460,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if req.GetTargetPath() == "" {
 		return nil, invalidArgf("target_path is required")
 	}
-	t, err := volume.ParseTarget(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
 		return nil, invalidArgf("%v", err)
 	}
@@ -472,7 +472,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
 	defer cancel()
 	if err := d.unpublish(ctx, id, req.GetTargetPath()); err != nil {
 		return nil, err
@@ -524,7 +524,7 @@ func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 // NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
 // store fails the startup. Nothing is ever deleted because a record is missing.
 func (d *Driver) reconcile(ctx context.Context) error {
-	log := d.opts.Logger.WithName("reconcile")
+	log := d.opts.Observability.Logger.WithName("reconcile")
 	recs, err := d.store.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing volume records: %w", err)
@@ -587,7 +587,7 @@ func (d *Driver) collectOrphan(ctx context.Context, rec *store.Record) error {
 // refreshVolume is the refresh event of volume id: a driver-initiated
 // refresh of its content (the refresher's timers call it).
 func (d *Driver) refreshVolume(ctx context.Context, id string) {
-	log := d.opts.Logger.WithValues(logkeys.VolumeID, id)
+	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
 	if !d.locks.TryAcquire(id) {
 		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
 		return
@@ -606,7 +606,7 @@ func (d *Driver) refreshVolume(ctx context.Context, id string) {
 	if from != stateNone {
 		when = whenStale
 		if from == statePublished && d.contentFor(rec.Backend) != nil {
-			if isMount, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath); err == nil && isMount {
+			if isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
 				when = whenRefreshable
 			}
 		}
@@ -867,7 +867,7 @@ func (d *Driver) keepRecord(_ context.Context, o *op) error {
 	if rec.Phase != store.PhasePublished {
 		return nil
 	}
-	isMount, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
+	isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		o.log.Error(err, "Checking target of published volume")
 	} else if !isMount {
@@ -1007,7 +1007,7 @@ func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[stri
 		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
 	if err := d.mountAndFill(ctx, pr, src); err != nil {
-		if uerr := d.mounter.Unmount(d.opts.KubeletRootDir, v.TargetPath); uerr != nil {
+		if uerr := d.mounter.Unmount(d.opts.Node.KubeletRootDir, v.TargetPath); uerr != nil {
 			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
 		}
 		return api.Source{}, err
@@ -1022,7 +1022,7 @@ func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[stri
 func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
 	v := pr.vol
 	v.State = state
-	root := d.opts.KubeletRootDir
+	root := d.opts.Node.KubeletRootDir
 	if v.ReadOnly && d.fills(v) {
 		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable to finish its publish: %w", err)
@@ -1041,12 +1041,12 @@ func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state ma
 // applies read-only.
 func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.Source) error {
 	v := pr.vol
-	if err := d.mounter.MakeTarget(d.opts.KubeletRootDir, v.TargetPath); err != nil {
+	if err := d.mounter.MakeTarget(d.opts.Node.KubeletRootDir, v.TargetPath); err != nil {
 		return fmt.Errorf("creating target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMkdir)
-	src.MountOptions = d.opts.MountOptions[v.Backend] // the operator's, never a backend's
-	if err := d.mounter.Mount(d.opts.KubeletRootDir, src, v.TargetPath); err != nil {
+	src.MountOptions = d.opts.Volumes.MountOptions[v.Backend] // the operator's, never a backend's
+	if err := d.mounter.Mount(d.opts.Node.KubeletRootDir, src, v.TargetPath); err != nil {
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
@@ -1055,7 +1055,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.KubeletRootDir, v.TargetPath, true); err != nil {
+		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); err != nil {
 			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}
@@ -1064,11 +1064,11 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 
 // unpublishTarget unmounts everything at target and removes the directory.
 func (d *Driver) unpublishTarget(target string) error {
-	if err := d.mounter.Unmount(d.opts.KubeletRootDir, target); err != nil {
+	if err := d.mounter.Unmount(d.opts.Node.KubeletRootDir, target); err != nil {
 		return fmt.Errorf("unmounting target: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterUnmount)
-	if err := d.mounter.RemoveTarget(d.opts.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := d.mounter.RemoveTarget(d.opts.Node.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing target directory: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterRemoveDir)

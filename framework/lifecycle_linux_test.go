@@ -47,13 +47,15 @@ func realHarness(t *testing.T, mutate func(*framework.Options)) *drivertest.Harn
 		t.Fatal(err)
 	}
 	opts := framework.Options{
-		KubeletRootDir: filepath.Join(base, "kubelet"),
-		StateDir:       filepath.Join(base, "state"),
 		Backends: map[string]framework.Backend{
 			"tmpfs": newTmpfs(t, tmpfs.Options{}),
 			"dir":   d,
 		},
-		DefaultBackend: "tmpfs",
+		Node: framework.NodeOptions{
+			KubeletRootDir: filepath.Join(base, "kubelet"),
+			StateDir:       filepath.Join(base, "state"),
+		},
+		Volumes: framework.VolumeOptions{DefaultBackend: "tmpfs"},
 	}
 	if mutate != nil {
 		mutate(&opts)
@@ -106,7 +108,7 @@ func records(t *testing.T, h *drivertest.Harness) []*store.Record {
 	// The driver holds the bbolt lock; stop it to read the file, then restart.
 	h.Stop()
 	defer h.Restart()
-	st, err := boltstore.Open(filepath.Join(h.Options.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
+	st, err := boltstore.Open(filepath.Join(h.Options.Node.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestDirBackendBindAndReadOnly(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	backing := filepath.Join(h.Options.StateDir, "volumes", api.VolumeHandle(pod.UID, "data"))
+	backing := filepath.Join(h.Options.Node.StateDir, "volumes", api.VolumeHandle(pod.UID, "data"))
 	if _, err := os.Stat(filepath.Join(backing, "f")); err != nil {
 		t.Fatalf("file not in backing dir: %v", err)
 	}
@@ -224,7 +226,7 @@ func TestDirBackendBindAndReadOnly(t *testing.T) {
 	if _, err := os.Stat(backing); !os.IsNotExist(err) {
 		t.Fatalf("backing dir left: %v", err)
 	}
-	if n := len(mountUnder(t, h.Options.KubeletRootDir)); n != 0 {
+	if n := len(mountUnder(t, h.Options.Node.KubeletRootDir)); n != 0 {
 		t.Fatalf("%d mounts left", n)
 	}
 }
@@ -293,7 +295,7 @@ func TestConcurrentPublishes(t *testing.T) {
 			t.Fatalf("publish: %v", err)
 		}
 	}
-	if got := len(mountUnder(t, h.Options.KubeletRootDir)); got != n {
+	if got := len(mountUnder(t, h.Options.Node.KubeletRootDir)); got != n {
 		t.Fatalf("%d mounts, want %d", got, n)
 	}
 	for _, p := range pods {
@@ -306,7 +308,7 @@ func TestConcurrentPublishes(t *testing.T) {
 		}(p)
 	}
 	wg.Wait()
-	if got := len(mountUnder(t, h.Options.KubeletRootDir)); got != 0 {
+	if got := len(mountUnder(t, h.Options.Node.KubeletRootDir)); got != 0 {
 		t.Fatalf("%d mounts left", got)
 	}
 	if recs := records(t, h); len(recs) != 0 {
@@ -318,7 +320,7 @@ func TestContentAndSecretsNeverLogged(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	h := realHarness(t, func(o *framework.Options) {
-		o.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(lockedWriter{&mu, &logs}), textlogger.Verbosity(10)))
+		o.Observability.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(lockedWriter{&mu, &logs}), textlogger.Verbosity(10)))
 		o.Content = framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return map[string]api.File{
 				"pod":         {Data: []byte(v.Pod.Namespace + "/" + v.Pod.Name)},
@@ -387,7 +389,7 @@ func TestContentAndSecretsNeverLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Stop()
-	raw, err := os.ReadFile(filepath.Join(h.Options.StateDir, framework.StateFile))
+	raw, err := os.ReadFile(filepath.Join(h.Options.Node.StateDir, framework.StateFile))
 	h.Restart()
 	if err != nil {
 		t.Fatal(err)

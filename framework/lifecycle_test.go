@@ -123,7 +123,7 @@ func TestConcurrentSameVolumeAborted(t *testing.T) {
 }
 
 func TestInFlightCapResourceExhausted(t *testing.T) {
-	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MaxInFlight = 1 })
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.Limits.MaxInFlight = 1 })
 	a, b := h.Kubelet.NewPod("ns", "a"), h.Kubelet.NewPod("ns", "b")
 	entered, release := blockMount(fake)
 	first := make(chan error, 1)
@@ -143,7 +143,7 @@ func TestInFlightCapResourceExhausted(t *testing.T) {
 }
 
 func TestMaxVolumesPerNode(t *testing.T) {
-	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MaxVolumesPerNode = 2 })
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.Limits.MaxVolumesPerNode = 2 })
 	info, err := h.Node.NodeGetInfo(t.Context(), &csi.NodeGetInfoRequest{})
 	if err != nil || info.MaxVolumesPerNode != 2 || info.NodeId != "node-1" {
 		t.Fatalf("NodeGetInfo = %v, %v", info, err)
@@ -228,7 +228,7 @@ func fmtHex(n int) string {
 }
 
 func TestIdentityAndCapabilities(t *testing.T) {
-	h, _, _ := fakeHarness(t, func(o *framework.Options) { o.Version = "v1.2.3" })
+	h, _, _ := fakeHarness(t, func(o *framework.Options) { o.Node.Version = "v1.2.3" })
 	info, err := h.Identity.GetPluginInfo(t.Context(), &csi.GetPluginInfoRequest{})
 	if err != nil || info.Name != "test.csi.ephemera.dev" || info.VendorVersion != "v1.2.3" {
 		t.Fatalf("GetPluginInfo = %v, %v", info, err)
@@ -255,24 +255,24 @@ func TestIdentityAndCapabilities(t *testing.T) {
 }
 
 func TestOptionsValidation(t *testing.T) {
-	ok := framework.Options{DriverName: "a.b", NodeID: "n", Backends: map[string]framework.Backend{"x": framework.BackendFuncs{}}}
+	ok := framework.Options{DriverName: "a.b", Backends: map[string]framework.Backend{"x": framework.BackendFuncs{}}, Node: framework.NodeOptions{ID: "n"}}
 	tests := map[string]func(*framework.Options){
 		"no name":              func(o *framework.Options) { o.DriverName = "" },
 		"bad name":             func(o *framework.Options) { o.DriverName = "-bad" },
-		"no node":              func(o *framework.Options) { o.NodeID = "" },
-		"tcp endpoint":         func(o *framework.Options) { o.Endpoint = "tcp://127.0.0.1:1" },
-		"relative state":       func(o *framework.Options) { o.StateDir = "state" },
-		"relative root":        func(o *framework.Options) { o.KubeletRootDir = "kubelet" },
+		"no node":              func(o *framework.Options) { o.Node.ID = "" },
+		"tcp endpoint":         func(o *framework.Options) { o.Node.Endpoint = "tcp://127.0.0.1:1" },
+		"relative state":       func(o *framework.Options) { o.Node.StateDir = "state" },
+		"relative root":        func(o *framework.Options) { o.Node.KubeletRootDir = "kubelet" },
 		"no backends":          func(o *framework.Options) { o.Backends = nil },
 		"nil backend":          func(o *framework.Options) { o.Backends = map[string]framework.Backend{"x": nil} },
 		"ambiguous default":    func(o *framework.Options) { o.Backends["y"] = framework.BackendFuncs{} },
-		"unknown default":      func(o *framework.Options) { o.DefaultBackend = "z" },
-		"timeout over kubelet": func(o *framework.Options) { o.OperationTimeout = 3 * time.Minute },
-		"long socket path":     func(o *framework.Options) { o.Endpoint = "unix:///" + string(make([]byte, 120)) },
-		"negative size cap":    func(o *framework.Options) { o.MaxVolumeSize = -2 },
-		"negative stats walk":  func(o *framework.Options) { o.StatsWalk.MaxEntries = -1 },
-		"negative stats depth": func(o *framework.Options) { o.StatsWalk.MaxDepth = -1 },
-		"stats walk too long":  func(o *framework.Options) { o.StatsWalk.Timeout = 2 * time.Minute },
+		"unknown default":      func(o *framework.Options) { o.Volumes.DefaultBackend = "z" },
+		"timeout over kubelet": func(o *framework.Options) { o.Limits.OperationTimeout = 3 * time.Minute },
+		"long socket path":     func(o *framework.Options) { o.Node.Endpoint = "unix:///" + string(make([]byte, 120)) },
+		"negative size cap":    func(o *framework.Options) { o.Limits.MaxVolumeSize = -2 },
+		"negative stats walk":  func(o *framework.Options) { o.Limits.StatsWalk.MaxEntries = -1 },
+		"negative stats depth": func(o *framework.Options) { o.Limits.StatsWalk.MaxDepth = -1 },
+		"stats walk too long":  func(o *framework.Options) { o.Limits.StatsWalk.Timeout = 2 * time.Minute },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -289,10 +289,10 @@ func TestOptionsValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := d.Options()
-	if got.KubeletRootDir != "/var/lib/kubelet" || got.StateDir != "/var/lib/ephemera/a.b" ||
-		got.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.DefaultBackend != "x" || got.MaxInFlight != 64 ||
-		got.MaxVolumeSize != framework.DefaultMaxVolumeSize ||
-		got.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) {
+	if got.Node.KubeletRootDir != "/var/lib/kubelet" || got.Node.StateDir != "/var/lib/ephemera/a.b" ||
+		got.Node.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.Volumes.DefaultBackend != "x" || got.Limits.MaxInFlight != 64 ||
+		got.Limits.MaxVolumeSize != framework.DefaultMaxVolumeSize ||
+		got.Limits.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 }
@@ -306,11 +306,16 @@ func TestSecondDriverOnSameStateFailsFast(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(sock) })
 		return framework.Options{
-			DriverName: "x.y", NodeID: "n", StateDir: filepath.Join(base, "state"),
-			KubeletRootDir: filepath.Join(base, "kubelet"), Endpoint: "unix://" + filepath.Join(sock, "s"),
-			Backends:     map[string]framework.Backend{"x": framework.BackendFuncs{}},
-			Mounter:      mount.NewFake(),
-			StoreTimeout: 200 * time.Millisecond,
+			DriverName: "x.y",
+			Backends:   map[string]framework.Backend{"x": framework.BackendFuncs{}},
+			Node: framework.NodeOptions{
+				ID:             "n",
+				StateDir:       filepath.Join(base, "state"),
+				KubeletRootDir: filepath.Join(base, "kubelet"),
+				Endpoint:       "unix://" + filepath.Join(sock, "s"),
+			},
+			Volumes: framework.VolumeOptions{Mounter: mount.NewFake()},
+			State:   framework.StateOptions{LockTimeout: 200 * time.Millisecond},
 		}
 	}
 	drivertest.Start(t, dirOpts())
@@ -435,7 +440,7 @@ func TestFailedRepairLeavesNoHalfFinishedMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := h.Kubelet.TargetPath(pod, "v")
-	if err := fake.Unmount(h.Options.KubeletRootDir, target); err != nil {
+	if err := fake.Unmount(h.Options.Node.KubeletRootDir, target); err != nil {
 		t.Fatal(err)
 	}
 	fake.Fail(mount.MethodSetReadOnly, func(string) error { return errors.New("remount failed") })
@@ -467,7 +472,7 @@ func TestPodChosenSizeIsCappedByDefault(t *testing.T) {
 		{"no cap", framework.NoMaxVolumeSize, codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MaxVolumeSize = tc.max })
+			h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.Limits.MaxVolumeSize = tc.max })
 			pod := h.Kubelet.NewPod("ns", "p")
 			err := publishFake(t, h, fake, pod, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "50Gi"}})
 			if status.Code(err) != tc.want {

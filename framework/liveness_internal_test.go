@@ -70,15 +70,17 @@ func TestHealthzProbesThroughTheSocket(t *testing.T) {
 	root := t.TempDir()
 	st := &wedgingStore{Store: memstore.New(), release: make(chan struct{})}
 	d, err := New(Options{
-		DriverName:     "live.csi.ephemera.dev",
-		NodeID:         "n",
-		Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
-		KubeletRootDir: filepath.Join(root, "kubelet"),
-		StateDir:       filepath.Join(root, "state"),
-		Backends:       map[string]Backend{"b": BackendFuncs{}},
-		MetricsAddress: "127.0.0.1:0",
-		Mounter:        mount.NewFake(),
-		Store:          st,
+		DriverName: "live.csi.ephemera.dev",
+		Backends:   map[string]Backend{"b": BackendFuncs{}},
+		Node: NodeOptions{
+			ID:             "n",
+			Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
+			KubeletRootDir: filepath.Join(root, "kubelet"),
+			StateDir:       filepath.Join(root, "state"),
+		},
+		Volumes:       VolumeOptions{Mounter: mount.NewFake()},
+		State:         StateOptions{Store: st},
+		Observability: ObservabilityOptions{MetricsAddress: "127.0.0.1:0"},
 	})
 	if err != nil {
 		t.Fatal(err)

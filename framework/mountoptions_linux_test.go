@@ -22,7 +22,7 @@ import (
 // no mountOptions, and mount flags in a request are refused, TestPublishValidation.)
 func TestOperatorMountOptions(t *testing.T) {
 	h := realHarness(t, func(o *framework.Options) {
-		o.MountOptions = map[string][]string{"tmpfs": {"noexec", "noatime"}, "dir": {"noexec", "nosymfollow"}}
+		o.Volumes.MountOptions = map[string][]string{"tmpfs": {"noexec", "noatime"}, "dir": {"noexec", "nosymfollow"}}
 	})
 	k := h.Kubelet
 	pod := k.NewPod("ns", "opts")
@@ -78,14 +78,30 @@ func TestOperatorMountOptionsChecked(t *testing.T) {
 		"noexec,noexec":    `"noexec" is given twice`,
 		"noatime,relatime": `"noatime" and "relatime" exclude each other`,
 	} {
-		_, err := framework.New(framework.Options{DriverName: "t.csi.ephemera.dev", NodeID: "n", StateDir: t.TempDir(), KubeletRootDir: t.TempDir(),
-			Backends: map[string]framework.Backend{"b": framework.BackendFuncs{}}, MountOptions: map[string][]string{"b": strings.Split(opts, ",")}})
+		_, err := framework.New(framework.Options{
+			DriverName: "t.csi.ephemera.dev",
+			Backends:   map[string]framework.Backend{"b": framework.BackendFuncs{}},
+			Node: framework.NodeOptions{
+				ID:             "n",
+				StateDir:       t.TempDir(),
+				KubeletRootDir: t.TempDir(),
+			},
+			Volumes: framework.VolumeOptions{MountOptions: map[string][]string{"b": strings.Split(opts, ",")}},
+		})
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("MountOptions %s: %v, want %q", opts, err, want)
 		}
 	}
-	_, err := framework.New(framework.Options{DriverName: "t.csi.ephemera.dev", NodeID: "n", StateDir: t.TempDir(), KubeletRootDir: t.TempDir(),
-		Backends: map[string]framework.Backend{"b": framework.BackendFuncs{}}, MountOptions: map[string][]string{"c": {"noexec"}}})
+	_, err := framework.New(framework.Options{
+		DriverName: "t.csi.ephemera.dev",
+		Backends:   map[string]framework.Backend{"b": framework.BackendFuncs{}},
+		Node: framework.NodeOptions{
+			ID:             "n",
+			StateDir:       t.TempDir(),
+			KubeletRootDir: t.TempDir(),
+		},
+		Volumes: framework.VolumeOptions{MountOptions: map[string][]string{"c": {"noexec"}}},
+	})
 	if err == nil || !strings.Contains(err.Error(), `MountOptions: "c" is not one of the backends (b)`) {
 		t.Errorf("MountOptions of an unknown backend: %v", err)
 	}

@@ -28,7 +28,7 @@ type httpState struct {
 	handler http.Handler
 
 	mu     sync.Mutex
-	server *httpserver.Server // set while Run serves Options.MetricsAddress
+	server *httpserver.Server // set while Run serves Options.Observability.MetricsAddress
 }
 
 // initObservability creates the driver's metrics (in its own registry) and its
@@ -48,9 +48,9 @@ func (d *Driver) initObservability() {
 	}
 	d.metrics = metrics.New(metrics.Config{
 		DriverName: d.opts.DriverName,
-		Version:    d.opts.Version,
+		Version:    d.opts.Node.Version,
 		Backends:   backendNames(d.opts.Backends),
-		Capacity:   d.opts.Capacity,
+		Capacity:   d.opts.Limits.Capacity,
 		Methods:    methods,
 		Usage:      d.capacity.usage,
 		Inflight:   func() int { return len(d.inflight) },
@@ -59,7 +59,7 @@ func (d *Driver) initObservability() {
 	mux.Handle("GET /metrics", d.metrics.Handler())
 	mux.HandleFunc("GET /healthz", d.serveHealthz)
 	mux.HandleFunc("GET /readyz", d.serveReadyz)
-	if d.opts.VolumesEndpoint == nil || *d.opts.VolumesEndpoint {
+	if d.opts.Observability.VolumesEndpoint == nil || *d.opts.Observability.VolumesEndpoint {
 		mux.HandleFunc("GET /volumes", d.serveVolumes)
 	}
 	d.http.handler = mux
@@ -74,7 +74,7 @@ func methodNames(ms []grpc.MethodDesc) []string {
 }
 
 // Handler serves the driver's metrics and health, for authors who run their
-// own HTTP server instead of setting Options.MetricsAddress:
+// own HTTP server instead of setting Options.Observability.MetricsAddress:
 //
 //   - /metrics: Prometheus metrics (see package framework/metrics);
 //   - /healthz: liveness. 200 before the driver serves (a startup reconcile
@@ -90,12 +90,12 @@ func methodNames(ms []grpc.MethodDesc) []string {
 //     in JSON (pod namespace, name and UID, volume name, backend, size,
 //     phase, creation time, and the usage of mounted volumes; never
 //     attributes or secrets); 503 until the driver serves; not served (404)
-//     with Options.VolumesEndpoint false.
+//     with Options.Observability.VolumesEndpoint false.
 //
 // It may be mounted before Run starts; /readyz then says not ready.
 func (d *Driver) Handler() http.Handler { return d.http.handler }
 
-// MetricsAddr returns the address the Options.MetricsAddress server listens
+// MetricsAddr returns the address the Options.Observability.MetricsAddress server listens
 // on, with the port it got (useful with ":0" in tests), or "" when it is not
 // serving.
 func (d *Driver) MetricsAddr() string {
@@ -133,23 +133,23 @@ func (d *Driver) liveness(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, livenessTimeout)
 	defer cancel()
-	path, err := socketPath(d.opts.Endpoint)
+	path, err := socketPath(d.opts.Node.Endpoint)
 	if err != nil {
 		return err
 	}
 	conn, err := unixsock.DialGRPC(path, nil)
 	if err != nil {
-		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
+		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Node.Endpoint, err)
 	}
 	defer conn.Close()
 	// Judged as the livenessprobe sidecar judges: an error or "not ready"
 	// (a store that fails) is unhealthy; a restart reopens the store.
 	resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{}, grpc.WaitForReady(true))
 	if err != nil {
-		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Endpoint, err)
+		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Node.Endpoint, err)
 	}
 	if !resp.GetReady().GetValue() && d.ready.Load() {
-		return fmt.Errorf("CSI Probe over %s: not ready", d.opts.Endpoint)
+		return fmt.Errorf("CSI Probe over %s: not ready", d.opts.Node.Endpoint)
 	}
 	return nil
 }
@@ -176,13 +176,13 @@ func (d *Driver) serveReadyz(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(w, "ok")
 }
 
-// serveHTTP starts the Options.MetricsAddress server, if any. The returned
+// serveHTTP starts the Options.Observability.MetricsAddress server, if any. The returned
 // func stops it gracefully.
 func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
-	if d.opts.MetricsAddress == "" {
+	if d.opts.Observability.MetricsAddress == "" {
 		return func() {}, nil
 	}
-	srv, err := httpserver.Start(d.opts.MetricsAddress, d.http.handler, log)
+	srv, err := httpserver.Start(d.opts.Observability.MetricsAddress, d.http.handler, log)
 	if err != nil {
 		return nil, err
 	}
@@ -198,12 +198,12 @@ func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
 	}, nil
 }
 
-// event sends an event about pod to Options.Events, if set.
+// event sends an event about pod to Options.Observability.Events, if set.
 func (d *Driver) event(pod api.Pod, eventType, reason, message string) {
-	if d.opts.Events == nil || pod.Name == "" || pod.Namespace == "" {
+	if d.opts.Observability.Events == nil || pod.Name == "" || pod.Namespace == "" {
 		return
 	}
-	d.opts.Events.Event(pod, eventType, reason, message)
+	d.opts.Observability.Events.Event(pod, eventType, reason, message)
 }
 
 // provisioningFailed reports a failed first publish to the pod's events with
@@ -245,7 +245,7 @@ func validateMetricsAddress(addr string) error {
 		_, err = strconv.ParseUint(port, 10, 16)
 	}
 	if err != nil {
-		return fmt.Errorf("MetricsAddress %q must be host:port, e.g. \":9809\" or \"127.0.0.1:9809\"", addr)
+		return fmt.Errorf("Observability.MetricsAddress %q must be host:port, e.g. \":9809\" or \"127.0.0.1:9809\"", addr)
 	}
 	return nil
 }

@@ -28,14 +28,16 @@ func newObsDriver(t *testing.T, sink EventSink) *Driver {
 	t.Helper()
 	root := t.TempDir()
 	d, err := New(Options{
-		DriverName:     "obs.csi.ephemera.dev",
-		NodeID:         "n",
-		KubeletRootDir: filepath.Join(root, "kubelet"),
-		StateDir:       filepath.Join(root, "state"),
-		Backends:       map[string]Backend{"b": BackendFuncs{}},
-		Mounter:        mount.NewFake(),
-		Store:          memstore.New(),
-		Events:         sink,
+		DriverName: "obs.csi.ephemera.dev",
+		Backends:   map[string]Backend{"b": BackendFuncs{}},
+		Node: NodeOptions{
+			ID:             "n",
+			KubeletRootDir: filepath.Join(root, "kubelet"),
+			StateDir:       filepath.Join(root, "state"),
+		},
+		Volumes:       VolumeOptions{Mounter: mount.NewFake()},
+		State:         StateOptions{Store: memstore.New()},
+		Observability: ObservabilityOptions{Events: sink},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -100,7 +100,7 @@ var allowedLabels = map[string]bool{"method": true, "code": true, "backend": tru
 var labelName = regexp.MustCompile(`([a-z_]+)="`)
 
 func TestMetricsOverHTTP(t *testing.T) {
-	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MetricsAddress = "127.0.0.1:0" })
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.Observability.MetricsAddress = "127.0.0.1:0" })
 	addr := h.Driver().MetricsAddr()
 	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("MetricsAddr() = %q, want the bound 127.0.0.1 port", addr)
@@ -233,15 +233,17 @@ func TestReadyzDuringReconcile(t *testing.T) {
 	root := t.TempDir()
 	b := &blockingLister{listing: make(chan struct{}), release: make(chan struct{}), deleted: make(chan string, 1)}
 	d, err := framework.New(framework.Options{
-		DriverName:     "test.csi.ephemera.dev",
-		NodeID:         "node-1",
-		Endpoint:       "unix://" + filepath.Join(sock, "csi.sock"),
-		KubeletRootDir: filepath.Join(root, "kubelet"),
-		StateDir:       filepath.Join(root, "state"),
-		Backends:       map[string]framework.Backend{"slow": b},
-		MetricsAddress: "127.0.0.1:0",
-		Mounter:        mount.NewFake(),
-		Store:          memstore.New(),
+		DriverName: "test.csi.ephemera.dev",
+		Backends:   map[string]framework.Backend{"slow": b},
+		Node: framework.NodeOptions{
+			ID:             "node-1",
+			Endpoint:       "unix://" + filepath.Join(sock, "csi.sock"),
+			KubeletRootDir: filepath.Join(root, "kubelet"),
+			StateDir:       filepath.Join(root, "state"),
+		},
+		Volumes:       framework.VolumeOptions{Mounter: mount.NewFake()},
+		State:         framework.StateOptions{Store: memstore.New()},
+		Observability: framework.ObservabilityOptions{MetricsAddress: "127.0.0.1:0"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +331,7 @@ func TestRefreshFailureCountedAndReported(t *testing.T) {
 	failing := false
 	ev := &sink{}
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-		o.Events = ev
+		o.Observability.Events = ev
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
 			fail.Lock()
 			defer fail.Unlock()
@@ -380,7 +382,7 @@ func TestProvisioningFailedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, fm, _ := fakeHarness(t, func(o *framework.Options) {
-		o.Events = rec
+		o.Observability.Events = rec
 		o.Runnables = []framework.Runnable{rec} // the driver runs it
 	})
 	pod := h.Kubelet.NewPod("ns", "p")

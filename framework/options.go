@@ -19,50 +19,133 @@ import (
 )
 
 // Options configure a Driver. Pass them by value to New; zero values take the
-// documented defaults.
+// documented defaults. Beside the three fields every driver sets (DriverName,
+// Backends, Content), the options come in groups by subsystem, each a struct
+// whose zero value means its defaults (set by its own setDefaults, which
+// BindFlags reads too):
+//
+//   - Node: who and where the driver is (version, node, socket, directories,
+//     kubelet registration).
+//   - Volumes: what a volume is made of (default backend, accepted
+//     attributes, mount options, authorizer, content calls and refreshes,
+//     the mounter).
+//   - Limits: how much the node gives (volumes, sizes, budgets, requests in
+//     flight, deadlines, stats walks).
+//   - State: the durable records and what startup does with a damaged file.
+//   - GC: the orphan garbage collector.
+//   - Observability: logs, metrics, /volumes, events and API checks.
 type Options struct {
 	// DriverName is the CSI driver name, which must match the CSIDriver object
 	// (for example "scratch.csi.ephemera.dev"). Required.
 	DriverName string
+	// Backends maps backend names to implementations. Required: at least one.
+	Backends map[string]Backend
+	// Content, when set, fills every volume with files at publish and refreshes
+	// them on republish (see ContentProvider). A backend that is itself a
+	// ContentProvider (an out-of-process plugin, framework/plugin) fills its
+	// own volumes instead. Its calls are tuned in Volumes.
+	Content ContentProvider
+
+	// Node says who and where the driver is.
+	Node NodeOptions
+	// Volumes says what a volume is made of.
+	Volumes VolumeOptions
+	// Limits bound what the node gives.
+	Limits LimitOptions
+	// State configures the durable records.
+	State StateOptions
+	// GC configures the orphan garbage collector.
+	GC GCOptions
+	// Observability configures logs, metrics, /volumes, events and the
+	// CSIDriver check.
+	Observability ObservabilityOptions
+
+	// Runnables run beside the CSI server for as long as the driver: started
+	// after the startup reconcile, stopped (their context canceled, then waited
+	// for) after the server, the GC and the refresher have stopped. An error
+	// one returns before that is logged; the driver keeps serving. Typical: the
+	// events.Recorder behind Observability.Events, the kube.Pods informer
+	// behind GC.Pods.
+	Runnables []Runnable
+}
+
+// NodeOptions say who and where the driver is: identity and paths. The zero
+// value takes the defaults.
+type NodeOptions struct {
 	// Version is reported by GetPluginInfo. Defaults to "dev".
 	Version string
-	// NodeID is reported by NodeGetInfo; normally the Kubernetes node name.
+	// ID is reported by NodeGetInfo; normally the Kubernetes node name.
 	// Required.
-	NodeID string
+	ID string
 	// Endpoint is the unix socket the CSI services listen on, as "unix:///path"
 	// (or "unix://C:\path" on Windows). Defaults to
 	// "unix://<KubeletRootDir>/plugins/<DriverName>/csi.sock".
 	Endpoint string
+	// KubeletRootDir is the kubelet's --root-dir. Target paths outside
+	// <KubeletRootDir>/pods/ are refused. Defaults to /var/lib/kubelet
+	// (C:\var\lib\kubelet on Windows).
+	KubeletRootDir string
 	// StateDir holds the driver's bbolt state (state.db) and backend data.
 	// Defaults to /var/lib/ephemera/<DriverName> (C:\var\lib\ephemera\<DriverName>
 	// on Windows). Must not be under /tmp on a real node: it must survive reboots
 	// of the driver container.
 	StateDir string
-	// KubeletRootDir is the kubelet's --root-dir. Target paths outside
-	// <KubeletRootDir>/pods/ are refused. Defaults to /var/lib/kubelet
-	// (C:\var\lib\kubelet on Windows).
-	KubeletRootDir string
-	// Backends maps backend names to implementations. Required: at least one.
-	Backends map[string]Backend
+	// RegisterWithKubelet serves the kubelet plugin registration API on
+	// <KubeletRootDir>/plugins_registry/<DriverName>-reg.sock so no
+	// node-driver-registrar sidecar is needed. Defaults to false.
+	RegisterWithKubelet bool
+}
+
+// setDefaults fills the zero fields. Endpoint and StateDir derive from the
+// driver name and KubeletRootDir: without a driver name (BindFlags, before
+// the flags are parsed) they are left empty.
+func (n *NodeOptions) setDefaults(driverName string) {
+	if n.Version == "" {
+		n.Version = "dev"
+	}
+	if n.KubeletRootDir == "" {
+		n.KubeletRootDir = defaultKubeletRoot
+	}
+	if driverName == "" {
+		return
+	}
+	if n.StateDir == "" {
+		n.StateDir = DefaultStateDir(driverName)
+	}
+	if n.Endpoint == "" {
+		n.Endpoint = "unix://" + filepath.Join(n.KubeletRootDir, "plugins", driverName, "csi.sock")
+	}
+}
+
+// VolumeOptions say what a volume is made of: its backend, the attributes it
+// accepts, its mount options, who approves it, and how its content is
+// fetched and refreshed. The zero value takes the defaults.
+type VolumeOptions struct {
 	// DefaultBackend is used when a volume has no "backend" attribute. Defaults to
 	// the only backend when there is exactly one; required otherwise.
 	DefaultBackend string
-	// Content, when set, fills every volume with files at publish and refreshes
-	// them on republish (see ContentProvider). A backend that is itself a
-	// ContentProvider (an out-of-process plugin, framework/plugin) fills its
-	// own volumes instead.
-	Content ContentProvider
+	// AcceptedAttributes declares the volume attributes the driver itself
+	// accepts, beside the framework's ("size", "backend") and its backends'.
+	// Each publish parses them once (required keys, defaults, enums, patterns,
+	// DNS labels, quantities and integers within bounds; every problem
+	// reported at once, InvalidArgument), hands their values to the backend
+	// and the content provider as Volume.Attributes, and the backend the
+	// remaining attributes in Volume.Params. An attribute nobody accepts is
+	// refused with the list of every accepted key. Do not declare a backend's
+	// key: the backend would no longer see it.
+	AcceptedAttributes api.Attributes
+	// MountOptions adds mount options to every volume of a backend, by backend
+	// name (for example {"tmpfs": {"noexec", "noatime"}}), from the safe list
+	// mount.SafeOptions; nosuid and nodev are always set. They are the
+	// operator's: pods cannot set mount options. Linux only. Defaults to none.
+	MountOptions map[string][]string
+	// Authorizer, when set, approves every first publish (see Authorizer). A
+	// backend that is itself an Authorizer approves its volumes too: both
+	// must.
+	Authorizer Authorizer
 	// ContentTimeout bounds one Content call, well under the kubelet's 2 minute
-	// deadline. Defaults to 30s.
+	// deadline (and below Limits.OperationTimeout). Defaults to 30s.
 	ContentTimeout time.Duration
-	// RefreshInterval, when set, refreshes the content of every volume this often
-	// (each volume at a random offset within the interval, so refreshes spread
-	// out). Defaults to 0: content is refreshed on republish and on Refresh calls.
-	RefreshInterval time.Duration
-	// RefreshConcurrency caps content refreshes in flight across all volumes, so
-	// that a RefreshAll (a CA rotation, say) does not stampede the content's
-	// source. Defaults to 4.
-	RefreshConcurrency int
 	// ContentBytesInFlight bounds the memory content answers take at once. A
 	// content provider that bounds its answers (a ContentBounder, as a plugin
 	// of framework/plugin is) reserves its bound from this budget before each
@@ -76,129 +159,14 @@ type Options struct {
 	// TestDriverContentMemory), under the DaemonSet's 256Mi limit. New refuses a provider whose bound
 	// exceeds the budget. Default DefaultContentBytesInFlight.
 	ContentBytesInFlight int64
-	// Authorizer, when set, approves every first publish (see Authorizer). A
-	// backend that is itself an Authorizer approves its volumes too: both
-	// must.
-	Authorizer Authorizer
-	// GCInterval is how often the orphan GC looks for volumes whose pod
-	// directory under the kubelet root is gone (a pod deleted while the node or
-	// the driver was down, that the kubelet will never unpublish). It also runs
-	// once at startup. Defaults to 1m; negative disables the GC.
-	GCInterval time.Duration
-	// OrphanGracePeriod is how long a volume must look orphaned before the GC
-	// tears it down. Defaults to 2m.
-	OrphanGracePeriod time.Duration
-	// GCDryRun makes the GC only log what it would remove.
-	GCDryRun bool
-	// GCMaxOrphanShare is the share of volumes that may look orphaned in one
-	// GC pass before the pass is distrusted (a replaced or hidden pods
-	// directory makes every volume look orphaned): above it, with Pods set, only
-	// volumes whose pods the API server confirms gone are removed; without Pods
-	// nothing is. One orphan is always allowed. Defaults to 0.5.
-	GCMaxOrphanShare float64
-	// Pods, when set, confirms with the API server that an orphan's pod is gone
-	// before the GC removes its volume (see framework/kube).
-	Pods PodChecker
-	// MaxVolumesPerNode is reported in NodeGetInfo (the kubelet puts it in the
-	// CSINode object as the driver's allocatable count) and enforced at publish
-	// (ResourceExhausted; the kubelet retries). The scheduler does not count
-	// inline CSI volumes against it: kube-scheduler's NodeVolumeLimits (v1.34)
-	// counts volumes of PVCs, generic ephemeral volumes and migrated in-tree
-	// volumes only, so a pod beyond the limit is still placed on the node and
-	// waits there until one of its volumes ends. Defaults to 0: no limit.
-	MaxVolumesPerNode int64
-	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
-	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it
-	// gets ResourceExhausted with the numbers, and the kubelet retries (a volume
-	// larger than the whole budget too, with a message saying it never fits).
-	// Usage is derived from the durable records, so it survives restarts. Sizes
-	// are summed without overflow. Backends not listed are unlimited. Defaults to
-	// no budgets.
-	Capacity map[string]int64
-	// Attributes are the volume attributes the driver itself accepts, beside
-	// the framework's ("size", "backend") and its backends'. Each publish parses
-	// them once (required keys, defaults, enums, patterns, DNS labels,
-	// quantities and integers within bounds; every problem reported at once,
-	// InvalidArgument), hands their values to the backend and the content
-	// provider as Volume.Attributes, and the backend the remaining attributes in
-	// Volume.Params. An attribute nobody accepts is refused with the list of
-	// every accepted key. Do not declare a backend's key: the backend would no
-	// longer see it.
-	Attributes api.Attributes
-	// MaxVolumeSize caps the "size" attribute, and the size a backend makes of
-	// it, in bytes: a pod chooses its size, and an unbounded one is a pod
-	// taking the node's memory or disk. Defaults to DefaultMaxVolumeSize (1Gi);
-	// NoMaxVolumeSize (-1) lifts the cap, leaving only the backends' own and
-	// the Capacity budgets.
-	MaxVolumeSize int64
-	// MountOptions adds mount options to every volume of a backend, by backend
-	// name (for example {"tmpfs": {"noexec", "noatime"}}), from the safe list
-	// mount.SafeOptions; nosuid and nodev are always set. They are the
-	// operator's: pods cannot set mount options. Linux only. Defaults to none.
-	MountOptions map[string][]string
-	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
-	// get ResourceExhausted and the kubelet retries. Defaults to 64.
-	MaxInFlight int
-	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
-	// 2 minute deadline so rollback still has time. Defaults to 90s.
-	OperationTimeout time.Duration
-	// StatsWalk bounds the walk NodeGetVolumeStats makes of a directory
-	// volume (the dir backend, a plugin's directory source) to count its
-	// usage: entries visited, depth and wall time, and how long an answer is
-	// reused (see StatsWalkLimits). A walk stopped by a bound reports what it
-	// counted, a lower bound. Zero fields default to 1,000,000 entries, 128
-	// levels, 5s and a 1m cache.
-	StatsWalk StatsWalkLimits
-	// StateRecovery says what startup does with a damaged state file:
-	// StateRecoveryRebuild (the default) keeps what can still be read, moves
-	// the file aside (it is never deleted) and rebuilds the state from the node,
-	// adopting every volume found there; StateRecoveryRefuse fails the startup
-	// so an operator can inspect the file first. Rebuilding never deletes a
-	// volume, so it is safe to leave on.
-	StateRecovery string
-	// StoreTimeout is how long opening the state file waits for its lock before
-	// failing with a clear error (another driver process holds it). Defaults to 5s.
-	StoreTimeout time.Duration
-	// RegisterWithKubelet serves the kubelet plugin registration API on
-	// <KubeletRootDir>/plugins_registry/<DriverName>-reg.sock so no
-	// node-driver-registrar sidecar is needed. Defaults to false.
-	RegisterWithKubelet bool
-	// MetricsAddress, when set ("host:port", e.g. ":9809" or "127.0.0.1:9809"),
-	// serves /metrics, /healthz, /readyz and /volumes over plain HTTP from before the
-	// startup reconcile until Run returns (see Driver.Handler to mount them in
-	// a server of your own instead). Defaults to "": not served.
-	MetricsAddress string
-	// VolumesEndpoint says whether Handler (and so the MetricsAddress
-	// server) serves GET /volumes: for every volume on this node its ID, the
-	// pod's namespace, name and UID, the volume's name, target path, backend,
-	// size, phase, creation time and usage, to whoever reaches the address
-	// (never attributes, secrets or tokens). ephemera-scratch volumes and
-	// kubectl ephemera volumes read it. False: /volumes answers 404, as any
-	// unknown path, and nothing else changes. Defaults to nil: served.
-	VolumesEndpoint *bool
-	// Events, when set, receives Kubernetes events for pods whose volume failed
-	// to provision or refresh, or was removed by the orphan GC (see EventSink
-	// and package framework/events). Defaults to nil: no events.
-	Events EventSink
-	// CSIDrivers, when set, reads the driver's CSIDriver object once at
-	// startup (after the reconcile) to check it: Ephemeral among its
-	// volumeLifecycleModes, podInfoOnMount true, fsGroupPolicy File,
-	// attachRequired false (see CheckCSIDriver). A problem is logged as an
-	// error saying what to fix, exported as ephemera_csidriver_misconfigured,
-	// and posted as a Warning event on the object when Events is a
-	// CSIDriverEventSink; the driver serves either way. kube.Client is one;
-	// its service account needs get on csidrivers.storage.k8s.io. Defaults to
-	// nil: not checked (the log says so at startup).
-	CSIDrivers CSIDriverGetter
-	// Runnables run beside the CSI server for as long as the driver: started
-	// after the startup reconcile, stopped (their context canceled, then waited
-	// for) after the server, the GC and the refresher have stopped. An error
-	// one returns before that is logged; the driver keeps serving. Typical: the
-	// events.Recorder behind Events, the kube.Pods informer behind Pods.
-	Runnables []Runnable
-	// Logger is the root logger. Defaults to klog.Background().
-	Logger klog.Logger
-
+	// RefreshInterval, when set, refreshes the content of every volume this often
+	// (each volume at a random offset within the interval, so refreshes spread
+	// out). Defaults to 0: content is refreshed on republish and on Refresh calls.
+	RefreshInterval time.Duration
+	// RefreshConcurrency caps content refreshes in flight across all volumes, so
+	// that a RefreshAll (a CA rotation, say) does not stampede the content's
+	// source. Defaults to 4.
+	RefreshConcurrency int
 	// Mounter is the platform seam that publishes volumes. Defaults to
 	// mount.New() (mount(2) on Linux, directory symlinks on Windows); unit tests
 	// pass mount.NewFake().
@@ -213,15 +181,12 @@ type Options struct {
 	// to WindowsHostProcess; WindowsCSIProxy without a Mounter is refused on
 	// other systems (there are no named pipes).
 	WindowsMode WindowsMode
-	// Store holds the per-volume state. Defaults to a bbolt file at
-	// <StateDir>/state.db; unit tests may pass memstore.New().
-	Store store.Store
 }
 
-// WindowsMode is Options.WindowsMode.
+// WindowsMode is VolumeOptions.WindowsMode.
 type WindowsMode string
 
-// The values of Options.WindowsMode (and of the scratch driver's
+// The values of VolumeOptions.WindowsMode (and of the scratch driver's
 // --windows-mode).
 const (
 	WindowsHostProcess WindowsMode = "hostprocess"
@@ -237,24 +202,226 @@ func ParseWindowsMode(s string) (WindowsMode, error) {
 	return "", fmt.Errorf("windows mode %q is neither %q nor %q", s, WindowsHostProcess, WindowsCSIProxy)
 }
 
-// Options.MaxVolumeSize's default, and its value for no cap.
+// Defaults of VolumeOptions.
+const (
+	defaultContentTimeout     = 30 * time.Second
+	defaultRefreshConcurrency = 4
+)
+
+// setDefaults fills the zero fields; DefaultBackend is the only one of
+// backends when there is exactly one. Mounter is made by New.
+func (v *VolumeOptions) setDefaults(backends map[string]Backend) {
+	if v.DefaultBackend == "" && len(backends) == 1 {
+		for name := range backends {
+			v.DefaultBackend = name
+		}
+	}
+	if v.ContentTimeout == 0 {
+		v.ContentTimeout = defaultContentTimeout
+	}
+	if v.ContentBytesInFlight == 0 {
+		v.ContentBytesInFlight = DefaultContentBytesInFlight
+	}
+	if v.RefreshConcurrency == 0 {
+		v.RefreshConcurrency = defaultRefreshConcurrency
+	}
+	if v.WindowsMode == "" {
+		v.WindowsMode = WindowsHostProcess
+	}
+}
+
+// LimitOptions bound what the node gives: volumes, sizes, capacity, requests
+// in flight, deadlines and the stats walk. The zero value takes the defaults.
+type LimitOptions struct {
+	// MaxVolumesPerNode is reported in NodeGetInfo (the kubelet puts it in the
+	// CSINode object as the driver's allocatable count) and enforced at publish
+	// (ResourceExhausted; the kubelet retries). The scheduler does not count
+	// inline CSI volumes against it: kube-scheduler's NodeVolumeLimits (v1.34)
+	// counts volumes of PVCs, generic ephemeral volumes and migrated in-tree
+	// volumes only, so a pod beyond the limit is still placed on the node and
+	// waits there until one of its volumes ends. Defaults to 0: no limit.
+	MaxVolumesPerNode int64
+	// MaxVolumeSize caps the "size" attribute, and the size a backend makes of
+	// it, in bytes: a pod chooses its size, and an unbounded one is a pod
+	// taking the node's memory or disk. Defaults to DefaultMaxVolumeSize (1Gi);
+	// NoMaxVolumeSize (-1) lifts the cap, leaving only the backends' own and
+	// the Capacity budgets.
+	MaxVolumeSize int64
+	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
+	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it
+	// gets ResourceExhausted with the numbers, and the kubelet retries (a volume
+	// larger than the whole budget too, with a message saying it never fits).
+	// Usage is derived from the durable records, so it survives restarts. Sizes
+	// are summed without overflow. Backends not listed are unlimited. Defaults to
+	// no budgets.
+	Capacity map[string]int64
+	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
+	// get ResourceExhausted and the kubelet retries. Defaults to 64.
+	MaxInFlight int
+	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
+	// 2 minute deadline so rollback still has time. Defaults to 90s.
+	OperationTimeout time.Duration
+	// StatsWalk bounds the walk NodeGetVolumeStats makes of a directory
+	// volume (the dir backend, a plugin's directory source) to count its
+	// usage: entries visited, depth and wall time, and how long an answer is
+	// reused (see StatsWalkLimits). A walk stopped by a bound reports what it
+	// counted, a lower bound. Zero fields default to 1,000,000 entries, 128
+	// levels, 5s and a 1m cache.
+	StatsWalk StatsWalkLimits
+}
+
+// LimitOptions.MaxVolumeSize's default, and its value for no cap.
 const (
 	DefaultMaxVolumeSize int64 = 1 << 30
 	NoMaxVolumeSize      int64 = -1
 )
 
-// DefaultContentBytesInFlight is Options.ContentBytesInFlight's default:
-// three plugin answers of plugin.DefaultMaxContentBytes at once.
-const DefaultContentBytesInFlight int64 = 48 << 20
+// Defaults of LimitOptions.
+const (
+	defaultMaxInFlight      = 64
+	defaultOperationTimeout = 90 * time.Second
+)
 
-// Defaults of the orphan GC, shared by setDefaults and BindFlags.
+// setDefaults fills the zero fields.
+func (l *LimitOptions) setDefaults() {
+	if l.MaxVolumeSize == 0 {
+		l.MaxVolumeSize = DefaultMaxVolumeSize
+	}
+	if l.MaxInFlight == 0 {
+		l.MaxInFlight = defaultMaxInFlight
+	}
+	if l.OperationTimeout == 0 {
+		l.OperationTimeout = defaultOperationTimeout
+	}
+	l.StatsWalk.setDefaults()
+}
+
+// StateOptions configure the durable records of the volumes. The zero value
+// takes the defaults.
+type StateOptions struct {
+	// Recovery says what startup does with a damaged state file:
+	// StateRecoveryRebuild (the default) keeps what can still be read, moves
+	// the file aside (it is never deleted) and rebuilds the state from the node,
+	// adopting every volume found there; StateRecoveryRefuse fails the startup
+	// so an operator can inspect the file first. Rebuilding never deletes a
+	// volume, so it is safe to leave on.
+	Recovery string
+	// LockTimeout is how long opening the state file waits for its lock before
+	// failing with a clear error (another driver process holds it). Defaults to 5s.
+	LockTimeout time.Duration
+	// Store holds the per-volume state. Defaults to a bbolt file at
+	// <Node.StateDir>/state.db; unit tests may pass memstore.New().
+	Store store.Store
+}
+
+// defaultLockTimeout is StateOptions.LockTimeout's default.
+const defaultLockTimeout = 5 * time.Second
+
+// setDefaults fills the zero fields. Store is opened by New.
+func (s *StateOptions) setDefaults() {
+	if s.Recovery == "" {
+		s.Recovery = StateRecoveryRebuild
+	}
+	if s.LockTimeout == 0 {
+		s.LockTimeout = defaultLockTimeout
+	}
+}
+
+// GCOptions configure the orphan garbage collector, which tears down the
+// volumes of pods deleted while the node or the driver was down, that the
+// kubelet will never unpublish. The zero value takes the defaults.
+type GCOptions struct {
+	// Interval is how often the orphan GC looks for volumes whose pod
+	// directory under the kubelet root is gone. It also runs once at
+	// startup. Defaults to 1m; negative disables the GC.
+	Interval time.Duration
+	// OrphanGracePeriod is how long a volume must look orphaned before the GC
+	// tears it down. Defaults to 2m.
+	OrphanGracePeriod time.Duration
+	// DryRun makes the GC only log what it would remove.
+	DryRun bool
+	// MaxOrphanShare is the share of volumes that may look orphaned in one
+	// GC pass before the pass is distrusted (a replaced or hidden pods
+	// directory makes every volume look orphaned): above it, with Pods set, only
+	// volumes whose pods the API server confirms gone are removed; without Pods
+	// nothing is. One orphan is always allowed. Defaults to 0.5.
+	MaxOrphanShare float64
+	// Pods, when set, confirms with the API server that an orphan's pod is gone
+	// before the GC removes its volume (see framework/kube).
+	Pods PodChecker
+}
+
+// Defaults of GCOptions.
 const (
 	defaultGCInterval        = time.Minute
 	defaultOrphanGracePeriod = 2 * time.Minute
 	defaultGCMaxOrphanShare  = 0.5
 )
 
-// DefaultStateDir is Options.StateDir's default for a driver:
+// setDefaults fills the zero fields.
+func (g *GCOptions) setDefaults() {
+	if g.Interval == 0 {
+		g.Interval = defaultGCInterval
+	}
+	if g.OrphanGracePeriod == 0 {
+		g.OrphanGracePeriod = defaultOrphanGracePeriod
+	}
+	if g.MaxOrphanShare == 0 {
+		g.MaxOrphanShare = defaultGCMaxOrphanShare
+	}
+}
+
+// ObservabilityOptions configure what the driver tells: its logs, the
+// metrics and health server, /volumes, Kubernetes events and the check of its
+// CSIDriver object. The zero value takes the defaults.
+type ObservabilityOptions struct {
+	// Logger is the root logger. Defaults to klog.Background() (taken in New,
+	// so a klog logger set after the flags are parsed is the one used).
+	Logger klog.Logger
+	// MetricsAddress, when set ("host:port", e.g. ":9809" or "127.0.0.1:9809"),
+	// serves /metrics, /healthz, /readyz and /volumes over plain HTTP from before the
+	// startup reconcile until Run returns (see Driver.Handler to mount them in
+	// a server of your own instead). Defaults to "": not served.
+	MetricsAddress string
+	// VolumesEndpoint says whether Handler (and so the MetricsAddress
+	// server) serves GET /volumes: for every volume on this node its ID, the
+	// pod's namespace, name and UID, the volume's name, target path, backend,
+	// size, phase, creation time and usage, to whoever reaches the address
+	// (never attributes, secrets or tokens). ephemera-scratch volumes and
+	// kubectl ephemera volumes read it. False: /volumes answers 404, as any
+	// unknown path, and nothing else changes. Defaults to true (nil: served).
+	VolumesEndpoint *bool
+	// Events, when set, receives Kubernetes events for pods whose volume failed
+	// to provision or refresh, or was removed by the orphan GC (see EventSink
+	// and package framework/events). Defaults to nil: no events.
+	Events EventSink
+	// CSIDrivers, when set, reads the driver's CSIDriver object once at
+	// startup (after the reconcile) to check it: Ephemeral among its
+	// volumeLifecycleModes, podInfoOnMount true, fsGroupPolicy File,
+	// attachRequired false (see CheckCSIDriver). A problem is logged as an
+	// error saying what to fix, exported as ephemera_csidriver_misconfigured,
+	// and posted as a Warning event on the object when Events is a
+	// CSIDriverEventSink; the driver serves either way. kube.Client is one;
+	// its service account needs get on csidrivers.storage.k8s.io. Defaults to
+	// nil: not checked (the log says so at startup).
+	CSIDrivers CSIDriverGetter
+}
+
+// setDefaults fills the zero fields.
+func (ob *ObservabilityOptions) setDefaults() {
+	if ob.Logger.GetSink() == nil {
+		ob.Logger = klog.Background()
+	}
+	if ob.VolumesEndpoint == nil {
+		ob.VolumesEndpoint = new(true)
+	}
+}
+
+// DefaultContentBytesInFlight is VolumeOptions.ContentBytesInFlight's default:
+// three plugin answers of plugin.DefaultMaxContentBytes at once.
+const DefaultContentBytesInFlight int64 = 48 << 20
+
+// DefaultStateDir is NodeOptions.StateDir's default for a driver:
 // /var/lib/ephemera/<driverName> (C:\var\lib\ephemera\<driverName> on Windows). A
 // driver that places backend data under its state dir before New uses it too.
 func DefaultStateDir(driverName string) string {
@@ -262,88 +429,37 @@ func DefaultStateDir(driverName string) string {
 }
 
 func (o *Options) setDefaults() {
-	if o.Version == "" {
-		o.Version = "dev"
-	}
-	if o.WindowsMode == "" {
-		o.WindowsMode = WindowsHostProcess
-	}
-	if o.KubeletRootDir == "" {
-		o.KubeletRootDir = defaultKubeletRoot
-	}
-	if o.StateDir == "" && o.DriverName != "" {
-		o.StateDir = DefaultStateDir(o.DriverName)
-	}
-	if o.Endpoint == "" && o.DriverName != "" {
-		o.Endpoint = "unix://" + filepath.Join(o.KubeletRootDir, "plugins", o.DriverName, "csi.sock")
-	}
-	if o.DefaultBackend == "" && len(o.Backends) == 1 {
-		for name := range o.Backends {
-			o.DefaultBackend = name
-		}
-	}
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = 64
-	}
-	if o.MaxVolumeSize == 0 {
-		o.MaxVolumeSize = DefaultMaxVolumeSize
-	}
-	if o.OperationTimeout == 0 {
-		o.OperationTimeout = 90 * time.Second
-	}
-	if o.GCInterval == 0 {
-		o.GCInterval = defaultGCInterval
-	}
-	if o.OrphanGracePeriod == 0 {
-		o.OrphanGracePeriod = defaultOrphanGracePeriod
-	}
-	if o.GCMaxOrphanShare == 0 {
-		o.GCMaxOrphanShare = defaultGCMaxOrphanShare
-	}
-	if o.ContentTimeout == 0 {
-		o.ContentTimeout = 30 * time.Second
-	}
-	if o.RefreshConcurrency == 0 {
-		o.RefreshConcurrency = 4
-	}
-	if o.ContentBytesInFlight == 0 {
-		o.ContentBytesInFlight = DefaultContentBytesInFlight
-	}
-	if o.StateRecovery == "" {
-		o.StateRecovery = StateRecoveryRebuild
-	}
-	if o.StoreTimeout == 0 {
-		o.StoreTimeout = 5 * time.Second
-	}
-	o.StatsWalk.setDefaults()
-	if o.Logger.GetSink() == nil {
-		o.Logger = klog.Background()
-	}
+	o.Node.setDefaults(o.DriverName)
+	o.Volumes.setDefaults(o.Backends)
+	o.Limits.setDefaults()
+	o.State.setDefaults()
+	o.GC.setDefaults()
+	o.Observability.setDefaults()
 }
 
 func (o *Options) validate() error {
 	var errs []error
-	if _, err := ParseWindowsMode(string(o.WindowsMode)); err != nil {
-		errs = append(errs, fmt.Errorf("option WindowsMode: %w", err))
-	} else if o.WindowsMode == WindowsCSIProxy && o.Mounter == nil && !isWindows {
-		errs = append(errs, errors.New("option WindowsMode csi-proxy needs Windows (csi-proxy's named pipes), or a Mounter (mount.NewCSIProxy with a Dial)"))
+	if _, err := ParseWindowsMode(string(o.Volumes.WindowsMode)); err != nil {
+		errs = append(errs, fmt.Errorf("Volumes.WindowsMode: %w", err))
+	} else if o.Volumes.WindowsMode == WindowsCSIProxy && o.Volumes.Mounter == nil && !isWindows {
+		errs = append(errs, errors.New("Volumes.WindowsMode csi-proxy needs Windows (csi-proxy's named pipes), or a Volumes.Mounter (mount.NewCSIProxy with a Dial)"))
 	}
 	if o.DriverName == "" {
 		errs = append(errs, errors.New("DriverName is required"))
 	} else if err := validateDriverName(o.DriverName); err != nil {
 		errs = append(errs, err)
 	}
-	if o.NodeID == "" {
-		errs = append(errs, errors.New("NodeID is required (normally the node name, e.g. from the downward API spec.nodeName)"))
+	if o.Node.ID == "" {
+		errs = append(errs, errors.New("Node.ID is required (normally the node name, e.g. from the downward API spec.nodeName)"))
 	}
-	if _, err := socketPath(o.Endpoint); err != nil {
+	if _, err := socketPath(o.Node.Endpoint); err != nil {
 		errs = append(errs, err)
 	}
-	if !isAbs(o.StateDir) {
-		errs = append(errs, fmt.Errorf("StateDir %q must be an absolute path", o.StateDir))
+	if !isAbs(o.Node.StateDir) {
+		errs = append(errs, fmt.Errorf("Node.StateDir %q must be an absolute path", o.Node.StateDir))
 	}
-	if !isAbs(o.KubeletRootDir) {
-		errs = append(errs, fmt.Errorf("KubeletRootDir %q must be an absolute path", o.KubeletRootDir))
+	if !isAbs(o.Node.KubeletRootDir) {
+		errs = append(errs, fmt.Errorf("Node.KubeletRootDir %q must be an absolute path", o.Node.KubeletRootDir))
 	}
 	if len(o.Backends) == 0 {
 		errs = append(errs, errors.New("at least one backend is required"))
@@ -356,73 +472,73 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("backend %q is nil", name))
 		}
 	}
-	if o.DefaultBackend == "" && len(o.Backends) > 1 {
-		errs = append(errs, fmt.Errorf("DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
-	} else if _, ok := o.Backends[o.DefaultBackend]; !ok && len(o.Backends) > 0 {
-		errs = append(errs, fmt.Errorf("DefaultBackend %q is not one of the backends (%s)", o.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
+	if o.Volumes.DefaultBackend == "" && len(o.Backends) > 1 {
+		errs = append(errs, fmt.Errorf("Volumes.DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
+	} else if _, ok := o.Backends[o.Volumes.DefaultBackend]; !ok && len(o.Backends) > 0 {
+		errs = append(errs, fmt.Errorf("Volumes.DefaultBackend %q is not one of the backends (%s)", o.Volumes.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
 	}
-	if err := o.Attributes.Check(); err != nil {
-		errs = append(errs, fmt.Errorf("option Attributes: %w", err))
+	if err := o.Volumes.AcceptedAttributes.Check(); err != nil {
+		errs = append(errs, fmt.Errorf("Volumes.AcceptedAttributes: %w", err))
 	}
-	if err := validateCapacity(o.Capacity, o.Backends); err != nil {
+	if err := validateCapacity(o.Limits.Capacity, o.Backends); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxVolumesPerNode < 0 || o.MaxInFlight < 0 {
-		errs = append(errs, errors.New("MaxVolumesPerNode and MaxInFlight must not be negative"))
+	if o.Limits.MaxVolumesPerNode < 0 || o.Limits.MaxInFlight < 0 {
+		errs = append(errs, errors.New("Limits.MaxVolumesPerNode and Limits.MaxInFlight must not be negative"))
 	}
-	if o.MaxVolumeSize < NoMaxVolumeSize {
-		errs = append(errs, fmt.Errorf("MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.MaxVolumeSize))
+	if o.Limits.MaxVolumeSize < NoMaxVolumeSize {
+		errs = append(errs, fmt.Errorf("Limits.MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.Limits.MaxVolumeSize))
 	}
-	if o.ContentTimeout < 0 || o.ContentTimeout >= o.OperationTimeout {
-		errs = append(errs, fmt.Errorf("ContentTimeout %s must be positive and below OperationTimeout %s", o.ContentTimeout, o.OperationTimeout))
+	if o.Volumes.ContentTimeout < 0 || o.Volumes.ContentTimeout >= o.Limits.OperationTimeout {
+		errs = append(errs, fmt.Errorf("Volumes.ContentTimeout %s must be positive and below Limits.OperationTimeout %s", o.Volumes.ContentTimeout, o.Limits.OperationTimeout))
 	}
-	if o.StateRecovery != StateRecoveryRebuild && o.StateRecovery != StateRecoveryRefuse {
-		errs = append(errs, fmt.Errorf("StateRecovery %q must be %q or %q", o.StateRecovery, StateRecoveryRebuild, StateRecoveryRefuse))
+	if o.State.Recovery != StateRecoveryRebuild && o.State.Recovery != StateRecoveryRefuse {
+		errs = append(errs, fmt.Errorf("State.Recovery %q must be %q or %q", o.State.Recovery, StateRecoveryRebuild, StateRecoveryRefuse))
 	}
-	if o.GCMaxOrphanShare < 0 || o.GCMaxOrphanShare > 1 {
-		errs = append(errs, fmt.Errorf("GCMaxOrphanShare %v must be between 0 and 1", o.GCMaxOrphanShare))
+	if o.GC.MaxOrphanShare < 0 || o.GC.MaxOrphanShare > 1 {
+		errs = append(errs, fmt.Errorf("GC.MaxOrphanShare %v must be between 0 and 1", o.GC.MaxOrphanShare))
 	}
-	if o.RefreshInterval < 0 || o.RefreshConcurrency < 0 {
-		errs = append(errs, errors.New("RefreshInterval and RefreshConcurrency must not be negative"))
+	if o.Volumes.RefreshInterval < 0 || o.Volumes.RefreshConcurrency < 0 {
+		errs = append(errs, errors.New("Volumes.RefreshInterval and Volumes.RefreshConcurrency must not be negative"))
 	}
 	errs = append(errs, o.validateContentBounds()...)
-	for _, name := range slices.Sorted(maps.Keys(o.MountOptions)) {
+	for _, name := range slices.Sorted(maps.Keys(o.Volumes.MountOptions)) {
 		switch _, ok := o.Backends[name]; {
 		case !ok:
-			errs = append(errs, fmt.Errorf("MountOptions: %q is not one of the backends (%s)", name, strings.Join(backendNames(o.Backends), ", ")))
-		case isWindows && len(o.MountOptions[name]) > 0:
-			errs = append(errs, fmt.Errorf("MountOptions of backend %s: mount options are Linux only", name))
+			errs = append(errs, fmt.Errorf("Volumes.MountOptions: %q is not one of the backends (%s)", name, strings.Join(backendNames(o.Backends), ", ")))
+		case isWindows && len(o.Volumes.MountOptions[name]) > 0:
+			errs = append(errs, fmt.Errorf("Volumes.MountOptions of backend %s: mount options are Linux only", name))
 		default:
-			if err := mount.CheckOptions(o.MountOptions[name]); err != nil {
-				errs = append(errs, fmt.Errorf("MountOptions of backend %s: %w", name, err))
+			if err := mount.CheckOptions(o.Volumes.MountOptions[name]); err != nil {
+				errs = append(errs, fmt.Errorf("Volumes.MountOptions of backend %s: %w", name, err))
 			}
 		}
 	}
-	if o.OperationTimeout < 0 || o.OperationTimeout >= 2*time.Minute {
-		errs = append(errs, fmt.Errorf("OperationTimeout %s must be below the kubelet's 2m deadline", o.OperationTimeout))
+	if o.Limits.OperationTimeout < 0 || o.Limits.OperationTimeout >= 2*time.Minute {
+		errs = append(errs, fmt.Errorf("Limits.OperationTimeout %s must be below the kubelet's 2m deadline", o.Limits.OperationTimeout))
 	}
-	if err := o.StatsWalk.validate(); err != nil {
+	if err := o.Limits.StatsWalk.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := validateMetricsAddress(o.MetricsAddress); err != nil {
+	if err := validateMetricsAddress(o.Observability.MetricsAddress); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
 // validateContentBounds checks that every content provider's bound fits
-// ContentBytesInFlight: a bound beyond it could never be reserved.
+// Volumes.ContentBytesInFlight: a bound beyond it could never be reserved.
 func (o *Options) validateContentBounds() []error {
-	if o.ContentBytesInFlight < 0 {
-		return []error{fmt.Errorf("ContentBytesInFlight %d must be positive", o.ContentBytesInFlight)}
+	if o.Volumes.ContentBytesInFlight < 0 {
+		return []error{fmt.Errorf("Volumes.ContentBytesInFlight %d must be positive", o.Volumes.ContentBytesInFlight)}
 	}
 	var errs []error
 	check := func(what string, x any) {
 		// Static: a plugin's handshake, which says whether it provides content,
 		// is not known yet.
-		if cb, ok := x.(ContentBounder); ok && cb.ContentLimits().MaxBytes > o.ContentBytesInFlight {
-			errs = append(errs, fmt.Errorf("%s bounds its content answers at %d bytes, beyond ContentBytesInFlight %d (--content-bytes-in-flight): raise the budget (and the driver's memory limit, about three times the budget) or lower the bound",
-				what, cb.ContentLimits().MaxBytes, o.ContentBytesInFlight))
+		if cb, ok := x.(ContentBounder); ok && cb.ContentLimits().MaxBytes > o.Volumes.ContentBytesInFlight {
+			errs = append(errs, fmt.Errorf("%s bounds its content answers at %d bytes, beyond Volumes.ContentBytesInFlight %d (--content-bytes-in-flight): raise the budget (and the driver's memory limit, about three times the budget) or lower the bound",
+				what, cb.ContentLimits().MaxBytes, o.Volumes.ContentBytesInFlight))
 		}
 	}
 	if o.Content != nil {
@@ -457,10 +573,10 @@ func socketPath(endpoint string) (string, error) {
 		p, ok = strings.CutPrefix(endpoint, "unix:")
 	}
 	if !ok || !isAbs(p) {
-		return "", fmt.Errorf("option Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
+		return "", fmt.Errorf("Node.Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
 	}
 	if len(p) > 107 {
-		return "", fmt.Errorf("option Endpoint: socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
+		return "", fmt.Errorf("Node.Endpoint: socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
 	}
 	return p, nil
 }

@@ -81,7 +81,7 @@ func TestPlannerDecidesTheIntent(t *testing.T) {
 			p := &planner{Backend: newTmpfs(t, tmpfs.Options{}), mountOnly: tc.mountOnly, createErr: tc.createErr}
 			h, fake, st := fakeHarness(t, func(o *framework.Options) {
 				o.Backends["planned"] = p
-				o.Capacity = map[string]int64{"planned": 1 << 20}
+				o.Limits.Capacity = map[string]int64{"planned": 1 << 20}
 			})
 			var during []*store.Record
 			fake.Fail(mount.MethodMount, func(string) error {

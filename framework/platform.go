@@ -8,7 +8,7 @@ import (
 // the stats; the logic behind them lives in untagged files, tested on Linux.
 var isWindows = runtime.GOOS == "windows"
 
-// The defaults of Options.KubeletRootDir and the root of Options.StateDir.
+// The defaults of Options.Node.KubeletRootDir and the root of Options.Node.StateDir.
 var defaultKubeletRoot, defaultStateRoot = func() (string, string) {
 	if runtime.GOOS == "windows" {
 		return `C:\var\lib\kubelet`, `C:\var\lib\ephemera`

@@ -63,7 +63,7 @@ func (r *refresher) start(ctx context.Context) {
 	r.mu.Lock()
 	r.ctx = ctx
 	r.mu.Unlock()
-	if iv := r.d.opts.RefreshInterval; iv > 0 && r.d.anyContent() {
+	if iv := r.d.opts.Volumes.RefreshInterval; iv > 0 && r.d.anyContent() {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()

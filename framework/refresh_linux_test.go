@@ -162,7 +162,7 @@ func TestContentFailureOnFirstPublishRollsBack(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "role") {
 		t.Fatalf("publish: %v, want InvalidArgument from the content provider", err)
 	}
-	if n := len(mountUnder(t, h.Options.KubeletRootDir)); n != 0 {
+	if n := len(mountUnder(t, h.Options.Node.KubeletRootDir)); n != 0 {
 		t.Fatalf("%d mounts left", n)
 	}
 	if recs := records(t, h); len(recs) != 0 {
@@ -172,7 +172,7 @@ func TestContentFailureOnFirstPublishRollsBack(t *testing.T) {
 
 func TestAuthorizer(t *testing.T) {
 	h := realHarness(t, func(o *framework.Options) {
-		o.Authorizer = framework.AuthorizerFunc(func(_ context.Context, v *api.Volume) error {
+		o.Volumes.Authorizer = framework.AuthorizerFunc(func(_ context.Context, v *api.Volume) error {
 			switch v.Pod.Namespace {
 			case "team-a":
 				return nil
@@ -193,7 +193,7 @@ func TestAuthorizer(t *testing.T) {
 			t.Errorf("refusal does not say what to fix: %v", err)
 		}
 	}
-	if n := len(mountUnder(t, h.Options.KubeletRootDir)); n != 1 {
+	if n := len(mountUnder(t, h.Options.Node.KubeletRootDir)); n != 1 {
 		t.Fatalf("%d mounts, want only team-a's", n)
 	}
 }
@@ -205,8 +205,8 @@ func TestRefreshAllRateLimit(t *testing.T) {
 	var inflight, peak, calls atomic.Int64
 	var refreshing atomic.Bool
 	h := realHarness(t, func(o *framework.Options) {
-		o.RefreshConcurrency = limit
-		o.MaxInFlight = 64
+		o.Volumes.RefreshConcurrency = limit
+		o.Limits.MaxInFlight = 64
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
 			if refreshing.Load() {
 				cur := inflight.Add(1)

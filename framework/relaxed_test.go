@@ -59,8 +59,8 @@ func (s *callsStore) take() []string {
 func TestRecordsOfMountOnlyBackendsAreRelaxed(t *testing.T) {
 	var cs *callsStore
 	h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-		cs = &callsStore{Store: o.Store}
-		o.Store = cs
+		cs = &callsStore{Store: o.State.Store}
+		o.State.Store = cs
 	})
 	k := h.Kubelet
 	for _, tc := range []struct {

@@ -76,7 +76,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		return nil, invalidArgf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
 	}
 
-	t, err := volume.ParseTarget(d.opts.KubeletRootDir, req.GetTargetPath(), isWindows)
+	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
 		return nil, invalidArgf("%v", err)
 	}
@@ -101,7 +101,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		}
 	}
 
-	backendName := params.String(api.ParamBackend, d.opts.DefaultBackend)
+	backendName := params.String(api.ParamBackend, d.opts.Volumes.DefaultBackend)
 	backend, ok := d.opts.Backends[backendName]
 	if !ok {
 		return nil, invalidArgf("attribute %q: unknown backend %q; this driver has %s", api.ParamBackend, backendName, strings.Join(backendNames(d.opts.Backends), ", "))
@@ -110,8 +110,8 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	if err != nil {
 		return nil, err
 	}
-	if d.opts.MaxVolumeSize > 0 && size > d.opts.MaxVolumeSize {
-		return nil, invalidArgf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.MaxVolumeSize), bytes(d.opts.MaxVolumeSize))
+	if d.opts.Limits.MaxVolumeSize > 0 && size > d.opts.Limits.MaxVolumeSize {
+		return nil, invalidArgf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.Limits.MaxVolumeSize), bytes(d.opts.Limits.MaxVolumeSize))
 	}
 	var fsGroup *int64
 	if g := mnt.GetVolumeMountGroup(); g != "" {
@@ -137,9 +137,9 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	// that a typo is named with the required key it misses.
 	var attrs api.Values
 	var attrErr error
-	if len(d.opts.Attributes) > 0 {
-		attrs, attrErr = d.opts.Attributes.Parse(backendParams)
-		backendParams = d.opts.Attributes.Split(backendParams)
+	if len(d.opts.Volumes.AcceptedAttributes) > 0 {
+		attrs, attrErr = d.opts.Volumes.AcceptedAttributes.Parse(backendParams)
+		backendParams = d.opts.Volumes.AcceptedAttributes.Split(backendParams)
 	}
 	v := &api.Volume{
 		ID:         req.GetVolumeId(),
@@ -172,8 +172,8 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	if err := d.allAccepted(check(v)); err != nil || attrErr != nil {
 		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
 	}
-	if d.opts.MaxVolumeSize > 0 && v.Size > d.opts.MaxVolumeSize {
-		return nil, invalidArgf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.MaxVolumeSize))
+	if d.opts.Limits.MaxVolumeSize > 0 && v.Size > d.opts.Limits.MaxVolumeSize {
+		return nil, invalidArgf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.Limits.MaxVolumeSize))
 	}
 	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
 }
@@ -227,7 +227,7 @@ func (d *Driver) allAccepted(err error) error {
 	if !errors.As(err, &ue) {
 		return err
 	}
-	accepted := slices.Concat(ue.Accepted, d.opts.Attributes.Keys(), volume.FrameworkParams)
+	accepted := slices.Concat(ue.Accepted, d.opts.Volumes.AcceptedAttributes.Keys(), volume.FrameworkParams)
 	slices.Sort(accepted)
 	return &api.UnknownAttributesError{Unknown: ue.Unknown, Accepted: slices.Compact(accepted)}
 }
@@ -239,15 +239,15 @@ func (d *Driver) allAccepted(err error) error {
 // still does.
 func (d *Driver) fromRecord(rec *store.Record) *api.Volume {
 	v := volume.FromRecord(rec)
-	if len(d.opts.Attributes) == 0 {
+	if len(d.opts.Volumes.AcceptedAttributes) == 0 {
 		return v
 	}
-	v.Attributes = make(api.Values, len(d.opts.Attributes))
-	for _, a := range d.opts.Attributes {
+	v.Attributes = make(api.Values, len(d.opts.Volumes.AcceptedAttributes))
+	for _, a := range d.opts.Volumes.AcceptedAttributes {
 		if vals, err := (api.Attributes{a}).Parse(v.Params); err == nil {
 			maps.Copy(v.Attributes, vals)
 		}
 	}
-	v.Params = d.opts.Attributes.Split(v.Params)
+	v.Params = d.opts.Volumes.AcceptedAttributes.Split(v.Params)
 	return v
 }

@@ -27,11 +27,18 @@ func FuzzParsePublish(f *testing.F) {
 	f.Add("", "", "", "", "", "", "", "")
 	f.Add(api.VolumeHandle(uid, "data"), good, uid, "1Ei", "xfs", "-1", "nfs", "null")
 	d, err := New(Options{
-		DriverName: "fuzz.csi.ephemera.dev", NodeID: "n", KubeletRootDir: root, StateDir: "/var/lib/x",
+		DriverName: "fuzz.csi.ephemera.dev",
 		Backends: map[string]Backend{"tmpfs": BackendFuncs{CreateFunc: func(context.Context, *api.Volume) (api.Source, error) {
 			return api.Source{}, nil
 		}}},
-		MaxVolumeSize: 1 << 30, Mounter: mount.NewFake(), Store: memstore.New(),
+		Node: NodeOptions{
+			ID:             "n",
+			KubeletRootDir: root,
+			StateDir:       "/var/lib/x",
+		},
+		Volumes: VolumeOptions{Mounter: mount.NewFake()},
+		Limits:  LimitOptions{MaxVolumeSize: 1 << 30},
+		State:   StateOptions{Store: memstore.New()},
 	})
 	if err != nil {
 		f.Fatal(err)

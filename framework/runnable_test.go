@@ -27,9 +27,9 @@ func TestRunnables(t *testing.T) {
 	failing := framework.RunnableFunc(func(context.Context) error { return errors.New("informer failed") })
 	h := drivertest.Start(t, framework.Options{
 		Backends:  map[string]framework.Backend{"b": framework.BackendFuncs{}},
-		Mounter:   mount.NewFake(),
-		Store:     memstore.New(),
 		Runnables: []framework.Runnable{long, failing},
+		Volumes:   framework.VolumeOptions{Mounter: mount.NewFake()},
+		State:     framework.StateOptions{Store: memstore.New()},
 	})
 	<-started
 	if _, err := h.Identity.Probe(t.Context(), nil); err != nil {

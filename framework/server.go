@@ -38,7 +38,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if info.FullMethod == "/csi.v1.Node/NodeGetCapabilities" || info.FullMethod == "/csi.v1.Identity/Probe" {
 		defer func() {
 			if p := recover(); p != nil {
-				d.opts.Logger.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Method, info.FullMethod, logkeys.Stack, string(debug.Stack()))
+				d.opts.Observability.Logger.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Method, info.FullMethod, logkeys.Stack, string(debug.Stack()))
 				err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
 			}
 			err = toStatus(err)
@@ -46,7 +46,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}()
 		return handler(ctx, req)
 	}
-	log := d.opts.Logger.WithValues(logkeys.Method, info.FullMethod)
+	log := d.opts.Observability.Logger.WithValues(logkeys.Method, info.FullMethod)
 	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
 		log = log.WithValues(logkeys.VolumeID, r.GetVolumeId())
 	}

@@ -17,7 +17,7 @@ import (
 )
 
 // What the driver does at startup with a damaged state file
-// (Options.StateRecovery).
+// (Options.State.Recovery).
 const (
 	// StateRecoveryRebuild keeps what can still be read of the damaged file,
 	// moves it aside (never deletes it) and rebuilds the state from the node.
@@ -32,17 +32,17 @@ const (
 const damagedSuffix = ".damaged-"
 
 // openState opens the bbolt state in StateDir. A damaged file is recovered
-// according to Options.StateRecovery; records that did not decode were
+// according to Options.State.Recovery; records that did not decode were
 // quarantined by the store and are rebuilt from the node by the reconcile.
 func (d *Driver) openState(log klog.Logger) (*boltstore.Store, error) {
-	if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(d.opts.Node.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
-	path := filepath.Join(d.opts.StateDir, StateFile)
-	opts := boltstore.Options{Timeout: d.opts.StoreTimeout, Writer: d.opts.DriverName + " " + d.opts.Version}
+	path := filepath.Join(d.opts.Node.StateDir, StateFile)
+	opts := boltstore.Options{Timeout: d.opts.State.LockTimeout, Writer: d.opts.DriverName + " " + d.opts.Node.Version}
 	st, err := boltstore.Open(path, opts)
 	if errors.Is(err, boltstore.ErrCorrupt) {
-		if d.opts.StateRecovery == StateRecoveryRefuse {
+		if d.opts.State.Recovery == StateRecoveryRefuse {
 			return nil, fmt.Errorf("opening driver state: %w; the driver runs with StateRecovery %q: inspect it, then move it aside or rebuild (docs/operations.md, 'Damaged state')", err, StateRecoveryRefuse)
 		}
 		log.Error(err, "The state file is damaged; keeping what can be read, moving it aside and rebuilding the state from the node")
@@ -124,12 +124,12 @@ func (d *Driver) RebuildState(ctx context.Context) (aside string, err error) {
 	if d.running.Load() {
 		return "", errors.New("the driver is running; RebuildState is for a stopped driver")
 	}
-	if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(d.opts.Node.StateDir, 0o700); err != nil {
 		return "", fmt.Errorf("creating state dir: %w", err)
 	}
-	log := d.opts.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
-	path := filepath.Join(d.opts.StateDir, StateFile)
-	opts := boltstore.Options{Timeout: d.opts.StoreTimeout, Writer: d.opts.DriverName + " " + d.opts.Version}
+	log := d.opts.Observability.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
+	path := filepath.Join(d.opts.Node.StateDir, StateFile)
+	opts := boltstore.Options{Timeout: d.opts.State.LockTimeout, Writer: d.opts.DriverName + " " + d.opts.Node.Version}
 	var st *boltstore.Store
 	if _, err := os.Lstat(path); err == nil {
 		// Take the lock first, so that a running driver makes this fail.

@@ -60,7 +60,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	if rec.Phase != store.PhasePublished {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
 	}
-	mounted, err := d.mounter.IsMountPoint(d.opts.KubeletRootDir, rec.TargetPath)
+	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return health{}, transient(fmt.Errorf("checking target: %w", err))
 	}
@@ -91,7 +91,7 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	resp := &csi.NodeGetVolumeStatsResponse{}
 	if h.ok() {
 		var u fsUsage
-		r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, rec.TargetPath)
+		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, rec.TargetPath)
 		if err == nil {
 			u, err = filesystemUsage(r, rec.TargetPath)
 			r.Close()
@@ -120,13 +120,13 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // directoryUsage completes u, the figures of the filesystem that holds the
 // directory volume of rec, with the directory's own usage: a walk of it,
 // shared by concurrent calls and reused for StatsWalk.CacheTTL, bounded by
-// Options.StatsWalk. A walk stopped by a bound gives what it counted, a lower
+// Options.Limits.StatsWalk. A walk stopped by a bound gives what it counted, a lower
 // bound. It returns ctx's error as soon as ctx ends; the walk then goes on
 // for the other callers, if any, within its own bounds.
 func (d *Driver) directoryUsage(ctx context.Context, rec *store.Record, u fsUsage) (fsUsage, error) {
 	key := statsKey{target: rec.TargetPath, created: rec.Created}
 	w, err := d.stats.usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
-		r, err := d.mounter.OpenTarget(d.opts.KubeletRootDir, key.target)
+		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, key.target)
 		if err != nil {
 			return walkResult{}, err
 		}

@@ -157,7 +157,7 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 }
 
 func TestCapacityBudget(t *testing.T) {
-	h := realHarness(t, func(o *framework.Options) { o.Capacity = map[string]int64{"tmpfs": 5 << 20} })
+	h := realHarness(t, func(o *framework.Options) { o.Limits.Capacity = map[string]int64{"tmpfs": 5 << 20} })
 	k, ctx := h.Kubelet, t.Context()
 	a, b, c := k.NewPod("ns", "a"), k.NewPod("ns", "b"), k.NewPod("ns", "c")
 	vol := func(size string) drivertest.InlineVolume {
@@ -173,7 +173,7 @@ func TestCapacityBudget(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "4Mi of its 5Mi") || !strings.Contains(err.Error(), "2Mi more") {
 		t.Fatalf("over budget: %v, want ResourceExhausted with the numbers", err)
 	}
-	if n := len(mountUnder(t, h.Options.KubeletRootDir)); n != 2 {
+	if n := len(mountUnder(t, h.Options.Node.KubeletRootDir)); n != 2 {
 		t.Fatalf("%d mounts, want 2 (the refused publish made none)", n)
 	}
 	// dir volumes are not in the tmpfs budget.
@@ -243,7 +243,7 @@ func TestFSGroup(t *testing.T) {
 // statfs-based stats through the driver.
 func TestLoopFilesystemsStats(t *testing.T) {
 	h := realHarness(t, func(o *framework.Options) {
-		b, err := loop.New(loop.Options{Dir: filepath.Join(o.StateDir, "loop")})
+		b, err := loop.New(loop.Options{Dir: filepath.Join(o.Node.StateDir, "loop")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,7 +308,7 @@ func TestLoopFilesystemsStats(t *testing.T) {
 // blocks of 4KiB, 2^63 bytes: one more than int64 holds. The stats saturate
 // instead of wrapping negative.
 func TestVolumeStatsHugeTmpfs(t *testing.T) {
-	h := realHarness(t, func(o *framework.Options) { o.MaxVolumeSize = framework.NoMaxVolumeSize })
+	h := realHarness(t, func(o *framework.Options) { o.Limits.MaxVolumeSize = framework.NoMaxVolumeSize })
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "p")
 	if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "t", Attributes: map[string]string{"size": "9223372036854775806"}}); err != nil {

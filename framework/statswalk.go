@@ -68,10 +68,10 @@ func (l *StatsWalkLimits) setDefaults() {
 func (l StatsWalkLimits) validate() error {
 	var errs []error
 	if l.MaxEntries < 0 || l.MaxDepth < 0 {
-		errs = append(errs, fmt.Errorf("StatsWalk.MaxEntries %d and StatsWalk.MaxDepth %d must not be negative", l.MaxEntries, l.MaxDepth))
+		errs = append(errs, fmt.Errorf("Limits.StatsWalk.MaxEntries %d and Limits.StatsWalk.MaxDepth %d must not be negative", l.MaxEntries, l.MaxDepth))
 	}
 	if l.Timeout < 0 || l.Timeout > maxStatsTimeout {
-		errs = append(errs, fmt.Errorf("StatsWalk.Timeout %s must be positive and at most %s", l.Timeout, maxStatsTimeout))
+		errs = append(errs, fmt.Errorf("Limits.StatsWalk.Timeout %s must be positive and at most %s", l.Timeout, maxStatsTimeout))
 	}
 	return errors.Join(errs...)
 }

@@ -115,7 +115,7 @@ func TestVolumeStatsBounds(t *testing.T) {
 		}
 	})
 	t.Run("entries", func(t *testing.T) {
-		h := realHarness(t, func(o *framework.Options) { o.StatsWalk.MaxEntries = 50 })
+		h := realHarness(t, func(o *framework.Options) { o.Limits.StatsWalk.MaxEntries = 50 })
 		pod, target := publishDirVolume(t, h, "wide")
 		for i := range 500 {
 			if err := os.WriteFile(filepath.Join(target, fmt.Sprint(i)), nil, 0o644); err != nil {
@@ -149,7 +149,7 @@ func grepLines(s, sub string) string {
 // next entry), and gets its context's code; the cut-short count is not
 // cached for the next caller, who gets the full one.
 func TestVolumeStatsCallerGone(t *testing.T) {
-	h := realHarness(t, func(o *framework.Options) { o.StatsWalk.MaxDepth = 10_000 })
+	h := realHarness(t, func(o *framework.Options) { o.Limits.StatsWalk.MaxDepth = 10_000 })
 	pod, target := publishDirVolume(t, h, "deep")
 	deepTree(t, target, 4000)
 	d := h.Driver()
@@ -354,12 +354,14 @@ func BenchmarkVolumeStatsDeepDir(b *testing.B) {
 				b.Fatal(err)
 			}
 			opts := framework.Options{
-				KubeletRootDir: filepath.Join(base, "kubelet"),
-				StateDir:       filepath.Join(base, "state"),
-				Backends:       map[string]framework.Backend{"dir": d},
-				Logger:         klog.Background().V(10), // quiet
+				Backends: map[string]framework.Backend{"dir": d},
+				Node: framework.NodeOptions{
+					KubeletRootDir: filepath.Join(base, "kubelet"),
+					StateDir:       filepath.Join(base, "state"),
+				},
+				Observability: framework.ObservabilityOptions{Logger: klog.Background().V(10)},
 			}
-			opts.StatsWalk.MaxDepth = bc.depth
+			opts.Limits.StatsWalk.MaxDepth = bc.depth
 			h := drivertest.Start(b, opts)
 			k := h.Kubelet
 			pod := k.NewPod("ns", "p")

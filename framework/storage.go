@@ -108,7 +108,7 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 // otherVolumesTarget reports whether p (a mount point as the mount table
 // shows it) is the target of an inline volume other than id.
 func (d *Driver) otherVolumesTarget(p, id string) bool {
-	for _, root := range []string{d.opts.KubeletRootDir, d.realRoot()} {
+	for _, root := range []string{d.opts.Node.KubeletRootDir, d.realRoot()} {
 		if t, err := volume.ParseTarget(root, p, isWindows); err == nil {
 			return t.Handle() != id
 		}
@@ -119,10 +119,10 @@ func (d *Driver) otherVolumesTarget(p, id string) bool {
 // realRoot is the kubelet root with symbolic links resolved, as the mount
 // table shows paths below it.
 func (d *Driver) realRoot() string {
-	if r, err := filepath.EvalSymlinks(d.opts.KubeletRootDir); err == nil {
+	if r, err := filepath.EvalSymlinks(d.opts.Node.KubeletRootDir); err == nil {
 		return r
 	}
-	return d.opts.KubeletRootDir
+	return d.opts.Node.KubeletRootDir
 }
 
 // needsIntent reports whether the first publish of a volume of b writes its

@@ -44,10 +44,12 @@ func fakeHarness(t *testing.T, mutate func(*framework.Options)) (*drivertest.Har
 			"tmpfs": newTmpfs(t, tmpfs.Options{}),
 			"dir":   d,
 		},
-		DefaultBackend: "tmpfs",
-		MaxVolumeSize:  1 << 30,
-		Mounter:        fake,
-		Store:          st,
+		Volumes: framework.VolumeOptions{
+			DefaultBackend: "tmpfs",
+			Mounter:        fake,
+		},
+		Limits: framework.LimitOptions{MaxVolumeSize: 1 << 30},
+		State:  framework.StateOptions{Store: st},
 	}
 	if mutate != nil {
 		mutate(&opts)
@@ -61,7 +63,7 @@ func TestPublishValidation(t *testing.T) {
 	k := h.Kubelet
 	pod := k.NewPod("ns1", "web")
 	other := k.NewPod("ns2", "other")
-	root := h.Options.KubeletRootDir
+	root := h.Options.Node.KubeletRootDir
 	good := func() *csi.NodePublishVolumeRequest {
 		return k.PublishRequest(pod, drivertest.InlineVolume{Name: "scratch", Attributes: map[string]string{"size": "1Mi"}})
 	}

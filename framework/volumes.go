@@ -87,9 +87,9 @@ func (d *Driver) serveVolumes(w http.ResponseWriter, r *http.Request) {
 	}
 	list := api.VolumeList{
 		Driver:  d.opts.DriverName,
-		Node:    d.opts.NodeID,
-		Version: d.opts.Version,
-		Volumes: DescribeVolumes(recs, d.opts.KubeletRootDir, d.mounter),
+		Node:    d.opts.Node.ID,
+		Version: d.opts.Node.Version,
+		Volumes: DescribeVolumes(recs, d.opts.Node.KubeletRootDir, d.mounter),
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

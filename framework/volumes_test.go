@@ -19,7 +19,7 @@ import (
 // pod, backend, size and phase, whether it is mounted and, for a volume with a
 // filesystem of its own, its usage; never attributes or hashes.
 func TestVolumesOverHTTP(t *testing.T) {
-	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.MetricsAddress = "127.0.0.1:0"; o.Version = "v9" })
+	h, fake, _ := fakeHarness(t, func(o *framework.Options) { o.Observability.MetricsAddress = "127.0.0.1:0"; o.Node.Version = "v9" })
 	pod := h.Kubelet.NewPod("ns", "web")
 	tmp := drivertest.InlineVolume{Name: "scratch", Attributes: map[string]string{"size": "2Mi", "mode": "0700"}}
 	if err := publishFake(t, h, fake, pod, tmp); err != nil {
@@ -73,14 +73,14 @@ func TestVolumesOverHTTP(t *testing.T) {
 	}
 
 	// Unmounted behind the driver's back: listed, not mounted, no usage.
-	if err := fake.Unmount(h.Options.KubeletRootDir, h.Kubelet.TargetPath(pod, "scratch")); err != nil {
+	if err := fake.Unmount(h.Options.Node.KubeletRootDir, h.Kubelet.TargetPath(pod, "scratch")); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := h.Driver().Records(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range framework.DescribeVolumes(recs, h.Options.KubeletRootDir, fake) {
+	for _, v := range framework.DescribeVolumes(recs, h.Options.Node.KubeletRootDir, fake) {
 		if v.VolumeName == "scratch" && (v.Mounted || v.Usage != nil) {
 			t.Errorf("unmounted volume %+v", v)
 		}
@@ -89,7 +89,7 @@ func TestVolumesOverHTTP(t *testing.T) {
 
 // Before the driver serves, /volumes says so.
 func TestVolumesBeforeRun(t *testing.T) {
-	d, err := framework.New(framework.Options{DriverName: "test.csi.ephemera.dev", NodeID: "n", Backends: map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{})}})
+	d, err := framework.New(framework.Options{DriverName: "test.csi.ephemera.dev", Backends: map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{})}, Node: framework.NodeOptions{ID: "n"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,15 +103,15 @@ func TestVolumesBeforeRun(t *testing.T) {
 	}
 }
 
-// With Options.VolumesEndpoint false, GET /volumes answers 404 (on the
+// With Options.Observability.VolumesEndpoint false, GET /volumes answers 404 (on the
 // MetricsAddress server and on Handler) and nothing else changes: /metrics,
 // /healthz and /readyz answer as with it on, and volumes are published.
 func TestVolumesEndpointOff(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		h, fake, _ := fakeHarness(t, func(o *framework.Options) {
-			o.MetricsAddress = "127.0.0.1:0"
+			o.Observability.MetricsAddress = "127.0.0.1:0"
 			if !on {
-				o.VolumesEndpoint = new(false)
+				o.Observability.VolumesEndpoint = new(false)
 			}
 		})
 		pod := h.Kubelet.NewPod("ns", "web")

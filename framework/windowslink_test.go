@@ -42,9 +42,11 @@ func linkHarness(t *testing.T, keepData *bool) (*drivertest.Harness, string) {
 	}
 	b := &keepingBackend{Backend: d, keep: keepData}
 	h := drivertest.Start(t, framework.Options{
-		Backends:       map[string]framework.Backend{"dir": b},
-		DefaultBackend: "dir",
-		Mounter:        mount.NewLink(),
+		Backends: map[string]framework.Backend{"dir": b},
+		Volumes: framework.VolumeOptions{
+			DefaultBackend: "dir",
+			Mounter:        mount.NewLink(),
+		},
 	})
 	return h, root
 }

@@ -100,7 +100,7 @@ func main() {
 	}
 
 	var err error
-	if c.opts.Capacity, err = parseCapacity(c.capacity); err != nil {
+	if c.opts.Limits.Capacity, err = parseCapacity(c.capacity); err != nil {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
@@ -190,7 +190,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.api.events, "events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
 	fs.StringVar(&c.opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
 	framework.BindFlags(fs, &c.opts)
-	fs.StringVar(&c.opts.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
+	fs.StringVar(&c.opts.Volumes.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
@@ -205,22 +205,22 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 // the CSIDriver object for the startup check (CSIDrivers).
 func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error {
 	if f.events || f.gcConfirm {
-		opts.CSIDrivers = client.csiDrivers
+		opts.Observability.CSIDrivers = client.csiDrivers
 	}
 	if f.events {
-		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.NodeID})
+		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.Node.ID})
 		if err != nil {
 			return err
 		}
-		opts.Events = rec
+		opts.Observability.Events = rec
 		opts.Runnables = append(opts.Runnables, rec)
 	}
 	if f.gcConfirm {
-		pods, err := kube.NewPods(kube.PodsOptions{Client: client.pods, NodeName: opts.NodeID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
+		pods, err := kube.NewPods(kube.PodsOptions{Client: client.pods, NodeName: opts.Node.ID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
 		if err != nil {
 			return err
 		}
-		opts.Pods = pods
+		opts.GC.Pods = pods
 		opts.Runnables = append(opts.Runnables, pods)
 	}
 	return nil
@@ -230,25 +230,25 @@ func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error
 // (or, for "state rebuild", rebuilds the state and returns).
 func run(c config) (err error) {
 	opts := c.opts
-	opts.Version = version
-	if opts.StateDir == "" {
-		opts.StateDir = framework.DefaultStateDir(opts.DriverName)
+	opts.Node.Version = version
+	if opts.Node.StateDir == "" {
+		opts.Node.StateDir = framework.DefaultStateDir(opts.DriverName)
 	}
 	tmpfsSize, err := quantity("--default-size", c.tmpfs.defaultSize)
 	if err != nil {
 		return err
 	}
 	if c.maxVolumeSize == "none" {
-		opts.MaxVolumeSize = framework.NoMaxVolumeSize
-	} else if opts.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
+		opts.Limits.MaxVolumeSize = framework.NoMaxVolumeSize
+	} else if opts.Limits.MaxVolumeSize, err = quantity("--max-volume-size", c.maxVolumeSize); err != nil {
 		return err
 	}
-	if opts.WindowsMode, err = framework.ParseWindowsMode(c.windowsMode); err != nil {
+	if opts.Volumes.WindowsMode, err = framework.ParseWindowsMode(c.windowsMode); err != nil {
 		return fmt.Errorf("--windows-mode: %w", err)
 	}
-	backends, dirRoot := c.backends, filepath.Join(opts.StateDir, "volumes")
+	backends, dirRoot := c.backends, filepath.Join(opts.Node.StateDir, "volumes")
 	var dirHost dir.Host
-	if opts.WindowsMode == framework.WindowsCSIProxy {
+	if opts.Volumes.WindowsMode == framework.WindowsCSIProxy {
 		if !c.backendsSet {
 			backends = "dir"
 		}
@@ -260,8 +260,8 @@ func run(c config) (err error) {
 			return fmt.Errorf("--windows-mode=csi-proxy: %w", err)
 		}
 		defer m.Close()
-		opts.Mounter, dirHost = m, m
-		dirRoot = csiProxyDirRoot(opts.KubeletRootDir, opts.DriverName)
+		opts.Volumes.Mounter, dirHost = m, m
+		dirRoot = csiProxyDirRoot(opts.Node.KubeletRootDir, opts.DriverName)
 	}
 	opts.Backends = map[string]framework.Backend{}
 	for _, name := range strings.Split(backends, ",") {
@@ -272,9 +272,9 @@ func run(c config) (err error) {
 		case "dir":
 			b, err = c.dir.backend(dirRoot, dirHost)
 		case "loop":
-			b, err = c.loop.backend(filepath.Join(opts.StateDir, "loop"), max(opts.MaxVolumeSize, 0))
+			b, err = c.loop.backend(filepath.Join(opts.Node.StateDir, "loop"), max(opts.Limits.MaxVolumeSize, 0))
 		case "vhdx":
-			b, err = c.vhdx.backend(filepath.Join(opts.StateDir, "vhdx"), max(opts.MaxVolumeSize, 0))
+			b, err = c.vhdx.backend(filepath.Join(opts.Node.StateDir, "vhdx"), max(opts.Limits.MaxVolumeSize, 0))
 		case "":
 			continue
 		default:
@@ -286,7 +286,7 @@ func run(c config) (err error) {
 		opts.Backends[name] = b
 	}
 	plugins, err := c.plugins.backends(func() (*tmpfs.Backend, error) { return c.tmpfs.backend(tmpfsSize) },
-		opts.DriverName, opts.NodeID, opts.Logger)
+		opts.DriverName, opts.Node.ID, opts.Observability.Logger)
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,7 @@ func TestFlags(t *testing.T) {
 		c.api != (apiFlags{events: true, gcConfirm: true, kubeconfig: "k"}) {
 		t.Errorf("parsed %+v %+v %+v %+v %+v %q %q %q", c.tmpfs, c.dir, c.loop, c.vhdx, c.api, c.backends, c.maxVolumeSize, c.capacity)
 	}
-	if c.opts.NodeID != "n" || c.opts.DriverName != DriverName {
+	if c.opts.Node.ID != "n" || c.opts.DriverName != DriverName {
 		t.Errorf("options %+v", c.opts)
 	}
 }
@@ -78,31 +78,31 @@ func TestAddComponents(t *testing.T) {
 		pods:       clientset.CoreV1().Pods(""),
 		csiDrivers: csiDrivers,
 	}
-	opts := framework.Options{DriverName: DriverName, NodeID: "node-1"}
-	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Events != nil || opts.Pods != nil || opts.CSIDrivers != nil || len(opts.Runnables) != 0 {
+	opts := framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Observability.Events != nil || opts.GC.Pods != nil || opts.Observability.CSIDrivers != nil || len(opts.Runnables) != 0 {
 		t.Fatalf("without flags: %v, %+v", err, opts)
 	}
 	if err := (apiFlags{events: true, gcConfirm: true}).addComponents(&opts, client); err != nil {
 		t.Fatal(err)
 	}
-	rec, ok := opts.Events.(*events.Recorder)
+	rec, ok := opts.Observability.Events.(*events.Recorder)
 	if !ok {
-		t.Fatalf("Events is %T, want an *events.Recorder", opts.Events)
+		t.Fatalf("Events is %T, want an *events.Recorder", opts.Observability.Events)
 	}
-	pods, ok := opts.Pods.(*kube.Pods)
+	pods, ok := opts.GC.Pods.(*kube.Pods)
 	if !ok {
-		t.Fatalf("Pods is %T, want a *kube.Pods", opts.Pods)
+		t.Fatalf("Pods is %T, want a *kube.Pods", opts.GC.Pods)
 	}
 	if len(opts.Runnables) != 2 || opts.Runnables[0] != rec || opts.Runnables[1] != pods {
 		t.Errorf("Runnables %v, want the recorder and the pod informer", opts.Runnables)
 	}
-	if opts.CSIDrivers != csiDrivers {
-		t.Errorf("CSIDrivers %v, want the API client (the startup check of the CSIDriver object)", opts.CSIDrivers)
+	if opts.Observability.CSIDrivers != csiDrivers {
+		t.Errorf("CSIDrivers %v, want the API client (the startup check of the CSIDriver object)", opts.Observability.CSIDrivers)
 	}
 	// Either flag gives API access, and the check.
-	opts = framework.Options{DriverName: DriverName, NodeID: "node-1"}
-	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.CSIDrivers != csiDrivers {
-		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.CSIDrivers)
+	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.Observability.CSIDrivers != csiDrivers {
+		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.Observability.CSIDrivers)
 	}
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)

@@ -19,7 +19,7 @@ import (
 // stopped driver's from its state file, read-only; it never changes the file.
 func TestVolumesCommand(t *testing.T) {
 	fake := mount.NewFake()
-	h := startVolumesDriver(t, fake, func(o *framework.Options) { o.Version = "v0.0.1-test" })
+	h := startVolumesDriver(t, fake, func(o *framework.Options) { o.Node.Version = "v0.0.1-test" })
 	pod := h.Kubelet.NewPod("team-a", "web")
 	vol := drivertest.InlineVolume{Name: "scratch"}
 	fake.AddDir(filepath.Dir(h.Kubelet.TargetPath(pod, vol.Name)))
@@ -29,7 +29,7 @@ func TestVolumesCommand(t *testing.T) {
 	addr := h.Driver().MetricsAddr()
 	run := func(args ...string) (int, string, string) {
 		var out, errb bytes.Buffer
-		code := volumesCommand(append([]string{"--state-dir", h.Options.StateDir, "--kubelet-root", h.Options.KubeletRootDir, "--timeout", "300ms"}, args...), &out, &errb)
+		code := volumesCommand(append([]string{"--state-dir", h.Options.Node.StateDir, "--kubelet-root", h.Options.Node.KubeletRootDir, "--timeout", "300ms"}, args...), &out, &errb)
 		return code, out.String(), errb.String()
 	}
 	decode := func(stdout string) api.VolumeList {
@@ -61,7 +61,7 @@ func TestVolumesCommand(t *testing.T) {
 	}
 
 	h.Stop()
-	path := filepath.Join(h.Options.StateDir, framework.StateFile)
+	path := filepath.Join(h.Options.Node.StateDir, framework.StateFile)
 	before := readFile(t, path)
 	// Nothing answers at the address any more: the state file is read.
 	code, stdout, stderr = run("--address", addr, "-o", "json")
@@ -96,10 +96,10 @@ func startVolumesDriver(t *testing.T, fake *mount.Fake, mutate func(*framework.O
 		t.Fatal(err)
 	}
 	opts := framework.Options{
-		DriverName:     DriverName,
-		Backends:       map[string]framework.Backend{"dir": b},
-		Mounter:        fake,
-		MetricsAddress: "127.0.0.1:0",
+		DriverName:    DriverName,
+		Backends:      map[string]framework.Backend{"dir": b},
+		Volumes:       framework.VolumeOptions{Mounter: fake},
+		Observability: framework.ObservabilityOptions{MetricsAddress: "127.0.0.1:0"},
 	}
 	mutate(&opts)
 	return drivertest.Start(t, opts)
@@ -117,9 +117,9 @@ func readFile(t *testing.T, path string) []byte {
 // A driver running with --volumes-endpoint=false answers 404: the command
 // says so instead of waiting for the state file the driver holds.
 func TestVolumesCommandEndpointOff(t *testing.T) {
-	h := startVolumesDriver(t, mount.NewFake(), func(o *framework.Options) { o.VolumesEndpoint = new(false) })
+	h := startVolumesDriver(t, mount.NewFake(), func(o *framework.Options) { o.Observability.VolumesEndpoint = new(false) })
 	var out, errb bytes.Buffer
-	code := volumesCommand([]string{"--state-dir", h.Options.StateDir, "--address", h.Driver().MetricsAddr(), "--timeout", "300ms"}, &out, &errb)
+	code := volumesCommand([]string{"--state-dir", h.Options.Node.StateDir, "--address", h.Driver().MetricsAddr(), "--timeout", "300ms"}, &out, &errb)
 	if code != 1 || !strings.Contains(errb.String(), "404") || !strings.Contains(errb.String(), "--volumes-endpoint=false") {
 		t.Errorf("volumes of a driver without the endpoint: %d %q", code, errb.String())
 	}

@@ -5,7 +5,7 @@
 // tmpfs pages count against node memory: budget them like memory, not like disk.
 // They are charged to the memory cgroup of whoever writes them (normally the pod's
 // container), but the kubelet does not count inline volumes against a pod's
-// ephemeral-storage, so the node budget (Options.Capacity) is what bounds them.
+// ephemeral-storage, so the node budget (Options.Limits.Capacity) is what bounds them.
 //
 // Attributes: "size" (handled by the framework; required unless Options.DefaultSize
 // is set), "mode" (octal, default 01777 like /tmp),

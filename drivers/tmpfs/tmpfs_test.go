@@ -142,7 +142,7 @@ func TestNrInodesOverCapIsInvalidArgument(t *testing.T) {
 	fake := mount.NewFake()
 	h := drivertest.Start(t, framework.Options{
 		Backends: map[string]framework.Backend{"tmpfs": newBackend(t, tmpfs.Options{MaxInodes: 5000})},
-		Mounter:  fake,
+		Volumes:  framework.VolumeOptions{Mounter: fake},
 	})
 	pod := h.Kubelet.NewPod("ns", "p")
 	for _, inodes := range []string{"5001", "0", "1099511627776"} {

@@ -30,7 +30,7 @@
 // folder; every step is skipped when already done.
 //
 // Create and Delete stop before their next step once their context ends (the
-// framework bounds each publish with Options.OperationTimeout) and return an
+// framework bounds each publish with Options.Limits.OperationTimeout) and return an
 // error wrapping ctx.Err(). A step that has started runs to completion: none of
 // the calls can be cancelled (allocating a fixed-size file, formatting), and
 // csi-proxy is passed the context but does not use it. The next Create or

@@ -58,8 +58,8 @@ func Options() (framework.Options, error) {
 	return framework.Options{
 		DriverName: driverName,
 		Backends:   map[string]framework.Backend{"tmpfs": mem},
-		Attributes: attributes,
 		Content:    framework.ContentFunc(tokenFile),
+		Volumes:    framework.VolumeOptions{AcceptedAttributes: attributes},
 	}, nil
 }
 
@@ -125,7 +125,7 @@ func main() {
 	framework.BindFlags(flag.CommandLine, &opts)
 	allowed := flag.String("allowed-namespaces", "", "comma-separated namespaces whose pods may use the driver (empty: all)")
 	flag.Parse()
-	opts.Authorizer = allowNamespaces(*allowed)
+	opts.Volumes.Authorizer = allowNamespaces(*allowed)
 	d, err := framework.New(opts)
 	if err != nil {
 		klog.Fatal(err)

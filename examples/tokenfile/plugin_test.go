@@ -117,10 +117,10 @@ func TestPlugin(t *testing.T) {
 	}
 	t.Cleanup(func() { tokensBackend.Close() })
 	h := drivertest.Start(t, framework.Options{
-		DriverName:     "scratch.csi.ephemera.dev",
-		Backends:       map[string]framework.Backend{"tmpfs": mem, "tokens": tokensBackend},
-		DefaultBackend: "tmpfs",
-		Logger:         logger,
+		DriverName:    "scratch.csi.ephemera.dev",
+		Backends:      map[string]framework.Backend{"tmpfs": mem, "tokens": tokensBackend},
+		Volumes:       framework.VolumeOptions{DefaultBackend: "tmpfs"},
+		Observability: framework.ObservabilityOptions{Logger: logger},
 	})
 	k, ctx := h.Kubelet, t.Context()
 

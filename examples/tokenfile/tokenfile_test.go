@@ -38,8 +38,8 @@ func start(t *testing.T) (*drivertest.Harness, *syncBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Authorizer = allowNamespaces("team-a, team-b")
-	opts.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log), textlogger.Verbosity(10)))
+	opts.Volumes.Authorizer = allowNamespaces("team-a, team-b")
+	opts.Observability.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log), textlogger.Verbosity(10)))
 	return drivertest.Start(t, opts), &log
 }
 

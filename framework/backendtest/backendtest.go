@@ -536,9 +536,9 @@ func (s *suite) testCrashBeforePublish(t *testing.T) {
 	e.create(t, v)
 	logs := driverLogs(t)
 	opts := framework.Options{
-		Backends: map[string]framework.Backend{s.backendName: e.b},
-		StateDir: filepath.Join(t.TempDir(), "state"),
-		Logger:   logs,
+		Backends:      map[string]framework.Backend{s.backendName: e.b},
+		Node:          framework.NodeOptions{StateDir: filepath.Join(t.TempDir(), "state")},
+		Observability: framework.ObservabilityOptions{Logger: logs},
 	}
 	h := drivertest.Start(t, opts)
 	h.Stop()
@@ -632,10 +632,10 @@ func (s *suite) testPublishThroughDriver(t *testing.T) {
 	e.requireMount(t)
 	logs := driverLogs(t)
 	h := drivertest.Start(t, framework.Options{
-		Backends: map[string]framework.Backend{s.backendName: e.b},
-		Logger:   logs,
+		Backends:      map[string]framework.Backend{s.backendName: e.b},
+		Observability: framework.ObservabilityOptions{Logger: logs},
 	})
-	t.Cleanup(func() { unmountLeftovers(t, h.Options.KubeletRootDir) })
+	t.Cleanup(func() { unmountLeftovers(t, h.Options.Node.KubeletRootDir) })
 	k := h.Kubelet
 	pod := k.NewPod("backendtest", "driver")
 	vol := drivertest.InlineVolume{Name: "data", FSType: s.opts.FSType, Attributes: s.opts.Params}

@@ -22,7 +22,7 @@ import (
 // t.FailNow. Nothing is left when there is:
 //
 //   - no mount point below the kubelet root, on the host (except those already
-//     there when Start ran) or, when Options.Mounter is a mount.Fake, in the
+//     there when Start ran) or, when Options.Volumes.Mounter is a mount.Fake, in the
 //     Fake;
 //   - no target that the Kubelet sent in a NodePublishVolume, on disk or in the
 //     Fake, and nothing in <root>/pods: every pod was deleted

@@ -36,10 +36,10 @@ func TestRequireCleanHostMounts(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "kubelet")
 	mountTmpfs(t, filepath.Join(root, "plugins", "before"))
 	h := drivertest.Start(t, framework.Options{
-		KubeletRootDir: root,
-		Backends:       map[string]framework.Backend{"none": framework.BackendFuncs{}},
-		Mounter:        mount.NewFake(),
-		Store:          memstore.New(),
+		Backends: map[string]framework.Backend{"none": framework.BackendFuncs{}},
+		Node:     framework.NodeOptions{KubeletRootDir: root},
+		Volumes:  framework.VolumeOptions{Mounter: mount.NewFake()},
+		State:    framework.StateOptions{Store: memstore.New()},
 	})
 	h.RequireClean(t)
 

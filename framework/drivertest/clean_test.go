@@ -89,11 +89,13 @@ func noRoot(t *testing.T) (*drivertest.Harness, *mount.Fake, *stray) {
 	}
 	fake, s := mount.NewFake(), &stray{}
 	h := drivertest.Start(t, framework.Options{
-		Backends:       map[string]framework.Backend{"dir": d, "stray": s},
-		DefaultBackend: "dir",
-		Mounter:        fake,
-		Store:          memstore.New(),
-		GCInterval:     -1,
+		Backends: map[string]framework.Backend{"dir": d, "stray": s},
+		Volumes: framework.VolumeOptions{
+			DefaultBackend: "dir",
+			Mounter:        fake,
+		},
+		State: framework.StateOptions{Store: memstore.New()},
+		GC:    framework.GCOptions{Interval: -1},
 	})
 	return h, fake, s
 }

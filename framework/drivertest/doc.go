@@ -53,7 +53,7 @@
 //	err = k.DeletePod(ctx, pod)
 //
 // [Start] does the same for a driver built from framework.Options and sends
-// the driver's log to t.Log unless Options.Logger is set. At the end of a
+// the driver's log to t.Log unless Options.Observability.Logger is set. At the end of a
 // test, [Harness.RequireClean] checks that nothing was left behind: no mount,
 // target or pod directory below the kubelet root, no record in the driver's
 // state, no backend storage without a record.

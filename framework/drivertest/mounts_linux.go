@@ -18,7 +18,7 @@ import (
 // that a failing test leaves no mount on the machine. A passing test has
 // none: RequireClean says so.
 func (h *Harness) detachLeftovers() {
-	root, err := filepath.Abs(h.Options.KubeletRootDir)
+	root, err := filepath.Abs(h.Options.Node.KubeletRootDir)
 	if err != nil {
 		return
 	}

@@ -29,7 +29,7 @@ type Harness struct {
 	Options framework.Options
 
 	t      testing.TB
-	fake   *mount.Fake     // Options.Mounter, when it is a mount.Fake
+	fake   *mount.Fake     // Options.Volumes.Mounter, when it is a mount.Fake
 	before map[string]bool // mount points below the kubelet root at Start
 	conn   *grpc.ClientConn
 	driver *framework.Driver
@@ -58,39 +58,39 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	if opts.DriverName == "" {
 		opts.DriverName = "test.csi.ephemera.dev"
 	}
-	if opts.NodeID == "" {
-		opts.NodeID = "node-1"
+	if opts.Node.ID == "" {
+		opts.Node.ID = "node-1"
 	}
-	if opts.KubeletRootDir == "" {
-		opts.KubeletRootDir = filepath.Join(t.TempDir(), "kubelet")
+	if opts.Node.KubeletRootDir == "" {
+		opts.Node.KubeletRootDir = filepath.Join(t.TempDir(), "kubelet")
 	}
-	if opts.StateDir == "" {
-		opts.StateDir = filepath.Join(t.TempDir(), "state")
+	if opts.Node.StateDir == "" {
+		opts.Node.StateDir = filepath.Join(t.TempDir(), "state")
 	}
-	if opts.Endpoint == "" {
+	if opts.Node.Endpoint == "" {
 		dir, err := os.MkdirTemp("", "ephemera-sock")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		opts.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
+		opts.Node.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
 	}
-	if err := os.MkdirAll(filepath.Join(opts.KubeletRootDir, "pods"), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Join(opts.Node.KubeletRootDir, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if opts.Logger.GetSink() == nil {
+	if opts.Observability.Logger.GetSink() == nil {
 		// Before the cleanup below, so the driver's last lines still reach t.
-		opts.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)
+		opts.Observability.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)
 	}
 	h := &Harness{t: t, Options: opts}
-	h.fake, _ = opts.Mounter.(*mount.Fake)
+	h.fake, _ = opts.Volumes.Mounter.(*mount.Fake)
 	// Not left behind by the test: RequireClean ignores them. An error here
 	// shows again in RequireClean.
-	if root, err := filepath.Abs(opts.KubeletRootDir); err == nil {
+	if root, err := filepath.Abs(opts.Node.KubeletRootDir); err == nil {
 		h.before, _ = mountPointsUnder(root)
 	}
 	h.start()
-	conn, err := grpc.NewClient(opts.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(opts.Node.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,10 +98,10 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	h.Node = csi.NewNodeClient(conn)
 	h.Identity = csi.NewIdentityClient(conn)
 	h.Kubelet = NewKubelet(KubeletOptions{
-		Root:       opts.KubeletRootDir,
-		Endpoint:   opts.Endpoint,
+		Root:       opts.Node.KubeletRootDir,
+		Endpoint:   opts.Node.Endpoint,
 		DriverName: opts.DriverName,
-		NodeName:   opts.NodeID,
+		NodeName:   opts.Node.ID,
 	})
 	if h.fake != nil {
 		h.Kubelet.madeDir = h.fake.AddDir
@@ -129,7 +129,7 @@ func (h *Harness) start() {
 	h.driver, h.cancel, h.done = d, cancel, make(chan error, 1)
 	go func() { h.done <- d.Run(ctx) }()
 	deadline := time.Now().Add(30 * time.Second)
-	sock := h.Options.Endpoint[len("unix://"):]
+	sock := h.Options.Node.Endpoint[len("unix://"):]
 	for !d.Ready() || !exists(sock) {
 		select {
 		case err := <-h.done:

@@ -24,8 +24,8 @@ import (
 func fakeOptions() framework.Options {
 	return framework.Options{
 		Backends: map[string]framework.Backend{"none": framework.BackendFuncs{}},
-		Mounter:  mount.NewFake(),
-		Store:    memstore.New(),
+		Volumes:  framework.VolumeOptions{Mounter: mount.NewFake()},
+		State:    framework.StateOptions{Store: memstore.New()},
 	}
 }
 
@@ -67,7 +67,7 @@ func TestStartLogsToTheTest(t *testing.T) {
 func TestStartKeepsTheAuthorsLogger(t *testing.T) {
 	var buf syncBuffer
 	opts := fakeOptions()
-	opts.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+	opts.Observability.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
 	tb := &logTB{TB: t}
 	drivertest.Start(tb, opts)
 	if !strings.Contains(buf.String(), "Reconciled state") {
@@ -85,8 +85,8 @@ func TestStartLogAfterTheTestEnded(t *testing.T) {
 	t.Run("driver", func(t *testing.T) {
 		h = drivertest.Start(t, fakeOptions())
 	})
-	h.Options.Logger.Info("Logged after the test ended")
-	h.Options.Logger.Error(nil, "Logged after the test ended")
+	h.Options.Observability.Logger.Info("Logged after the test ended")
+	h.Options.Observability.Logger.Error(nil, "Logged after the test ended")
 }
 
 // syncBuffer is a bytes.Buffer safe for the driver's goroutines.
@@ -120,8 +120,8 @@ func TestStartFakeMounter(t *testing.T) {
 	}
 	opts := fakeOptions()
 	opts.Backends = map[string]framework.Backend{"dir": d, "tmpfs": mem}
-	opts.DefaultBackend = "dir"
-	fake := opts.Mounter.(*mount.Fake)
+	opts.Volumes.DefaultBackend = "dir"
+	fake := opts.Volumes.Mounter.(*mount.Fake)
 	h := drivertest.Start(t, opts)
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "web")

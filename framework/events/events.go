@@ -2,7 +2,7 @@
 // Kubernetes API as core/v1 Events.
 //
 // The framework itself has no Kubernetes client; a driver that wants events
-// builds a Recorder and passes it both as Options.Events (where events go) and
+// builds a Recorder and passes it both as Options.Observability.Events (where events go) and
 // among Options.Runnables (so the driver runs it). Its client is kube.Client's
 // (which links core/v1 only):
 //
@@ -117,7 +117,7 @@ type Options struct {
 	// the CSI driver name. Required.
 	DriverName string
 	// NodeName is the events' source host and reporting instance: the
-	// Kubernetes node the driver runs on (framework.Options.NodeID). Required.
+	// Kubernetes node the driver runs on (framework.Options.Node.ID). Required.
 	NodeName string
 	// PerPodPerMinute is how many events about one pod are written per minute,
 	// after a burst of as many. Defaults to DefaultPerPodPerMinute when zero;
@@ -143,7 +143,7 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("DriverName is required"))
 	}
 	if o.NodeName == "" {
-		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.NodeID)"))
+		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.Node.ID)"))
 	}
 	if o.PerPodPerMinute < 0 {
 		errs = append(errs, fmt.Errorf("PerPodPerMinute %d must not be negative (0 takes the default, %d)", o.PerPodPerMinute, DefaultPerPodPerMinute))

@@ -224,7 +224,7 @@ type csiDriverJSON struct {
 }
 
 // GetCSIDriver reads the CSIDriver object called name (storage.k8s.io/v1) in
-// JSON: a framework.CSIDriverGetter (Options.CSIDrivers). A missing object is
+// JSON: a framework.CSIDriverGetter (Options.Observability.CSIDrivers). A missing object is
 // an error wrapping api.ErrNotFound. The service account needs get on
 // csidrivers.storage.k8s.io.
 func (c *Client) GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver, error) {

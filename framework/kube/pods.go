@@ -10,7 +10,7 @@
 // Pods is the orphan GC's confirmation that a pod is gone (framework.PodChecker).
 // Like every component of a driver it is built from options by value and run
 // by the driver: NewPods checks the options and starts nothing; Run runs the
-// informer until its context ends. It goes both in Options.Pods and in
+// informer until its context ends. It goes both in Options.GC.Pods and in
 // Options.Runnables:
 //
 //	client, err := kube.NewClient(cfg)
@@ -60,7 +60,7 @@ type PodsOptions struct {
 	// client-go's clientset.CoreV1().Pods(""). Required.
 	Client PodsClient
 	// NodeName is the Kubernetes node whose pods are watched (field selector
-	// spec.nodeName): the node the driver runs on, framework.Options.NodeID.
+	// spec.nodeName): the node the driver runs on, framework.Options.Node.ID.
 	// Required.
 	NodeName string
 	// Resync is the informer's resync period. Defaults to 0: no resync (the
@@ -81,7 +81,7 @@ func (o *PodsOptions) validate() error {
 		errs = append(errs, errors.New("option Client is required"))
 	}
 	if o.NodeName == "" {
-		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.NodeID)"))
+		errs = append(errs, errors.New("NodeName is required (the Kubernetes node name, framework.Options.Node.ID)"))
 	}
 	if o.Resync < 0 {
 		errs = append(errs, fmt.Errorf("option Resync %s must not be negative (0: no resync)", o.Resync))

@@ -112,7 +112,7 @@ func (g *gate) Content(ctx context.Context, _ *pb.ContentRequest) (*pb.ContentRe
 }
 
 // The bytes of Content answers in flight are bounded driver-wide: with a
-// budget of two answers (Options.ContentBytesInFlight), two pods' Content
+// budget of two answers (Options.Volumes.ContentBytesInFlight), two pods' Content
 // calls wait on a slow plugin and a third pod's never reaches it; its publish
 // gets ResourceExhausted naming the budget once its deadline passes. Once the
 // two answers are written, the third pod's retry publishes. On 9bf726c the
@@ -123,7 +123,7 @@ func TestContentBytesInFlightBounded(t *testing.T) {
 	g := &gate{arrived: make(chan struct{}, 8), release: make(chan struct{})}
 	ep := grpcServer(t, func(s *grpc.Server) { pb.RegisterPluginServer(s, g) })
 	b := newClient(t, plugin.Options{Name: "p", Endpoint: ep, MaxContentBytes: 1 << 20})
-	h := startDriver(t, b, framework.Options{ContentBytesInFlight: 2 << 20})
+	h := startDriver(t, b, framework.Options{Volumes: framework.VolumeOptions{ContentBytesInFlight: 2 << 20}})
 	k := h.Kubelet
 	pods := []*drivertest.Pod{k.NewPod("ns", "a"), k.NewPod("ns", "b"), k.NewPod("ns", "c")}
 	errs := make(chan error, 2)
@@ -183,9 +183,16 @@ func TestContentBytesInFlightBounded(t *testing.T) {
 // made, naming both: it could never be reserved.
 func TestContentBoundBeyondBudgetRefused(t *testing.T) {
 	b := newClient(t, plugin.Options{Name: "p", Endpoint: "unix://" + sockDir(t) + "/none.sock", MaxContentBytes: 64 << 20})
-	_, err := framework.New(framework.Options{DriverName: "t.csi.ephemera.dev", NodeID: "n", StateDir: t.TempDir(), KubeletRootDir: t.TempDir(),
-		Backends: map[string]framework.Backend{"p": b}})
-	if err == nil || !strings.Contains(err.Error(), "backend p bounds its content answers at 67108864 bytes, beyond ContentBytesInFlight 50331648") {
+	_, err := framework.New(framework.Options{
+		DriverName: "t.csi.ephemera.dev",
+		Backends:   map[string]framework.Backend{"p": b},
+		Node: framework.NodeOptions{
+			ID:             "n",
+			StateDir:       t.TempDir(),
+			KubeletRootDir: t.TempDir(),
+		},
+	})
+	if err == nil || !strings.Contains(err.Error(), "backend p bounds its content answers at 67108864 bytes, beyond Volumes.ContentBytesInFlight 50331648") {
 		t.Fatalf("New: %v, want the bound refused", err)
 	}
 }

@@ -30,7 +30,7 @@ func TestContentOnlyPluginDownUnpublish(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := startPlugin(t, "content", versionEnv+"=1")
 			h := startDriver(t, newClient(t, plugin.Options{Name: "p", Endpoint: p.Endpoint}),
-				framework.Options{Capacity: map[string]int64{"p": 4 << 20}})
+				framework.Options{Limits: framework.LimitOptions{Capacity: map[string]int64{"p": 4 << 20}}})
 			k, ctx := h.Kubelet, t.Context()
 			pod := k.NewPod("ns", "gone")
 			if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "v", Attributes: size}); err != nil {
@@ -127,7 +127,7 @@ func TestContentOnlyPluginDownFailedPublishReleasesCapacity(t *testing.T) {
 			}
 			p := startPlugin(t, "content", env...)
 			h := startDriver(t, newClient(t, plugin.Options{Name: "p", Endpoint: p.Endpoint}),
-				framework.Options{Capacity: map[string]int64{"p": 4 << 20}})
+				framework.Options{Limits: framework.LimitOptions{Capacity: map[string]int64{"p": 4 << 20}}})
 			k, ctx := h.Kubelet, t.Context()
 			pod := k.NewPod("ns", "failed")
 			var err error

@@ -37,7 +37,7 @@ func failing(err error) framework.Backend {
 // mounter (no root needed) and returns the publish's code and message.
 func publishCode(t *testing.T, b framework.Backend) (codes.Code, string) {
 	t.Helper()
-	h := drivertest.Start(t, framework.Options{Backends: map[string]framework.Backend{"p": b}, Mounter: mount.NewFake()})
+	h := drivertest.Start(t, framework.Options{Backends: map[string]framework.Backend{"p": b}, Volumes: framework.VolumeOptions{Mounter: mount.NewFake()}})
 	k, ctx := h.Kubelet, t.Context()
 	err := k.Publish(ctx, k.NewPod("ns", "pod"), drivertest.InlineVolume{Name: "v"})
 	if err == nil {

@@ -47,7 +47,7 @@ func TestIntentRecordOnlyForPluginsThatCreate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newClient(t, plugin.Options{Endpoint: serveInProcess(t, tc.serve)})
 			fake, st := mount.NewFake(), memstore.New()
-			h := startDriver(t, b, framework.Options{Mounter: fake, Store: st, DefaultBackend: "p"})
+			h := startDriver(t, b, framework.Options{Volumes: framework.VolumeOptions{Mounter: fake, DefaultBackend: "p"}, State: framework.StateOptions{Store: st}})
 			_, finds := framework.As[framework.Finder](b)
 			_, mountOnly := framework.As[framework.MountOnly](b)
 			if finds == tc.intent || mountOnly == tc.intent {

@@ -122,7 +122,7 @@ type Options struct {
 	// MaxContentBytes bounds one Content answer, as content.Cost counts it:
 	// its data, its paths and content.FileOverhead per file, so that many
 	// small files cost what they take in memory. The driver reserves it from
-	// framework.Options.ContentBytesInFlight for each call, and New of the
+	// framework.Options.Volumes.ContentBytesInFlight for each call, and New of the
 	// framework refuses a bound beyond that budget. Default
 	// DefaultMaxContentBytes.
 	MaxContentBytes int
@@ -242,7 +242,7 @@ func New(opts Options) (*Backend, error) {
 // ContentLimits are the bounds of one Content answer (Options.MaxContentBytes
 // and MaxContentFiles, the content package's bounds on paths): the codec
 // checks an answer against them before decoding it, the driver reserves
-// their MaxBytes of framework.Options.ContentBytesInFlight for each call and
+// their MaxBytes of framework.Options.Volumes.ContentBytesInFlight for each call and
 // writes the files under them (framework.ContentBounder).
 func (b *Backend) ContentLimits() content.Limits {
 	return content.Limits{MaxFiles: b.opts.MaxContentFiles, MaxBytes: int64(b.opts.MaxContentBytes)}.WithDefaults()

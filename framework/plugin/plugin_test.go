@@ -289,7 +289,7 @@ func TestPluginDiesDuringRefresh(t *testing.T) {
 func TestPluginSlow(t *testing.T) {
 	requireRoot(t)
 	p := startPlugin(t, "content", hangEnv+"=Content")
-	h := startDriver(t, newClient(t, plugin.Options{Name: "p", Endpoint: p.Endpoint}), framework.Options{ContentTimeout: 300 * time.Millisecond})
+	h := startDriver(t, newClient(t, plugin.Options{Name: "p", Endpoint: p.Endpoint}), framework.Options{Volumes: framework.VolumeOptions{ContentTimeout: 300 * time.Millisecond}})
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "slow")
 	start := time.Now()
@@ -359,7 +359,7 @@ func TestPluginLostStateAdopted(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Stop()
-	if err := os.RemoveAll(h.Options.StateDir); err != nil {
+	if err := os.RemoveAll(h.Options.Node.StateDir); err != nil {
 		t.Fatal(err)
 	}
 	h.Restart()

@@ -97,7 +97,7 @@ func TestLatencyTable(t *testing.T) {
 		}
 	}
 
-	syncs, err := fdatasyncLatency(e.h.Options.StateDir, 200)
+	syncs, err := fdatasyncLatency(e.h.Options.Node.StateDir, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestLatencyTable(t *testing.T) {
 		heap[b] = [2]float64{inuse, alloc}
 	}
 
-	if ms, err := mountsUnder(filepath.Dir(e.h.Options.KubeletRootDir)); err != nil || len(ms) > 0 {
+	if ms, err := mountsUnder(filepath.Dir(e.h.Options.Node.KubeletRootDir)); err != nil || len(ms) > 0 {
 		t.Errorf("mounts left after the run (err %v): %v", err, ms)
 	}
 

@@ -207,8 +207,8 @@ type rpcLoad struct {
 
 func newRPCLoad(h *drivertest.Harness, backend string, n int) *rpcLoad {
 	k := drivertest.NewKubelet(drivertest.KubeletOptions{
-		Root: h.Options.KubeletRootDir, Endpoint: h.Options.Endpoint,
-		DriverName: h.Options.DriverName, NodeName: h.Options.NodeID,
+		Root: h.Options.Node.KubeletRootDir, Endpoint: h.Options.Node.Endpoint,
+		DriverName: h.Options.DriverName, NodeName: h.Options.Node.ID,
 	})
 	return &rpcLoad{
 		k: k, node: h.Node,
@@ -378,19 +378,21 @@ func newEnv(tb testing.TB) *env {
 		tb.Fatal(err)
 	}
 	h := drivertest.Start(tb, framework.Options{
-		DriverName:     "bench.csi.ephemera.dev",
-		KubeletRootDir: filepath.Join(base, "kubelet"),
-		StateDir:       state,
+		DriverName: "bench.csi.ephemera.dev",
 		Backends: map[string]framework.Backend{
 			"tmpfs": mem,
 			"dir":   volumes,
 			"loop":  loops,
 		},
-		DefaultBackend: "tmpfs",
+		Node: framework.NodeOptions{
+			KubeletRootDir: filepath.Join(base, "kubelet"),
+			StateDir:       state,
+		},
+		Volumes: framework.VolumeOptions{DefaultBackend: "tmpfs"},
+		State:   framework.StateOptions{Store: benchStore()},
 		// As in production: klog at its default verbosity (drivertest would
 		// send every request's log lines to t.Log, which is not what is measured).
-		Logger: klog.Background(),
-		Store:  benchStore(),
+		Observability: framework.ObservabilityOptions{Logger: klog.Background()},
 	})
 	return &env{h: h, floor: filepath.Join(base, "floor")}
 }

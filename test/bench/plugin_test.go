@@ -187,14 +187,16 @@ func newPluginEnv(tb testing.TB) *pluginEnv {
 		backends[backendOf[mode]] = p
 	}
 	h := drivertest.Start(tb, framework.Options{
-		DriverName:     driverName,
-		KubeletRootDir: filepath.Join(base, "kubelet"),
-		StateDir:       filepath.Join(base, "state"),
-		Backends:       backends,
-		DefaultBackend: "tmpfs",
-		Content:        framework.ContentFunc(benchContent),
-		Logger:         klog.Background(),
-		Store:          benchStore(),
+		DriverName: driverName,
+		Backends:   backends,
+		Content:    framework.ContentFunc(benchContent),
+		Node: framework.NodeOptions{
+			KubeletRootDir: filepath.Join(base, "kubelet"),
+			StateDir:       filepath.Join(base, "state"),
+		},
+		Volumes:       framework.VolumeOptions{DefaultBackend: "tmpfs"},
+		State:         framework.StateOptions{Store: benchStore()},
+		Observability: framework.ObservabilityOptions{Logger: klog.Background()},
 	})
 	e := &pluginEnv{h: h, base: base, loads: map[string]cycleLoad{}}
 	for kind, backend := range backendOf {

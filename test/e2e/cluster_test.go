@@ -55,6 +55,8 @@ type cluster struct {
 	// k8sVersion is the kubelet's version ("v1.37.2"), from kubelet --version.
 	k8sVersion string
 	runtime    string
+	// ctrd is the containerd the containerd runtime runs (findContainerd).
+	ctrd containerdInstall
 
 	pidMu sync.Mutex
 	pki   *pki
@@ -329,6 +331,11 @@ func (c *cluster) start(ctx context.Context) error {
 	t0 := time.Now()
 	if err := c.findBinaries(ctx); err != nil {
 		return err
+	}
+	if c.runtime == runtimeContainerd {
+		if err := c.findContainerd(ctx); err != nil {
+			return err
+		}
 	}
 	if err := c.buildTestbin(ctx); err != nil {
 		return err

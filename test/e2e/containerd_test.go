@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -24,15 +25,135 @@ const (
 	pauseImageRef = "ephemera.local/e2e/pause:v1"
 )
 
+// Containerd releases the harness runs (EPHEMERA_E2E_CONTAINERD, make's CONTAINERD).
+const (
+	// containerd2 is the release test/e2e/containerd/go.mod pins, built by
+	// build-containerd.sh from the Go module proxy (the default).
+	containerd2 = "2"
+	// containerd16 is Debian 12's package (install-deps.sh), 1.6.20.
+	containerd16 = "1.6"
+)
+
+// containerdInstall is the containerd the runtime "containerd" runs: its
+// binaries (containerd, containerd-shim-runc-v2, ctr) and its release. runc is
+// Debian's for both (install-deps.sh), found on PATH by the shim.
+type containerdInstall struct {
+	major   string // containerd2 or containerd16
+	version string // containerd --version's, e.g. "v2.4.2"
+	bin     string // containerd
+	shim    string // containerd-shim-runc-v2
+	ctr     string // ctr of the same release
+	dir     string // the directory of the three, put first on containerd's PATH
+}
+
+// findContainerd finds the containerd of EPHEMERA_E2E_CONTAINERD: for 2 the
+// binaries build-containerd.sh prints (a no-op when cached) unless
+// EPHEMERA_E2E_CONTAINERD_BIN names their directory, for 1.6 Debian's on PATH.
+// containerd --version must be of that release.
+func (c *cluster) findContainerd(ctx context.Context) error {
+	ci := containerdInstall{major: envOr("EPHEMERA_E2E_CONTAINERD", containerd2)}
+	switch ci.major {
+	case containerd2:
+		ci.dir = os.Getenv("EPHEMERA_E2E_CONTAINERD_BIN")
+		if ci.dir == "" {
+			cmd := exec.CommandContext(ctx, "bash", filepath.Join(c.repoRoot, "test/e2e/build-containerd.sh"))
+			cmd.Stderr = os.Stderr
+			out, err := cmd.Output()
+			if err != nil {
+				return fmt.Errorf("test/e2e/build-containerd.sh: %w", err)
+			}
+			ci.dir = strings.TrimSpace(string(out))
+		}
+		ci.bin, ci.shim, ci.ctr = filepath.Join(ci.dir, "containerd"), filepath.Join(ci.dir, "containerd-shim-runc-v2"), filepath.Join(ci.dir, "ctr")
+	case containerd16:
+		for _, b := range []*struct {
+			name string
+			path *string
+		}{{"containerd", &ci.bin}, {"containerd-shim-runc-v2", &ci.shim}, {"ctr", &ci.ctr}} {
+			p, err := exec.LookPath(b.name)
+			if err != nil {
+				return fmt.Errorf("EPHEMERA_E2E_CONTAINERD=1.6 needs Debian's containerd (%s): run test/e2e/install-deps.sh (or set EPHEMERA_E2E_RUNTIME=fake): %w", b.name, err)
+			}
+			*b.path = p
+		}
+		ci.dir = filepath.Dir(ci.bin)
+	default:
+		return fmt.Errorf("EPHEMERA_E2E_CONTAINERD=%q: want %s (built by test/e2e/build-containerd.sh) or %s (Debian's)", ci.major, containerd2, containerd16)
+	}
+	for _, b := range []string{ci.bin, ci.shim, ci.ctr} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("containerd %s: %w", ci.major, err)
+		}
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		return fmt.Errorf("runc not found: run test/e2e/install-deps.sh: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, ci.bin, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %w", ci.bin, err)
+	}
+	// "containerd github.com/containerd/containerd v1.6.20~ds1 1.6.20~ds1-1+b1"
+	f := strings.Fields(string(out))
+	if len(f) < 3 {
+		return fmt.Errorf("%s --version: %q", ci.bin, out)
+	}
+	ci.version = f[2]
+	if !strings.HasPrefix(strings.TrimPrefix(ci.version, "v"), ci.major+".") {
+		return fmt.Errorf("EPHEMERA_E2E_CONTAINERD=%s, but %s is %s", ci.major, ci.bin, ci.version)
+	}
+	c.ctrd = ci
+	c.logf("containerd %s (%s), runc %s", ci.version, ci.dir, runcVersion(ctx))
+	return nil
+}
+
+// runcVersion is the first line of runc --version ("runc version 1.1.5+ds1").
+func runcVersion(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, "runc", "--version").Output()
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimPrefix(first, "runc version ")
+}
+
+// The plugins a private containerd does without: snapshotters the harness does
+// not use (containerd 2's build leaves btrfs, devmapper and zfs out, see
+// build-containerd.sh; aufs exists in 1.6 only) and tracing. containerd 2 also
+// without NRI (on by default there, absent from 1.6), which would serve a
+// machine-wide socket, /var/run/nri/nri.sock, that two nodes (TestTwoNodes) would
+// share.
+func (ci containerdInstall) disabledPlugins() []string {
+	p := []string{
+		"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+		"io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+	}
+	if ci.major == containerd2 {
+		p = append(p, "io.containerd.nri.v1.nri")
+	}
+	return p
+}
+
 // containerdConfig is a private containerd instance: own root, state, sockets, runc
 // root and CNI dirs below the run root. restrict_oom_score_adj is required on these
 // VMs (a negative oom_score_adj write fails and runc then cannot start containers).
+// containerd 2 reads configuration version 3 (plugin IDs io.containerd.cri.v1.images
+// and io.containerd.cri.v1.runtime instead of io.containerd.grpc.v1.cri; the sandbox
+// image is a pinned image; the snapshotter belongs to the images plugin; CNI's bin_dirs
+// a list) and migrates it to its latest at start (4 since 2.3); 1.6 reads version 2.
+// containerd 2's shim is named by path (runtime_path): on PATH, Debian's 1.6 shim
+// would be found first. Both run runc with cgroupfs (SystemdCgroup = false, the
+// kubelet's cgroupDriver) on these cgroup v1 machines: containerd 2 still supports
+// cgroup v1, deprecated since 2.2 (supported on a maintained branch until May 2029).
 func (n *node) containerdConfig() string {
+	ci := n.c.ctrd
 	d := filepath.Join(n.dir, "containerd")
-	return fmt.Sprintf(`version = 2
-root = %q
+	var disabled []string
+	for _, p := range ci.disabledPlugins() {
+		disabled = append(disabled, strconv.Quote(p))
+	}
+	common := fmt.Sprintf(`root = %q
 state = %q
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+disabled_plugins = [%s]
 
 [grpc]
   address = %q
@@ -48,7 +169,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
-
+`, filepath.Join(d, "root"), filepath.Join(d, "state"), strings.Join(disabled, ", "), n.ctrSock, n.ctrSock+".ttrpc",
+		filepath.Join(d, "opt"))
+	if ci.major == containerd16 {
+		return "version = 2\n" + common + fmt.Sprintf(`
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   restrict_oom_score_adj = true
@@ -70,20 +194,40 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
-`, filepath.Join(d, "root"), filepath.Join(d, "state"), n.ctrSock, n.ctrSock+".ttrpc",
-		filepath.Join(d, "opt"), pauseImageRef, n.runcRoot,
-		filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
+`, pauseImageRef, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
+	}
+	return "version = 3\n" + common + fmt.Sprintf(`
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %q
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  disable_apparmor = true
+  max_container_log_line_size = 16384
+
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = %q
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %q
+
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%q]
+    conf_dir = %q
+`, pauseImageRef, ci.shim, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
 }
 
 func (n *node) startContainerd(ctx context.Context) error {
 	c := n.c
-	bin, err := exec.LookPath("containerd")
-	if err != nil {
-		return fmt.Errorf("EPHEMERA_E2E_RUNTIME=containerd needs containerd and runc: run test/e2e/install-deps.sh (or set EPHEMERA_E2E_RUNTIME=fake): %w", err)
-	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		return fmt.Errorf("runc not found: run test/e2e/install-deps.sh: %w", err)
-	}
 	d := filepath.Join(n.dir, "containerd")
 	for _, sub := range []string{"root", "state", "opt", "cni-bin", "cni-conf"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o711); err != nil {
@@ -99,7 +243,9 @@ func (n *node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	n.criEndpoint = "unix://" + n.ctrSock
-	n.cri, err = c.startProc("containerd"+n.suffix, bin, []string{"--config", cfg, "--log-level", "info"}, nil)
+	var err error
+	n.cri, err = c.startProc("containerd"+n.suffix, c.ctrd.bin, []string{"--config", cfg, "--log-level", "info"},
+		[]string{"PATH=" + c.ctrd.dir + string(os.PathListSeparator) + os.Getenv("PATH")})
 	if err != nil {
 		return err
 	}
@@ -107,7 +253,7 @@ func (n *node) startContainerd(ctx context.Context) error {
 		if n.cri.exited() {
 			return false, stop(fmt.Errorf("containerd exited, see %s", n.cri.logPath))
 		}
-		out, err := exec.Command("ctr", "--address", n.ctrSock, "version").CombinedOutput()
+		out, err := exec.Command(c.ctrd.ctr, "--address", n.ctrSock, "version").CombinedOutput()
 		if err != nil {
 			return false, nil
 		}
@@ -124,6 +270,9 @@ func (n *node) startContainerd(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("build images: %w", err)
 	}
+	// containerd 2's ctr imports through the transfer service (1.6's writes the
+	// content store itself); both unpack into the default snapshotter, overlayfs,
+	// which the CRI plugin uses.
 	if out, err := n.ctr(ctx, "images", "import", tarPath); err != nil {
 		return fmt.Errorf("ctr images import: %v\n%s", err, out)
 	}
@@ -132,9 +281,10 @@ func (n *node) startContainerd(ctx context.Context) error {
 	return nil
 }
 
-// ctr runs the containerd CLI against the private instance in the k8s.io namespace.
+// ctr runs the containerd CLI of the running release against the private instance
+// in the k8s.io namespace.
 func (n *node) ctr(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
+	cmd := exec.CommandContext(ctx, n.c.ctrd.ctr, append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -42,7 +42,8 @@ const (
 
 var wantManifests = []string{
 	"kustomize-linux.yaml", "kustomize-linux-embedded-registrar.yaml", admissionManifest,
-	helmManifest, "helm-embedded-registrar.yaml",
+	helmManifest, "helm-embedded-registrar.yaml", "kustomize-windows-hostprocess.yaml", "kustomize-windows-csi-proxy.yaml",
+	"helm-windows-hostprocess.yaml", "helm-windows-csi-proxy.yaml",
 }
 
 // renderedDir caches manifestsDir's answer for the tests of one run.

@@ -63,7 +63,7 @@ func TestHelmAnyDriver(t *testing.T) {
 		"sidecars": []any{map[string]any{"name": "plugin", "image": "registry.example.com/plugin:v1",
 			"volumeMounts": []any{map[string]any{"name": "plugin", "mountPath": "/plugin"}}}},
 		"image":     map[string]any{"repository": "registry.example.com/files", "tag": "v2"},
-		"csiDriver": map[string]any{"seLinuxMount": true, "serviceAccountTokenInSecrets": false, "requiresRepublish": true},
+		"csiDriver": map[string]any{"serviceAccountTokenInSecrets": false, "requiresRepublish": true},
 		"registrar": map[string]any{"mode": "embedded"},
 		"rbac":      map[string]any{"extraRules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"get"}}}},
 	})
@@ -105,10 +105,10 @@ func TestHelmAnyDriver(t *testing.T) {
 		t.Errorf("volumes lack the plugin emptyDir")
 	}
 	d := r.find("CSIDriver")[0]
-	if d.Name() != "files.example.com" || d.Get("spec", "seLinuxMount") != true || d.Get("spec", "serviceAccountTokenInSecrets") != false || d.Get("spec", "requiresRepublish") != true {
+	if d.Name() != "files.example.com" || d.Get("spec", "serviceAccountTokenInSecrets") != false || d.Get("spec", "requiresRepublish") != true {
 		t.Errorf("CSIDriver %s %v", d.Name(), d.Get("spec"))
 	}
-	// Left out while null (the default).
+	// Left out while null (the default); seLinuxMount always (no chart value).
 	d = helmObjects(t, map[string]any{}).find("CSIDriver")[0]
 	for _, f := range []string{"seLinuxMount", "serviceAccountTokenInSecrets"} {
 		if v, ok := d.Get("spec").(map[string]any)[f]; ok {
@@ -130,8 +130,9 @@ func TestHelmAnyDriver(t *testing.T) {
 		"volume typo":           {"extraVolumes": []any{map[string]any{"name": "plugin", "emptydir": map[string]any{}}}},
 		"mount without path":    {"driver": map[string]any{"volumeMounts": []any{map[string]any{"name": "plugin"}}}},
 		"env typo":              {"driver": map[string]any{"env": []any{map[string]any{"name": "A", "valu": "b"}}}},
-		"seLinuxMount string":   {"csiDriver": map[string]any{"seLinuxMount": "true"}},
-		"rbac rule typo":        {"rbac": map[string]any{"extraRules": []any{map[string]any{"verbs": []any{"get"}, "resource": []any{"secrets"}}}}},
+		// Dropped: no effect on inline volumes (docs/operations.md, "SELinux nodes").
+		"seLinuxMount":   {"csiDriver": map[string]any{"seLinuxMount": true}},
+		"rbac rule typo": {"rbac": map[string]any{"extraRules": []any{map[string]any{"verbs": []any{"get"}, "resource": []any{"secrets"}}}}},
 	} {
 		root, _ := RepoRoot()
 		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
@@ -195,4 +196,64 @@ func TestHelmMonitoring(t *testing.T) {
 			t.Errorf("alert annotations lost Prometheus's {{ $labels.node }}")
 		}
 	}
+}
+
+// TestHelmWindowsEqualsOverlays: with windows.enabled the chart renders, for the
+// scratch driver's defaults, the same Windows node plugin as the kustomize
+// overlay of its mode (pod spec, selector, rollout; the chart's objects carry
+// more labels), beside the Linux one unless linux.enabled is false; an unknown
+// mode is refused.
+func TestHelmWindowsEqualsOverlays(t *testing.T) {
+	if r := helmObjects(t, map[string]any{}); len(r.find("DaemonSet")) != 1 {
+		t.Errorf("default values: %d DaemonSets, want the Linux one only", len(r.find("DaemonSet")))
+	}
+	for mode, overlay := range map[string]string{"hostprocess": "deploy/overlays/windows-hostprocess", "csi-proxy": "deploy/overlays/windows-csi-proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			r := helmObjects(t, map[string]any{"windows": map[string]any{"enabled": true, "mode": mode}})
+			var linux, windows Object
+			for _, ds := range r.find("DaemonSet") {
+				switch ds.Name() {
+				case "ephemera-scratch-node":
+					linux = ds
+				case "ephemera-scratch-node-windows":
+					windows = ds
+				}
+			}
+			if linux == nil || windows == nil || len(r.find("DaemonSet")) != 2 {
+				t.Fatalf("%d DaemonSets, want the Linux one and ephemera-scratch-node-windows", len(r.find("DaemonSet")))
+			}
+			root, err := RepoRoot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Kustomize(filepath.Join(root, overlay))
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err := Decode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := rendered{Target{Name: overlay}, objs}.driverDaemonSet(t)
+			for _, path := range [][]any{{"spec", "template", "spec"}, {"spec", "selector"}, {"spec", "updateStrategy"}} {
+				if got, want := windows.Get(path...), k.Get(path...); !reflect.DeepEqual(got, want) {
+					gy, _ := yaml.Marshal(got)
+					wy, _ := yaml.Marshal(want)
+					t.Errorf("%v differs between the chart and %s: change both\nchart:\n%s\noverlay:\n%s", path, overlay, gy, wy)
+				}
+			}
+		})
+	}
+	if _, err := Helm(filepath.Join(mustRoot(t), Chart), map[string]any{"windows": map[string]any{"enabled": true, "mode": "process"}}, Namespace); err == nil {
+		t.Errorf("windows.mode=process rendered, want a schema error")
+	}
+}
+
+func mustRoot(t *testing.T) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -111,7 +111,10 @@ func TestImageVersionsAgree(t *testing.T) {
 		"kustomize-linux":                    driverImage + ":" + chart.AppVersion,
 		"kustomize-linux-embedded-registrar": driverImage + ":" + chart.AppVersion,
 		"kustomize-windows-hostprocess":      driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
+		"kustomize-windows-csi-proxy":        driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 		"helm-default":                       driverImage + ":" + chart.AppVersion,
+		"helm-windows-hostprocess":           driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
+		"helm-windows-csi-proxy":             driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 	}
 	for _, r := range renderAll(t) {
 		w, ok := want[r.Name]
@@ -179,7 +182,7 @@ func TestImageDigest(t *testing.T) {
 	}
 
 	// kustomize: an operator's overlay on top of ours pins the digest.
-	for _, overlay := range []string{"deploy/overlays/linux", "deploy/overlays/windows-hostprocess"} {
+	for _, overlay := range []string{"deploy/overlays/linux", "deploy/overlays/windows-hostprocess", "deploy/overlays/windows-csi-proxy"} {
 		dir := t.TempDir()
 		rel, err := filepath.Rel(dir, filepath.Join(root, overlay)) // kustomize refuses absolute paths
 		if err != nil {

@@ -489,3 +489,76 @@ func TestHelmOptions(t *testing.T) {
 		t.Errorf("NOTES.txt without admission lacks the warning (%v):\n%s", err, n)
 	}
 }
+
+// TestWindowsCSIProxyDaemonSet: the csi-proxy overlay's node plugin is an
+// ordinary Windows container (no HostProcess, no host network) that mounts
+// csi-proxy's filesystem pipe (only that one) and the kubelet root at their
+// host paths, runs the driver in --windows-mode=csi-proxy with the dir
+// backend only, and registers through the registrar sidecar; the HostProcess
+// overlay stays HostProcess.
+func TestWindowsCSIProxyDaemonSet(t *testing.T) {
+	for _, r := range renderAll(t) {
+		if r.Kustomize != "deploy/overlays/windows-csi-proxy" && r.Kustomize != "deploy/overlays/windows-hostprocess" {
+			continue
+		}
+		ds := r.driverDaemonSet(t)
+		spec := Object{"s": ds.Get("spec", "template", "spec")}
+		hostProcess := spec.Get("s", "securityContext", "windowsOptions", "hostProcess") == true
+		if r.Kustomize == "deploy/overlays/windows-hostprocess" {
+			if !hostProcess {
+				t.Errorf("%s: not HostProcess", r.Name)
+			}
+			continue
+		}
+		if hostProcess || spec.Get("s", "hostNetwork") == true {
+			t.Errorf("%s: hostProcess %v, hostNetwork %v: the csi-proxy model is an ordinary container", r.Name, hostProcess, spec.Get("s", "hostNetwork"))
+		}
+		if u := spec.Get("s", "securityContext", "windowsOptions", "runAsUserName"); u != "ContainerAdministrator" {
+			t.Errorf("%s: runAsUserName %v, want ContainerAdministrator (writes the CSI socket and the state into hostPath mounts)", r.Name, u)
+		}
+		hostPaths := map[string]string{} // volume name -> host path
+		vols, _ := spec.Get("s", "volumes").([]any)
+		for _, v := range vols {
+			o := Object{"v": v}
+			if p, ok := o.Get("v", "hostPath", "path").(string); ok {
+				hostPaths[fmt.Sprint(o.Get("v", "name"))] = p
+			}
+		}
+		driver := driverContainer(t, rendered{r.Target, []Object{ds}})
+		mounted := map[string]string{} // host path -> mount path
+		mounts, _ := driver.Get("volumeMounts").([]any)
+		for _, m := range mounts {
+			o := Object{"m": m}
+			if p, ok := hostPaths[fmt.Sprint(o.Get("m", "name"))]; ok {
+				mounted[p] = fmt.Sprint(o.Get("m", "mountPath"))
+			}
+		}
+		for _, p := range []string{`\\.\pipe\csi-proxy-filesystem-v1`, `C:\var\lib\kubelet`} {
+			if mounted[p] != p {
+				t.Errorf("%s: host path %s mounted at %q, want the same path", r.Name, p, mounted[p])
+			}
+		}
+		for p := range mounted {
+			if strings.HasPrefix(p, `\\.\pipe\`) && p != `\\.\pipe\csi-proxy-filesystem-v1` {
+				t.Errorf("%s: mounts %s: the dir backend needs csi-proxy's filesystem pipe only", r.Name, p)
+			}
+		}
+		args := stringList(driver.Get("args"))
+		for _, want := range []string{"--windows-mode=csi-proxy", "--backends=dir", `--kubelet-root=C:\var\lib\kubelet`} {
+			if !slices.Contains(args, want) {
+				t.Errorf("%s: driver args %v lack %s", r.Name, args, want)
+			}
+		}
+		if slices.Contains(args, "--register") {
+			t.Errorf("%s: --register beside the registrar sidecar", r.Name)
+		}
+		var registrar bool
+		cs, _ := spec.Get("s", "containers").([]any)
+		for _, c := range cs {
+			registrar = registrar || (Object{"c": c}).Get("c", "name") == "node-driver-registrar"
+		}
+		if !registrar {
+			t.Errorf("%s: no node-driver-registrar container", r.Name)
+		}
+	}
+}

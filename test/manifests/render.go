@@ -80,9 +80,14 @@ func Targets() []Target {
 		{Name: "kustomize-linux", Kustomize: "deploy/overlays/linux"},
 		{Name: "kustomize-linux-embedded-registrar", Kustomize: "deploy/overlays/linux-embedded-registrar"},
 		{Name: "kustomize-windows-hostprocess", Kustomize: "deploy/overlays/windows-hostprocess"},
+		{Name: "kustomize-windows-csi-proxy", Kustomize: "deploy/overlays/windows-csi-proxy"},
 		{Name: "kustomize-admission", Kustomize: "deploy/admission"},
 		{Name: "helm-default", HelmValues: map[string]any{}},
 		{Name: "helm-embedded-registrar", HelmValues: map[string]any{"registrar": map[string]any{"mode": "embedded"}}},
+		// The chart's Windows node plugin alone (the Linux one off), in each mode:
+		// TestHelmWindowsEqualsOverlays keeps them equal to the kustomize overlays.
+		{Name: "helm-windows-hostprocess", HelmValues: map[string]any{"linux": map[string]any{"enabled": false}, "windows": map[string]any{"enabled": true}}},
+		{Name: "helm-windows-csi-proxy", HelmValues: map[string]any{"linux": map[string]any{"enabled": false}, "windows": map[string]any{"enabled": true, "mode": "csi-proxy"}}},
 		{Name: "kustomize-linux-plugin-sidecar", Kustomize: "deploy/overlays/linux-plugin-sidecar"},
 		{Name: "kustomize-plugin-daemonset", Kustomize: "deploy/plugin-daemonset"},
 		{Name: "helm-plugins", HelmValues: PluginValues()},

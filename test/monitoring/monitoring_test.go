@@ -37,16 +37,18 @@ func served(t *testing.T) map[string]bool {
 	fake := mount.NewFake()
 	yes, no, file := true, false, "File"
 	h := drivertest.Start(t, framework.Options{
-		CSIDrivers: csiDriverFunc(func(_ context.Context, name string) (*api.CSIDriver, error) {
-			return &api.CSIDriver{Name: name, UID: "u", AttachRequired: &no, PodInfoOnMount: &yes,
-				VolumeLifecycleModes: []string{"Ephemeral"}, FSGroupPolicy: &file}, nil
-		}),
-		DriverName:     "monitoring.csi.ephemera.dev",
-		Backends:       map[string]framework.Backend{"tmpfs": mem},
-		Capacity:       map[string]int64{"tmpfs": 1 << 30},
-		MetricsAddress: "127.0.0.1:0",
-		Mounter:        fake,
-		Store:          memstore.New(),
+		DriverName: "monitoring.csi.ephemera.dev",
+		Backends:   map[string]framework.Backend{"tmpfs": mem},
+		Volumes:    framework.VolumeOptions{Mounter: fake},
+		Limits:     framework.LimitOptions{Capacity: map[string]int64{"tmpfs": 1 << 30}},
+		State:      framework.StateOptions{Store: memstore.New()},
+		Observability: framework.ObservabilityOptions{
+			CSIDrivers: csiDriverFunc(func(_ context.Context, name string) (*api.CSIDriver, error) {
+				return &api.CSIDriver{Name: name, UID: "u", AttachRequired: &no, PodInfoOnMount: &yes,
+					VolumeLifecycleModes: []string{"Ephemeral"}, FSGroupPolicy: &file}, nil
+			}),
+			MetricsAddress: "127.0.0.1:0",
+		},
 	})
 	k, ctx := h.Kubelet, t.Context()
 	pod := k.NewPod("ns", "p")

@@ -56,18 +56,18 @@ func TestSanity(t *testing.T) {
 	state := t.TempDir()
 	h := drivertest.Start(t, framework.Options{
 		DriverName: "sanity.csi.ephemera.dev",
-		StateDir:   state,
 		Backends: map[string]framework.Backend{
 			"tmpfs": mustTmpfs(t),
 			"dir":   mustDir(t, filepath.Join(state, "volumes")),
 		},
-		DefaultBackend: "tmpfs",
+		Node:    framework.NodeOptions{StateDir: state},
+		Volumes: framework.VolumeOptions{DefaultBackend: "tmpfs"},
 	})
 
 	// csi-sanity creates and removes both directories itself; they must not
 	// exist when the run starts.
 	work := t.TempDir()
-	cfg.Address = h.Options.Endpoint
+	cfg.Address = h.Options.Node.Endpoint
 	cfg.TargetPath = filepath.Join(work, "csi-mount")
 	cfg.StagingPath = filepath.Join(work, "csi-staging")
 	t.Cleanup(sc.Finalize)
@@ -111,7 +111,7 @@ func TestSanity(t *testing.T) {
 			t.Errorf("%s left behind after csi-sanity (err %v)", p, err)
 		}
 	}
-	if m := mountsUnder(t, work, state, h.Options.KubeletRootDir); len(m) > 0 {
+	if m := mountsUnder(t, work, state, h.Options.Node.KubeletRootDir); len(m) > 0 {
 		t.Errorf("mounts left behind: %v", m)
 	}
 }

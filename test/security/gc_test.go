@@ -18,8 +18,8 @@ import (
 // fastGC runs the orphan GC every 20ms with a 50ms grace period, without API
 // confirmation (the scratch driver's default).
 func fastGC(o *framework.Options) {
-	o.GCInterval = 20 * time.Millisecond
-	o.OrphanGracePeriod = 50 * time.Millisecond
+	o.GC.Interval = 20 * time.Millisecond
+	o.GC.OrphanGracePeriod = 50 * time.Millisecond
 }
 
 // replacePodsDir puts a tmpfs over the kubelet's pods directory (the node's
@@ -80,14 +80,14 @@ func TestGCDistrustsAReplacedPodsDir(t *testing.T) {
 // A single orphan among live volumes is still removed.
 func TestGCRefusesAWholesaleOrphaning(t *testing.T) {
 	requireRoot(t)
-	n := newNode(t, func(o *framework.Options) { o.GCInterval = -1 })
+	n := newNode(t, func(o *framework.Options) { o.GC.Interval = -1 })
 	n.stop()
 	detach := replacePodsDir(t, n)
 	n.start()
 	pods := publishDirPods(n, "a", "b", "c")
 	n.stop()
 	detach()
-	n.h.Options.GCInterval, n.h.Options.OrphanGracePeriod = 20*time.Millisecond, 50*time.Millisecond
+	n.h.Options.GC.Interval, n.h.Options.GC.OrphanGracePeriod = 20*time.Millisecond, 50*time.Millisecond
 	n.start() // now on the empty directory
 	time.Sleep(500 * time.Millisecond)
 	for _, p := range pods {

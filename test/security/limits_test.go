@@ -23,7 +23,7 @@ import (
 // volume size, a size near 2^63 does not wrap the accounting: it is refused,
 // nothing is mounted, and 1Gi stays refused while 1Mi fits.
 func TestCapacityBudgetCannotOverflow(t *testing.T) {
-	n := newNode(t, func(o *framework.Options) { o.Capacity = map[string]int64{"tmpfs": 10 << 20} })
+	n := newNode(t, func(o *framework.Options) { o.Limits.Capacity = map[string]int64{"tmpfs": 10 << 20} })
 	first := n.h.Kubelet.NewPod("default", "first")
 	n.publish(first, "data", "tmpfs")
 	for _, size := range []string{"9.2233720368547E18", "1Gi"} {

@@ -180,9 +180,9 @@ func shrink(t *testing.T, ops []op) []op {
 // invariants fail.
 func runModel(t *testing.T, ops []op, verbose bool) (int, error) {
 	n := newNode(t, func(o *framework.Options) {
-		o.GCInterval = 5 * time.Millisecond
-		o.OrphanGracePeriod = time.Nanosecond
-		o.GCMaxOrphanShare = 1 // the share rule has its own test
+		o.GC.Interval = 5 * time.Millisecond
+		o.GC.OrphanGracePeriod = time.Nanosecond
+		o.GC.MaxOrphanShare = 1 // the share rule has its own test
 	})
 	if err := os.WriteFile(filepath.Join(n.outside, "sentinel"), []byte("untouched"), 0o644); err != nil {
 		t.Fatal(err)

@@ -78,12 +78,14 @@ func newNode(t *testing.T, mutate func(*framework.Options)) *node {
 		}
 	}
 	n.opts = framework.Options{
-		DriverName:     driverName,
-		KubeletRootDir: n.root,
-		StateDir:       n.state,
-		Backends:       n.backends(),
-		DefaultBackend: "tmpfs",
-		GCInterval:     -1,
+		DriverName: driverName,
+		Backends:   n.backends(),
+		Node: framework.NodeOptions{
+			KubeletRootDir: n.root,
+			StateDir:       n.state,
+		},
+		Volumes: framework.VolumeOptions{DefaultBackend: "tmpfs"},
+		GC:      framework.GCOptions{Interval: -1},
 	}
 	if mutate != nil {
 		mutate(&n.opts)

@@ -220,7 +220,7 @@ func TestMountedStorageIsNeverDeleted(t *testing.T) {
 // state file fails the startup with an error naming the file, and nothing is
 // changed; RebuildState then recovers it, keeping the damaged file.
 func TestDamagedStateRefusedOnRequest(t *testing.T) {
-	n := newNode(t, func(o *framework.Options) { o.StateRecovery = framework.StateRecoveryRefuse })
+	n := newNode(t, func(o *framework.Options) { o.State.Recovery = framework.StateRecoveryRefuse })
 	pod := n.h.Kubelet.NewPod("default", "app")
 	target := n.publish(pod, "data", "dir")
 	n.write(target, "precious", "x")

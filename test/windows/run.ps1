@@ -20,9 +20,23 @@
   disk attached, no mount folder. It prints a PASS/FAIL table and exits 1 if
   any check failed (2 if it could not run).
 
+  -Mode csi-proxy checks the other Windows model (--windows-mode=csi-proxy):
+  the driver changes the host only through csi-proxy v1, which must run on
+  the node as a service (its pipe \\.\pipe\csi-proxy-filesystem-v1 present),
+  and serves the dir backend only. csi-proxy accepts paths below its
+  --kubelet-path only, so the throw-away kubelet root is then a new
+  subdirectory of that path (-CsiProxyKubeletPath, default
+  C:\var\lib\kubelet), removed at the end; the kubelet ignores it. The driver
+  still runs as a process of this session, not in a container: the check is
+  of the requests csi-proxy gets and what they do on the node, not of the
+  container's isolation.
+
+  Neither mode has been run on a real Windows node by the project yet.
+
 .EXAMPLE
   .\run.ps1
   .\run.ps1 -VhdxSize 256Mi -Keep
+  .\run.ps1 -Mode csi-proxy
 #>
 [CmdletBinding()]
 param(
@@ -33,7 +47,13 @@ param(
     # Test the dir backend only.
     [switch]$SkipVhdx,
     # Keep the work directory and the driver log.
-    [switch]$Keep
+    [switch]$Keep,
+    # The Windows model: hostprocess (the driver links itself) or csi-proxy
+    # (every change through csi-proxy v1; dir backend only).
+    [ValidateSet("hostprocess", "csi-proxy")]
+    [string]$Mode = "hostprocess",
+    # csi-proxy's --kubelet-path (-Mode csi-proxy).
+    [string]$CsiProxyKubeletPath = "C:\var\lib\kubelet"
 )
 
 $ErrorActionPreference = "Stop"
@@ -55,8 +75,19 @@ if (-not $principal.IsInRole([Security.Principal.WindowsBuiltInRole]::Administra
 }
 
 # Short paths: the unix socket path is limited to 108 bytes.
-$work = Join-Path $env:SystemDrive ("eph-" + [guid]::NewGuid().ToString("N").Substring(0, 8))
+$id = [guid]::NewGuid().ToString("N").Substring(0, 8)
+$work = Join-Path $env:SystemDrive ("eph-" + $id)
 $kubelet = Join-Path $work "kubelet"
+$driverName = "scratch.csi.ephemera.dev"
+$dirRoot = Join-Path $work "state\volumes"
+if ($Mode -eq "csi-proxy") {
+    $SkipVhdx = $true
+    if (-not (Test-Path "\\.\pipe\csi-proxy-filesystem-v1")) {
+        Write-Error "csi-proxy's pipe \\.\pipe\csi-proxy-filesystem-v1 is missing: install and start csi-proxy v1 (docs/operations.md, `"csi-proxy versions`")"; exit 2
+    }
+    $kubelet = Join-Path $CsiProxyKubeletPath ("eph-test-" + $id)
+    $dirRoot = Join-Path $kubelet "plugins\$driverName\volumes"
+}
 $state = Join-Path $work "state"
 $sock = Join-Path $work "csi.sock"
 $endpoint = "unix://$sock"
@@ -67,8 +98,9 @@ New-Item -ItemType Directory -Force -Path (Join-Path $kubelet "pods"), $state | 
 function Get-VhdDisks { @(Get-Disk | Where-Object { $_.Location -like "$state*" }) }
 
 $backends = if ($SkipVhdx) { "dir" } else { "dir,vhdx" }
-$driverArgs = @("--driver-name=scratch.csi.ephemera.dev", "--endpoint=$endpoint", "--nodeid=$env:COMPUTERNAME",
-          "--kubelet-root=$kubelet", "--state-dir=$state", "--backends=$backends", "--backend=dir", "--v=4")
+$driverArgs = @("--driver-name=$driverName", "--endpoint=$endpoint", "--nodeid=$env:COMPUTERNAME",
+          "--kubelet-root=$kubelet", "--state-dir=$state", "--backends=$backends", "--backend=dir",
+          "--windows-mode=$Mode", "--v=4")
 $proc = Start-Process -FilePath $driver -ArgumentList $driverArgs -PassThru -NoNewWindow `
         -RedirectStandardError $log -RedirectStandardOutput (Join-Path $work "driver.out")
 
@@ -77,7 +109,7 @@ try {
     while (-not (Test-Path $sock) -and -not $proc.HasExited -and (Get-Date) -lt $deadline) { Start-Sleep -Milliseconds 200 }
     Add-Result "driver starts and serves $endpoint" ((Test-Path $sock) -and -not $proc.HasExited) $log
     if (Test-Path $sock) {
-        $clientArgs = @("--endpoint=$endpoint", "--kubelet-root=$kubelet", "--state-dir=$state", "--vhdx-size=$VhdxSize")
+        $clientArgs = @("--endpoint=$endpoint", "--kubelet-root=$kubelet", "--state-dir=$state", "--dir-root=$dirRoot", "--vhdx-size=$VhdxSize")
         if ($SkipVhdx) { $clientArgs += "--skip-vhdx" }
         # Windows PowerShell turns a native program's stderr into errors under
         # "Stop": relax it for this call.
@@ -101,6 +133,8 @@ try {
     $links = @(Get-ChildItem -Path (Join-Path $kubelet "pods") -Recurse -Force -ErrorAction SilentlyContinue |
                Where-Object { $_.Attributes -band [IO.FileAttributes]::ReparsePoint })
     Add-Result "no link left under the kubelet root" ($links.Count -eq 0) (($links | ForEach-Object FullName) -join ", ")
+    $dirsLeft = @(Get-ChildItem -Path $dirRoot -Directory -Force -ErrorAction SilentlyContinue | Where-Object Name -like "csi-*")
+    Add-Result "no dir volume left in $dirRoot" ($dirsLeft.Count -eq 0) (($dirsLeft | ForEach-Object FullName) -join ", ")
 }
 finally {
     if (-not $proc.HasExited) { Stop-Process -Id $proc.Id -Force }
@@ -114,7 +148,10 @@ finally {
 $results | Format-Table -AutoSize -Wrap Result, Check, Detail | Out-String -Width 200 | Write-Host
 $failedCount = @($results | Where-Object Result -eq "FAIL").Count
 if ($Keep -or $failedCount -gt 0) { Write-Host "work directory (driver log: $log): $work" }
-else { Remove-Item -Recurse -Force $work -ErrorAction SilentlyContinue }
+else {
+    Remove-Item -Recurse -Force $work -ErrorAction SilentlyContinue
+    if ($Mode -eq "csi-proxy") { Remove-Item -Recurse -Force $kubelet -ErrorAction SilentlyContinue }
+}
 if ($failedCount -gt 0) { Write-Host "FAIL: $failedCount check(s) failed"; exit 1 }
-Write-Host "PASS: $($results.Count) checks"
+Write-Host "PASS: $($results.Count) checks ($Mode)"
 exit 0

@@ -18,6 +18,7 @@ const (
 	Count           = "count"
 	Address         = "address"
 	BytesByBackend  = "bytesByBackend"
+	Component       = "component"
 	Driver          = "driver"
 	FSType          = "fsType"
 	MovedTo         = "movedTo"

@@ -2,7 +2,7 @@
 //
 // The framework creates one [Metrics] per driver, in the driver's own registry
 // (never prometheus.DefaultRegisterer), and records into it; a driver serves it
-// with Options.MetricsAddress or mounts Driver.Handler in its own server. The
+// with Options.Observability.MetricsAddress or mounts Driver.Handler in its own server. The
 // names and label values are constants here, so the framework's code and tests
 // refer to one definition; it is internal, and the names are documented for
 // operators in docs/design.md and docs/operations.md.

@@ -95,7 +95,7 @@ const (
 
 	// StatsWalkComplete counts walks of directory volumes that counted
 	// everything; the others count walks stopped short by a bound of
-	// Options.StatsWalk (a walk can reach several), or canceled (its callers
+	// Options.Limits.StatsWalk (a walk can reach several), or canceled (its callers
 	// gone, the volume unpublished).
 	StatsWalkComplete   = "complete"
 	StatsWalkMaxEntries = "max_entries"
@@ -372,13 +372,13 @@ func newUsageCollector(backends []string, capacity map[string]int64, usage func(
 		capacity: capacity,
 		usage:    usage,
 		budget: prometheus.NewDesc(CapacityBytes,
-			"The budget of a backend's volume sizes on this node (Options.Capacity, --capacity), for backends that have one; alert on ephemera_volume_bytes / ephemera_capacity_bytes.",
+			"The budget of a backend's volume sizes on this node (Options.Limits.Capacity, --capacity), for backends that have one; alert on ephemera_volume_bytes / ephemera_capacity_bytes.",
 			[]string{labelBackend}, nil),
 		volumes: prometheus.NewDesc(Volumes,
 			"Volumes on this node (published, or being published or torn down), by backend.",
 			[]string{labelBackend}, nil),
 		bytes: prometheus.NewDesc(VolumeBytes,
-			"Sum of the sizes of the volumes on this node, by backend (what Options.Capacity budgets).",
+			"Sum of the sizes of the volumes on this node, by backend (what Options.Limits.Capacity budgets).",
 			[]string{labelBackend}, nil),
 	}
 }

@@ -63,6 +63,7 @@ func main() {
 		driverName  = flag.String("driver-name", "scratch.csi.ephemera.dev", "The driver's --driver-name.")
 		sizeFlag    = flag.String("vhdx-size", "128Mi", "Size of the vhdx volume (binary suffix Mi or Gi).")
 		skipVHDX    = flag.Bool("skip-vhdx", false, "Test the dir backend only.")
+		dirRoot     = flag.String("dir-root", "", `Where the driver keeps dir volumes. Empty: <state-dir>\volumes, the hostprocess mode's (run.ps1 -Mode csi-proxy passes <kubelet-root>\plugins\<driver-name>\volumes).`)
 		timeout     = flag.Duration("timeout", 5*time.Minute, "Overall timeout.")
 	)
 	flag.Parse()
@@ -86,7 +87,10 @@ func main() {
 	node = csi.NewNodeClient(conn)
 	k := drivertest.NewKubelet(drivertest.KubeletOptions{Root: *kubeletRoot, Endpoint: *endpoint, DriverName: *driverName})
 
-	testDir(ctx, k, *stateDir)
+	if *dirRoot == "" {
+		*dirRoot = filepath.Join(*stateDir, "volumes")
+	}
+	testDir(ctx, k, *dirRoot)
 	if !*skipVHDX {
 		testVHDX(ctx, k, *stateDir, size)
 	}
@@ -158,11 +162,11 @@ func stats(ctx context.Context, k *drivertest.Kubelet, pod *drivertest.Pod, vol 
 	return nil, errors.New("no byte usage reported")
 }
 
-func testDir(ctx context.Context, k *drivertest.Kubelet, stateDir string) {
+func testDir(ctx context.Context, k *drivertest.Kubelet, dirRoot string) {
 	pod := k.NewPod("wintest", "dir")
 	vol := drivertest.InlineVolume{Name: "scratch", Attributes: map[string]string{"backend": "dir"}}
 	target := k.TargetPath(pod, vol.Name)
-	backing := filepath.Join(stateDir, "volumes", api.VolumeHandle(pod.UID, vol.Name))
+	backing := filepath.Join(dirRoot, api.VolumeHandle(pod.UID, vol.Name))
 	if !result("dir: publish", k.Publish(ctx, pod, vol), target) {
 		return
 	}
