@@ -41,7 +41,8 @@ import (
 //   - events and metrics: observability.go, d.metrics.
 //
 // The event functions are entered only from the event sources: the CSI
-// handlers below (through servers.go), Run and RebuildState (reconcile), the
+// handlers below (through servers.go), Run's components and RebuildState
+// (reconcile), the
 // orphan GC (gc.go) and the refresher's timers (refresh.go).
 // TestLifecycleEntries checks it.
 

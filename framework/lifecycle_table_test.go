@@ -150,7 +150,7 @@ func TestLifecycleDoc(t *testing.T) {
 var lifecycleEntries = map[string][]string{
 	"servers.go NodePublishVolume":   {"nodePublishVolume"},
 	"servers.go NodeUnpublishVolume": {"nodeUnpublishVolume"},
-	"driver.go Run":                  {"reconcile"},
+	"components.go components":       {"reconcile"},
 	"state.go RebuildState":          {"reconcile"},
 	"gc.go collectGarbage":           {"collectOrphan"},
 	"refresh.go schedule":            {"refreshVolume"},
