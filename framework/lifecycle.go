@@ -41,9 +41,9 @@ import (
 //   - events and metrics: observability.go, d.metrics.
 //
 // The event functions are entered only from the event sources: the CSI
-// handlers below (through servers.go), Run's components and RebuildState
-// (reconcile), the
-// orphan GC (gc.go) and the refresher's timers (refresh.go).
+// handlers below (through servers.go), Run's state component (components.go)
+// and RebuildState (reconcile), the orphan GC (gc.go) and the refresher's
+// timers (refresh.go).
 // TestLifecycleEntries checks it.
 
 // volState is where a volume is in its life, as its record says (stateOf).
