@@ -209,3 +209,46 @@ func validateCapacity(budgets map[string]int64, backends map[string]Backend) err
 	}
 	return nil
 }
+
+// adopt accounts a volume that exists whatever the budget says (adopted, not
+// admitted): it never fails.
+func (c *capacity) adopt(backend string, size int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.volumes++
+	c.count[backend]++
+	c.bytesOf(backend).add(size)
+}
+
+// resize changes the size accounted for one volume of backend.
+func (c *capacity) resize(backend string, from, to int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.bytesOf(backend)
+	s.sub(from)
+	s.add(to)
+}
+
+// complete moves the capacity a rebuilt record accounted for to what its
+// completed record says.
+func (c *capacity) complete(rebuilt, full *store.Record) {
+	if rebuilt.Backend == "" {
+		c.adopt(full.Backend, full.Size)
+		c.releaseUnknown()
+		return
+	}
+	c.resize(full.Backend, rebuilt.Size, full.Size)
+}
+
+// releaseUnknown drops a volume accounted under no backend (a rebuilt record
+// whose backend was unknown until its publish named it).
+func (c *capacity) releaseUnknown() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.volumes = max(c.volumes-1, 0)
+	c.count[""] = max(c.count[""]-1, 0)
+	if c.count[""] == 0 {
+		delete(c.count, "")
+		delete(c.used, "")
+	}
+}

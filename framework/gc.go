@@ -146,7 +146,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := d.teardown(ctx, rec)
+			err := d.collectOrphan(ctx, rec)
 			d.locks.Release(rec.VolumeID)
 			if err != nil {
 				vlog.Error(err, "Removing orphaned volume failed; will retry")

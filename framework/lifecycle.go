@@ -15,11 +15,294 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// nodePublishVolume implements csi.NodeServer (docs/design.md, "Lifecycle").
+// This file owns the life of a volume (docs/design.md, "Lifecycle"). A volume
+// is in one of the states below, read from its record (stateOf); six events
+// move it (publish, republish, unpublish, reconcile, gc, refresh), each with
+// one function here that reads the state, decides which case of the event it
+// is (a cond) and fires the one row of the transition table for it. Every
+// step of every transition is in this file; it calls down into its
+// collaborators at named points and nothing it calls calls back into it:
+//
+//   - the store: d.store, putRecord, deleteRecord (storage.go);
+//   - the backend: createStorage, deleteStorage, findStorage,
+//     refuseIfMounted (storage.go);
+//   - the mounter: d.mounter;
+//   - capacity: d.capacity (capacity.go);
+//   - content: fill, refreshContent (fill.go), the refresher's credentials
+//     (refresh.go);
+//   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
+//     (adopt.go);
+//   - events and metrics: observability.go, d.metrics.
+//
+// The event functions are entered only from the event sources: the CSI
+// handlers below (through servers.go), Run's state component (components.go)
+// and RebuildState (reconcile), the orphan GC (gc.go) and the refresher's
+// timers (refresh.go).
+// TestLifecycleEntries checks it.
+
+// volState is where a volume is in its life, as its record says (stateOf).
+type volState string
+
+const (
+	// stateNone: no record. Nothing was published, or the volume is gone.
+	stateNone volState = "none"
+	// statePublishing: the intent of a first publish (store.PhasePublishing),
+	// or the record of what a failed rollback left. Cut short: rolled back.
+	statePublishing volState = "publishing"
+	// statePublished: mounted and populated, answered OK (store.PhasePublished).
+	statePublished volState = "published"
+	// stateUnpublishing: the intent of a teardown, written by older versions
+	// only (store.PhaseUnpublishing). Cut short: rolled back.
+	stateUnpublishing volState = "unpublishing"
+	// stateRebuilt: a record the reconcile rebuilt from the node (adopted:
+	// Rebuilt, phase Published), which lacks what only the request carried.
+	stateRebuilt volState = "rebuilt"
+	// stateUnclaimed: storage found without a record or a pod
+	// (store.PhaseUnclaimed), kept until a publish claims it.
+	stateUnclaimed volState = "unclaimed"
+)
+
+// volStates lists every state, in the order the table is read.
+var volStates = []volState{stateNone, statePublishing, statePublished, stateUnpublishing, stateRebuilt, stateUnclaimed}
+
+// stateOf is the state a record stands for (nil: stateNone). Rebuilt is only
+// ever written with PhasePublished or PhaseUnclaimed; a phase this version
+// does not know is an operation cut short, as PhasePublishing.
+func stateOf(rec *store.Record) volState {
+	switch {
+	case rec == nil:
+		return stateNone
+	case rec.Phase == store.PhaseUnclaimed:
+		return stateUnclaimed
+	case rec.Rebuilt:
+		return stateRebuilt
+	case rec.Phase == store.PhasePublished:
+		return statePublished
+	case rec.Phase == store.PhaseUnpublishing:
+		return stateUnpublishing
+	default:
+		return statePublishing
+	}
+}
+
+// event is what moves a volume.
+type event string
+
+const (
+	// evPublish: a NodePublishVolume of a volume without a record.
+	evPublish event = "publish"
+	// evRepublish: a NodePublishVolume of a volume with a record (the
+	// kubelet's retry, requiresRepublish, a kubelet restart, or the first
+	// publish of a rebuilt or unclaimed volume).
+	evRepublish event = "republish"
+	// evUnpublish: a NodeUnpublishVolume.
+	evUnpublish event = "unpublish"
+	// evReconcile: the startup reconcile, once per record and once per
+	// volume the node shows without one.
+	evReconcile event = "reconcile"
+	// evGC: the orphan GC found the volume's pod gone (gc.go decides which).
+	evGC event = "gc"
+	// evRefresh: a driver-initiated content refresh (Refresh, RefreshAll,
+	// RefreshInterval, a retry).
+	evRefresh event = "refresh"
+)
+
+var allEvents = []event{evPublish, evRepublish, evUnpublish, evReconcile, evGC, evRefresh}
+
+// cond is the case of an event in a state, as the event function finds it.
+type cond string
+
+const (
+	whenAlways        cond = ""
+	whenTargetFree    cond = "target is not a mount point"
+	whenOwnMount      cond = "target is a mount of this volume's storage (its record was lost)"
+	whenOtherMount    cond = "target is another mount"
+	whenChanged       cond = "the request differs (attributes, readOnly, fsType, fsGroup, target)"
+	whenSameMounted   cond = "same request, target mounted, no content"
+	whenSameRefresh   cond = "same request, target mounted, content"
+	whenSameUnmounted cond = "same request, target not mounted"
+	whenSame          cond = "same request"
+	whenMounted       cond = "target mounted"
+	whenUnmounted     cond = "target not mounted"
+	whenOtherTarget   cond = "the request names another target"
+	whenItsTarget     cond = "the request names its target"
+	whenFoundMounted  cond = "published at its target (vol_data.json names this driver)"
+	whenFoundPodded   cond = "backend storage whose pod has the volume (vol_data.json)"
+	whenFoundProven   cond = "backend storage the stamp proves a leftover"
+	whenFoundUnproven cond = "backend storage, no pod, not provably a leftover"
+	whenPodGone       cond = "its pod is gone (gc.go: grace period, API check)"
+	whenRefreshable   cond = "target mounted, content, not rebuilt"
+	whenStale         cond = "anything else"
+)
+
+// op is what a transition works on. Which fields are set depends on the event.
+type op struct {
+	pr     *publishRequest // publish, republish
+	rec    *store.Record   // the record (absent for publish; rebuilt for a reconcile finding)
+	full   *store.Record   // republish of rebuilt or unclaimed: the record completed from pr
+	id     string          // refresh: the volume's ID
+	target string          // unpublish: the request's target path
+	src    api.Source      // publish over its own mount: the storage the target shows
+	mt     *mount.Mounted  // publish over another mount: what the target shows
+	b      Backend         // reconcile of found storage: its backend
+	log    klog.Logger     // reconcile: the volume's logger
+}
+
+// transition is one row of the table: in a state of From, event On in case
+// When does run, described as Do, leaving the volume in To.
+type transition struct {
+	From []volState
+	On   event
+	When cond
+	Do   string
+	To   string
+	run  func(d *Driver, ctx context.Context, o *op) error
+}
+
+// transitions is the life of a volume. An error before a row runs (a store or
+// mount table that cannot be read, an Authorizer's refusal, bad input) leaves
+// the state as it was; To says what a row's failure leaves. It is set by init,
+// as its actions reach fire again (a refresh retry's timer, a publish after
+// an interrupted operation).
+var transitions []transition
+
+func init() { transitions = lifecycleTable() }
+
+func lifecycleTable() []transition {
+	return []transition{
+		// A first publish: Authorizers approve, then the target decides.
+		{From: []volState{stateNone}, On: evPublish, When: whenTargetFree,
+			Do:  "create: reserve capacity, [intent], Create, mount, fsGroup, content, read-only, save",
+			To:  "published; none after a rollback (publishing when the rollback is incomplete)",
+			run: (*Driver).createVolume},
+		{From: []volState{stateNone}, On: evPublish, When: whenOwnMount,
+			Do:  "adopt: fsGroup, content, read-only again, save",
+			To:  "published",
+			run: (*Driver).adoptMounted},
+		{From: []volState{stateNone}, On: evPublish, When: whenOtherMount,
+			Do:  "refuse FailedPrecondition (never mount over a mount)",
+			To:  "none",
+			run: (*Driver).refuseOtherMount},
+
+		{From: []volState{statePublished, statePublishing, stateUnpublishing}, On: evRepublish, When: whenChanged,
+			Do:  "refuse AlreadyExists",
+			To:  "unchanged",
+			run: (*Driver).refuseChanged},
+		{From: []volState{statePublished}, On: evRepublish, When: whenSameMounted,
+			Do:  "answer OK (nothing is remounted)",
+			To:  "published",
+			run: (*Driver).alreadyPublished},
+		{From: []volState{statePublished}, On: evRepublish, When: whenSameRefresh,
+			Do:  "refresh content with the request's secrets and tokens; a failure keeps the last good content and schedules a retry",
+			To:  "published",
+			run: (*Driver).republishContent},
+		{From: []volState{statePublished}, On: evRepublish, When: whenSameUnmounted,
+			Do:  "repair: Create, mount, fsGroup, content, read-only, save",
+			To:  "published",
+			run: (*Driver).repairMount},
+		{From: []volState{statePublishing, stateUnpublishing}, On: evRepublish, When: whenSame,
+			Do:  "finish the interrupted operation: teardown, then publish",
+			To:  "as publish from none",
+			run: (*Driver).finishInterrupted},
+		{From: []volState{stateRebuilt, stateUnclaimed}, On: evRepublish, When: whenMounted,
+			Do:  "complete: fsGroup, content, read-only again, save the record completed from the request",
+			To:  "published",
+			run: (*Driver).completeMounted},
+		{From: []volState{stateRebuilt, stateUnclaimed}, On: evRepublish, When: whenUnmounted,
+			Do:  "complete: Create, mount, fsGroup, content, read-only, save the record completed from the request",
+			To:  "published",
+			run: (*Driver).completeUnmounted},
+
+		{From: []volState{stateNone}, On: evUnpublish, When: whenAlways,
+			Do:  "clean the target best-effort (unmount, remove the directory)",
+			To:  "none",
+			run: (*Driver).cleanTarget},
+		{From: []volState{stateUnclaimed}, On: evUnpublish, When: whenAlways,
+			Do:  "teardown at the request's target",
+			To:  "none",
+			run: (*Driver).unpublishVolume},
+		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evUnpublish, When: whenOtherTarget,
+			Do:  "refuse InvalidArgument, nothing touched",
+			To:  "unchanged",
+			run: (*Driver).refuseOtherTarget},
+		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evUnpublish, When: whenItsTarget,
+			Do:  "teardown: unmount, remove target, Delete (Aborted while mounted anywhere), delete record",
+			To:  "none; unchanged on failure (the kubelet retries)",
+			run: (*Driver).unpublishVolume},
+
+		{From: []volState{statePublished, stateRebuilt, stateUnclaimed}, On: evReconcile, When: whenAlways,
+			Do:  "keep (a published volume not mounted is logged: a republish repairs it)",
+			To:  "unchanged",
+			run: (*Driver).keepRecord},
+		{From: []volState{statePublishing, stateUnpublishing}, On: evReconcile, When: whenAlways,
+			Do:  "roll back: teardown",
+			To:  "none; unchanged on failure (retried by the next operation)",
+			run: (*Driver).rollBack},
+		{From: []volState{stateNone}, On: evReconcile, When: whenFoundMounted,
+			Do:  "adopt: save a rebuilt record, account its capacity",
+			To:  "rebuilt",
+			run: (*Driver).adoptMountedFound},
+		{From: []volState{stateNone}, On: evReconcile, When: whenFoundPodded,
+			Do:  "adopt as published, not mounted: save a rebuilt record, account its capacity",
+			To:  "rebuilt",
+			run: (*Driver).adoptStorageFound},
+		{From: []volState{stateNone}, On: evReconcile, When: whenFoundProven,
+			Do:  "Delete the storage (not while mounted anywhere)",
+			To:  "none",
+			run: (*Driver).deleteLeftover},
+		{From: []volState{stateNone}, On: evReconcile, When: whenFoundUnproven,
+			Do:  "keep as unclaimed: save a rebuilt record, account its capacity",
+			To:  "unclaimed",
+			run: (*Driver).keepUnclaimed},
+
+		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evGC, When: whenPodGone,
+			Do:  "teardown",
+			To:  "none; unchanged on failure (next pass)",
+			run: (*Driver).collectOrphanVolume},
+
+		{From: []volState{statePublished}, On: evRefresh, When: whenRefreshable,
+			Do:  "refresh content with the last publish's secrets and tokens; a failure keeps the last good content and schedules a retry",
+			To:  "published",
+			run: (*Driver).refreshPublished},
+		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing, stateUnclaimed}, On: evRefresh, When: whenStale,
+			Do:  "nothing (a rebuilt or unmounted volume gets fresh content at its next republish); without content, forget the volume",
+			To:  "unchanged",
+			run: (*Driver).skipRefresh},
+		{From: []volState{stateNone}, On: evRefresh, When: whenAlways,
+			Do:  "forget the volume",
+			To:  "none",
+			run: (*Driver).forgetRefresh},
+	}
+}
+
+// fire runs the row of the table for event on in state from, case when.
+func (d *Driver) fire(ctx context.Context, on event, from volState, when cond, o *op) error {
+	for i := range transitions {
+		t := &transitions[i]
+		if t.On == on && t.When == when && hasState(t.From, from) {
+			return t.run(d, ctx, o)
+		}
+	}
+	return kindf(errInternal, "volume lifecycle: no transition for %s in state %s (%q)", on, from, when)
+}
+
+func hasState(states []volState, s volState) bool {
+	for _, x := range states {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// nodePublishVolume implements csi.NodeServer: validation, the volume's lock
+// and its record, then the publish event (no record) or the republish event.
 func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	pr, err := d.parsePublish(req)
 	if err != nil {
@@ -38,186 +321,312 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	rec, err := d.store.Get(ctx, pr.vol.ID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return d.publishNew(ctx, pr)
+		err = d.publish(ctx, pr)
 	case err != nil:
-		return nil, transient(fmt.Errorf("reading volume state: %w", err))
-	}
-	switch {
-	case rec.Phase == store.PhaseUnclaimed || rec.Rebuilt:
-		// Storage the reconcile found without a record (kept unclaimed when no
-		// pod had it: this is the pod it belongs to, as the handle is derived
-		// from its UID and volume name), or a volume it adopted from the node.
-		return d.publishRebuilt(ctx, pr, rec)
-	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
-		return nil, kindf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", pr.vol.ID)
-	}
-	switch rec.Phase {
-	case store.PhasePublished:
-		return d.republish(ctx, pr, rec)
+		err = transient(fmt.Errorf("reading volume state: %w", err))
 	default:
-		// A publish or unpublish that was cut short and not yet reconciled (its
-		// rollback failed earlier): finish tearing it down, then start afresh.
-		log.Info("Finishing interrupted operation before publishing", logkeys.Phase, rec.Phase)
-		if err := d.teardown(ctx, rec); err != nil {
-			return nil, transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
-		}
-		return d.publishNew(ctx, pr)
+		err = d.republish(ctx, pr, rec)
 	}
-}
-
-// republish handles a NodePublish for a volume already answered OK: the kubelet
-// restarted, or the CSIDriver has requiresRepublish. It never unmounts a live
-// volume. A volume whose mount vanished (node reboot, someone unmounted it) is
-// repaired.
-func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
-	log := klog.FromContext(ctx)
-	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
-	if err != nil {
-		return nil, transient(fmt.Errorf("checking target: %w", err))
-	}
-	if mounted {
-		if d.contentFor(rec.Backend) == nil {
-			log.V(2).Info("Volume already published")
-			return &csi.NodePublishVolumeResponse{}, nil
-		}
-		// requiresRepublish or a kubelet restart: new content with the fresh
-		// secrets and tokens. A failure never touches the live volume: it keeps
-		// its last good content, the kubelet gets OK, and a retry is scheduled.
-		v := pr.vol
-		v.State = rec.State
-		d.refresher.remember(v)
-		if err := d.refreshContent(ctx, v); err != nil {
-			d.refreshFailed(ctx, v.ID, err)
-		} else {
-			d.refresher.succeeded(v.ID)
-			log.V(2).Info("Republished volume with refreshed content")
-		}
-		return &csi.NodePublishVolumeResponse{}, nil
-	}
-	log.Info("Published volume is not mounted; repairing")
-	src, err := d.remount(ctx, pr, rec.State)
-	if err != nil {
-		// Keep the record: the kubelet retries or unpublishes.
-		return nil, transient(fmt.Errorf("repairing volume: %w", err))
-	}
-	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
-	if err := d.store.Put(ctx, rec); err != nil {
-		return nil, transient(fmt.Errorf("saving repaired volume: %w", err))
-	}
-	return &csi.NodePublishVolumeResponse{}, nil
-}
-
-// remount publishes the storage of a volume that has a record but no mount
-// (a node reboot, a crash before the mount, someone unmounted it): Create
-// finds or re-creates the storage, then the whole of mountAndFill runs. A
-// failure after the mount unmounts again, so that a retry repeats it all and
-// never takes a half-finished mount for a published volume.
-func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
-	v := pr.vol
-	v.State = state
-	src, err := d.createStorage(ctx, pr.backend, v)
-	if err != nil {
-		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
-	}
-	if err := d.mountAndFill(ctx, pr, src); err != nil {
-		if uerr := d.mounter.Unmount(d.opts.Node.KubeletRootDir, v.TargetPath); uerr != nil {
-			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
-		}
-		return api.Source{}, err
-	}
-	return src, nil
-}
-
-// publishRebuilt answers the first publish of a volume whose record the
-// reconcile rebuilt from the node: after a lost state file, after a crash
-// during a first publish that wrote no intent (needsIntent), or storage kept
-// as unclaimed. Nothing tells whether the publish that mounted it finished,
-// so it is finished now: a volume mounted at its target runs the steps after
-// the mount again (finishMounted), one that is not is mounted (remount).
-// Only then is the completed record saved; until then the record stays
-// rebuilt and a retry does it all again (every step is idempotent).
-func (d *Driver) publishRebuilt(ctx context.Context, pr *publishRequest, rec *store.Record) (*csi.NodePublishVolumeResponse, error) {
-	full, err := completed(pr, rec)
 	if err != nil {
 		return nil, err
 	}
-	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
-	if err != nil {
-		return nil, transient(fmt.Errorf("checking target: %w", err))
-	}
-	if mounted {
-		err = d.finishMounted(ctx, pr, rec.State)
-	} else {
-		var src api.Source
-		if src, err = d.remount(ctx, pr, rec.State); err == nil {
-			full.Source = &src
-		}
-	}
-	if err != nil {
-		return nil, transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
-	}
-	full.State = pr.vol.State
-	if err := d.putRecord(ctx, pr.backend, full); err != nil {
-		return nil, transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
-	}
-	d.capacity.complete(rec, full)
-	if d.contentFor(pr.vol.Backend) != nil {
-		d.refresher.remember(pr.vol)
-	}
-	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// finishMounted runs the steps of a publish after the mount (fsGroup,
-// content, read-only) again on a volume mounted at its target, whose publish
-// may have been cut short after the mount. Unlike a refresh, a failure fails
-// the publish: there may be no good content to keep.
-func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
-	v := pr.vol
-	v.State = state
-	root := d.opts.Node.KubeletRootDir
-	if v.ReadOnly && d.fills(v) {
-		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
-			return fmt.Errorf("making volume writable to finish its publish: %w", err)
-		}
-	}
-	err = d.fill(ctx, v)
-	if v.ReadOnly {
-		if rerr := d.mounter.SetReadOnly(root, v.TargetPath, true); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("making volume read-only: %w", rerr))
-		}
-	}
-	return err
-}
-
-// publishNew is the first publish of a volume: the backend's plan (a
-// Planner), durable intent (when the backend needs one: needsIntent, or the
-// plan), backend, target, mount, content, durable completion. On failure
-// everything is rolled back.
-func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.NodePublishVolumeResponse, err error) {
-	log := klog.FromContext(ctx)
+// publish is the publish event: the first publish of a volume without a
+// record. Every Authorizer approves it first; then the target decides the
+// case. A failure is reported to the pod's events with the message the
+// kubelet gets.
+func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
 	v := pr.vol
 	defer func() {
 		if err != nil {
-			d.provisioningFailed(v, err) // after the rollback below settled err
+			d.provisioningFailed(v, err) // after the rollback settled err
 		}
 	}()
 	for _, a := range d.authorizers(v.Backend) {
 		if err := a.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {
-				return nil, kindf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
+				return kindf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
 			}
 			if _, ok := status.FromError(err); ok {
-				return nil, err
+				return err
 			}
-			return nil, transient(fmt.Errorf("authorizing the volume: %w", err))
+			return transient(fmt.Errorf("authorizing the volume: %w", err))
 		}
 	}
-	if resp, handled, err := d.publishOverMount(ctx, pr); handled {
-		return resp, err
+	o := &op{pr: pr}
+	when, err := d.targetCase(ctx, o)
+	if err != nil {
+		return err
 	}
-	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
+	return d.fire(ctx, evPublish, stateNone, when, o)
+}
+
+// targetCase tells a first publish's target apart: not a mount point, a mount
+// of this volume's own storage (o.src; its record was lost), or another mount
+// (o.mt), which Ephemera never mounts over.
+func (d *Driver) targetCase(ctx context.Context, o *op) (cond, error) {
+	v := o.pr.vol
+	root := d.opts.Node.KubeletRootDir
+	isMount, err := d.mounter.IsMountPoint(root, v.TargetPath)
+	if err != nil {
+		if errors.Is(err, mount.ErrSymlink) {
+			return "", err
+		}
+		return "", transient(fmt.Errorf("checking target: %w", err))
+	}
+	if !isMount {
+		return whenTargetFree, nil
+	}
+	mt, err := d.mounter.Inspect(root, v.TargetPath)
+	if err != nil {
+		return "", transient(fmt.Errorf("inspecting the mount at the target: %w", err))
+	}
+	if mt == nil {
+		return whenTargetFree, nil // unmounted meanwhile
+	}
+	src, found, err := d.findStorage(ctx, o.pr.backend, v)
+	if err != nil {
+		return "", transient(err)
+	}
+	ours := false
+	if found {
+		if ours, err = d.mounter.Shows(mt, src); err != nil {
+			return "", transient(fmt.Errorf("comparing the mount at the target with the volume's storage: %w", err))
+		}
+	}
+	if !ours {
+		o.mt = mt
+		return whenOtherMount, nil
+	}
+	o.src = src
+	return whenOwnMount, nil
+}
+
+// republish is the republish event: a NodePublishVolume of a volume with a
+// record. A rebuilt or unclaimed record is completed from the request
+// (whatever its hash: it has none); any other must match the request.
+func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) error {
+	o := &op{pr: pr, rec: rec}
+	from := stateOf(rec)
+	var when cond
+	switch {
+	case from == stateRebuilt || from == stateUnclaimed:
+		// Storage the reconcile found without a record (kept unclaimed when no
+		// pod had it: this is the pod it belongs to, as the handle is derived
+		// from its UID and volume name), or a volume it adopted from the node.
+		full, err := completed(pr, rec)
+		if err != nil {
+			return err
+		}
+		o.full = full
+		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
+		if err != nil {
+			return transient(fmt.Errorf("checking target: %w", err))
+		}
+		when = whenUnmounted
+		if isMount {
+			when = whenMounted
+		}
+	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
+		when = whenChanged
+	case from == statePublished:
+		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
+		if err != nil {
+			return transient(fmt.Errorf("checking target: %w", err))
+		}
+		switch {
+		case !isMount:
+			when = whenSameUnmounted
+		case d.contentFor(rec.Backend) == nil:
+			when = whenSameMounted
+		default:
+			when = whenSameRefresh
+		}
+	default:
+		when = whenSame
+	}
+	return d.fire(ctx, evRepublish, from, when, o)
+}
+
+// nodeUnpublishVolume implements csi.NodeServer: validation, the volume's
+// lock and its record, then the unpublish event. It works from the volume ID
+// and target path alone and is OK when anything is already gone.
+func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalidArgf("volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, invalidArgf("target_path is required")
+	}
+	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
+	if err != nil {
+		return nil, invalidArgf("%v", err)
+	}
+	if err := t.CheckHandle(id); err != nil {
+		return nil, invalidArgf("%v; nothing was touched", err)
+	}
+	release, err := d.begin(id)
+	if err != nil {
 		return nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
+	defer cancel()
+	if err := d.unpublish(ctx, id, req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// unpublish is the unpublish event of volume id at target.
+func (d *Driver) unpublish(ctx context.Context, id, target string) error {
+	rec, err := d.store.Get(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		rec = nil
+	case err != nil:
+		return transient(fmt.Errorf("reading volume state: %w", err))
+	}
+	o := &op{rec: rec, target: target}
+	from, when := stateOf(rec), whenAlways
+	switch {
+	case from == stateNone || from == stateUnclaimed:
+	case !sameTarget(rec.TargetPath, target):
+		when = whenOtherTarget
+	default:
+		when = whenItsTarget
+	}
+	return d.fire(ctx, evUnpublish, from, when, o)
+}
+
+// reconcile is the reconcile event, run at startup before the driver serves.
+// It compares the records (what the driver promised), the mount table (what
+// is published) and the backends' inventories (what storage exists):
+//
+//   - a record in phase Publishing (the intent of a backend that needs one, or
+//     what a failed rollback left) or Unpublishing (written by older
+//     versions) belongs to an operation cut short; the kubelet never got OK
+//     for a publish in that state, and an unpublish is idempotent, so both are
+//     rolled back completely (storage still mounted anywhere is not deleted:
+//     see refuseIfMounted);
+//   - a Published record is kept whether or not its target is mounted: a
+//     republish repairs it, NodeUnpublish or the orphan GC removes it;
+//   - a volume of this driver published at its target without a record (the
+//     kubelet's vol_data.json names this driver and the handle) is adopted
+//     with a rebuilt record (unrecordedMounts);
+//   - backend storage that no record refers to is adopted when its pod still
+//     has the volume, deleted when the store can prove it a leftover, and kept
+//     as unclaimed otherwise (unrecordedStorage).
+//
+// Failures to clean one volume are logged and left for the next attempt (a later
+// NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
+// store fails the startup. Nothing is ever deleted because a record is missing.
+func (d *Driver) reconcile(ctx context.Context) error {
+	log := d.opts.Observability.Logger.WithName("reconcile")
+	recs, err := d.store.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing volume records: %w", err)
+	}
+	d.capacity.reset(recs)
+	known := make(map[string]bool, len(recs))
+	var failed []error
+	for _, rec := range recs {
+		known[rec.VolumeID] = true
+		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.Phase, rec.Phase)
+		if err := d.fire(ctx, evReconcile, stateOf(rec), whenAlways, &op{rec: rec, log: vlog}); err != nil {
+			failed = append(failed, err)
+		}
+	}
+	found, err := d.unrecordedMounts(ctx, known)
+	if err != nil {
+		log.Error(err, "Adopting published volumes without a record")
+		d.metrics.Reconciled(metrics.ReconcileFailed)
+		failed = append(failed, err)
+	}
+	for _, f := range found {
+		if err := d.fire(ctx, evReconcile, stateNone, whenFoundMounted, &f.op); err != nil {
+			log.Error(err, "Adopting published volumes without a record")
+			d.metrics.Reconciled(metrics.ReconcileFailed)
+			failed = append(failed, err)
+			break
+		}
+		known[f.op.rec.VolumeID] = true
+	}
+	index := d.volDataIndexOnce()
+	for _, name := range backendNames(d.opts.Backends) {
+		inv := d.unrecordedStorage(ctx, name, d.opts.Backends[name], known, index)
+		bfailed := inv.failed
+		for _, f := range inv.found {
+			if err := d.fire(ctx, evReconcile, stateNone, f.when, &f.op); err != nil {
+				bfailed = append(bfailed, err)
+				continue
+			}
+			if f.when != whenFoundProven {
+				known[f.op.rec.VolumeID] = true
+			}
+		}
+		if len(bfailed) == 0 {
+			d.stampArea(ctx, inv)
+		}
+		failed = append(failed, bfailed...)
+	}
+	if len(failed) > 0 {
+		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
+	}
+	return nil
+}
+
+// collectOrphan is the gc event: the orphan GC (gc.go) found rec's pod gone
+// and holds the volume's lock.
+func (d *Driver) collectOrphan(ctx context.Context, rec *store.Record) error {
+	return d.fire(ctx, evGC, stateOf(rec), whenPodGone, &op{rec: rec})
+}
+
+// refreshVolume is the refresh event of volume id: a driver-initiated
+// refresh of its content (the refresher's timers call it).
+func (d *Driver) refreshVolume(ctx context.Context, id string) {
+	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
+	if !d.locks.TryAcquire(id) {
+		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
+		return
+	}
+	defer d.locks.Release(id)
+	rec, err := d.store.Get(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		rec = nil
+	case err != nil:
+		log.Error(err, "Refresh: reading volume state")
+		d.refresher.failed(id)
+		return
+	}
+	from, when := stateOf(rec), whenAlways
+	if from != stateNone {
+		when = whenStale
+		if from == statePublished && d.contentFor(rec.Backend) != nil {
+			if isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
+				when = whenRefreshable
+			}
+		}
+	}
+	_ = d.fire(klog.NewContext(ctx, log), evRefresh, from, when, &op{id: id, rec: rec})
+}
+
+// The actions of the table follow, event by event.
+
+// createVolume is the first publish of a volume: the backend's plan (a
+// Planner), durable intent (when the backend needs one: needsIntent, or the
+// plan), backend, target, mount, content, durable completion. On failure
+// everything is rolled back.
+func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
+	log := klog.FromContext(ctx)
+	pr := o.pr
+	v := pr.vol
+	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
+		return err
 	}
 	var intent, relax bool
 	if p, ok := As[Planner](pr.backend); !ok {
@@ -230,7 +639,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 		plan, err := p.Plan(ctx, v)
 		if err != nil {
 			d.capacity.release(v.Backend, v.Size)
-			return nil, fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
+			return fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
 		}
 		_, finds := pr.backend.(Finder)
 		relax = plan.MountOnly && finds
@@ -241,7 +650,7 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	if intent {
 		if err := d.store.Put(ctx, rec); err != nil {
 			d.capacity.release(v.Backend, v.Size)
-			return nil, transient(fmt.Errorf("saving volume intent: %w", err))
+			return transient(fmt.Errorf("saving volume intent: %w", err))
 		}
 	}
 	failpoint.Hit(failpoint.PublishBeforeCreate)
@@ -271,23 +680,362 @@ func (d *Driver) publishNew(ctx context.Context, pr *publishRequest) (resp *csi.
 	src, err := d.createStorage(ctx, pr.backend, v)
 	rec.State = v.State // what the rollback's Delete needs, also of a failed Create
 	if err != nil {
-		return nil, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
+		return fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
 	failpoint.Hit(failpoint.PublishAfterCreate)
 	rec.Source = &src
 	if err := d.mountAndFill(ctx, pr, src); err != nil {
-		return nil, err
+		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
 	if err := d.putRecordRelaxed(ctx, relax, rec); err != nil {
-		return nil, transient(fmt.Errorf("saving published volume: %w", err))
+		return transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
 	if d.contentFor(v.Backend) != nil {
 		d.refresher.remember(v)
 	}
 	log.V(2).Info("Published volume", logkeys.Size, v.Size)
-	return &csi.NodePublishVolumeResponse{}, nil
+	return nil
+}
+
+// adoptMounted answers a first publish whose target shows this volume's own
+// storage (its record was lost): the volume is recorded as published for
+// this request, refreshed like a republish, and answered OK.
+func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
+	pr, v := o.pr, o.pr.vol
+	// Whatever mounted it may not have finished (fsGroup, content, read-only).
+	if err := d.finishMounted(ctx, pr, nil); err != nil {
+		return transient(fmt.Errorf("finishing the publish of the volume mounted at its target: %w", err))
+	}
+	rec := newRecord(pr, store.PhasePublished)
+	src := o.src
+	rec.Source, rec.State = &src, v.State
+	if err := d.store.Put(ctx, rec); err != nil {
+		return transient(fmt.Errorf("saving adopted volume: %w", err))
+	}
+	d.capacity.adopt(v.Backend, v.Size)
+	if d.contentFor(v.Backend) != nil {
+		d.refresher.remember(v)
+	}
+	d.metrics.Reconciled(metrics.ReconcileAdopted)
+	klog.FromContext(ctx).Info("Adopted the volume already mounted at its target (its record was missing)")
+	return nil
+}
+
+// refuseOtherMount refuses a first publish whose target is a mount that is
+// not this volume's storage, and leaves it as it is.
+func (d *Driver) refuseOtherMount(_ context.Context, o *op) error {
+	v := o.pr.vol
+	return kindf(errFailedPrecondition,
+		"target %s is already a mount point (%s %s) that is not this volume's %s storage; Ephemera never mounts over another mount: unmount it, or delete and recreate the pod",
+		v.TargetPath, o.mt.FSType, o.mt.Source, v.Backend)
+}
+
+// refuseChanged refuses a publish that asks for another volume than the one
+// recorded under its ID.
+func (d *Driver) refuseChanged(_ context.Context, o *op) error {
+	return kindf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", o.pr.vol.ID)
+}
+
+// alreadyPublished answers the republish of a mounted volume without content.
+func (d *Driver) alreadyPublished(ctx context.Context, _ *op) error {
+	klog.FromContext(ctx).V(2).Info("Volume already published")
+	return nil
+}
+
+// republishContent handles requiresRepublish or a kubelet restart: new
+// content with the fresh secrets and tokens. A failure never touches the live
+// volume: it keeps its last good content, the kubelet gets OK, and a retry is
+// scheduled. It never unmounts a live volume.
+func (d *Driver) republishContent(ctx context.Context, o *op) error {
+	v := o.pr.vol
+	v.State = o.rec.State
+	d.refresher.remember(v)
+	if err := d.refreshContent(ctx, v); err != nil {
+		d.refreshFailed(ctx, v.ID, err)
+	} else {
+		d.refresher.succeeded(v.ID)
+		klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
+	}
+	return nil
+}
+
+// repairMount publishes again a volume answered OK whose mount vanished (node
+// reboot, someone unmounted it). A failure keeps the record: the kubelet
+// retries or unpublishes.
+func (d *Driver) repairMount(ctx context.Context, o *op) error {
+	pr, rec := o.pr, o.rec
+	klog.FromContext(ctx).Info("Published volume is not mounted; repairing")
+	src, err := d.remount(ctx, pr, rec.State)
+	if err != nil {
+		return transient(fmt.Errorf("repairing volume: %w", err))
+	}
+	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
+	if err := d.store.Put(ctx, rec); err != nil {
+		return transient(fmt.Errorf("saving repaired volume: %w", err))
+	}
+	return nil
+}
+
+// finishInterrupted handles a publish or unpublish that was cut short and not
+// yet reconciled (its rollback failed earlier): it finishes tearing it down,
+// then publishes afresh.
+func (d *Driver) finishInterrupted(ctx context.Context, o *op) error {
+	rec := o.rec
+	klog.FromContext(ctx).Info("Finishing interrupted operation before publishing", logkeys.Phase, rec.Phase)
+	if err := d.teardown(ctx, rec); err != nil {
+		return transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
+	}
+	return d.publish(ctx, o.pr)
+}
+
+// completeMounted and completeUnmounted answer the first publish of a volume
+// whose record the reconcile rebuilt from the node: after a lost state file,
+// after a crash during a first publish that wrote no intent (needsIntent), or
+// storage kept as unclaimed. Nothing tells whether the publish that mounted
+// it finished, so it is finished now: a volume mounted at its target runs the
+// steps after the mount again (finishMounted), one that is not is mounted
+// (remount). Only then is the completed record saved; until then the record
+// stays rebuilt and a retry does it all again (every step is idempotent).
+func (d *Driver) completeMounted(ctx context.Context, o *op) error {
+	err := d.finishMounted(ctx, o.pr, o.rec.State)
+	return d.completeRebuilt(ctx, o, err)
+}
+
+func (d *Driver) completeUnmounted(ctx context.Context, o *op) error {
+	src, err := d.remount(ctx, o.pr, o.rec.State)
+	if err == nil {
+		o.full.Source = &src
+	}
+	return d.completeRebuilt(ctx, o, err)
+}
+
+// completeRebuilt saves the completed record once the publish is finished
+// (err nil) and moves its capacity to what the request says.
+func (d *Driver) completeRebuilt(ctx context.Context, o *op, err error) error {
+	pr, rec, full := o.pr, o.rec, o.full
+	if err != nil {
+		return transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
+	}
+	full.State = pr.vol.State
+	if err := d.putRecord(ctx, pr.backend, full); err != nil {
+		return transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
+	}
+	d.capacity.complete(rec, full)
+	if d.contentFor(pr.vol.Backend) != nil {
+		d.refresher.remember(pr.vol)
+	}
+	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
+	return nil
+}
+
+// cleanTarget answers the unpublish of an unknown volume: it cleans the
+// target best-effort (a mount stacked by an older driver, an empty
+// directory) and succeeds.
+func (d *Driver) cleanTarget(_ context.Context, o *op) error {
+	return d.unpublishTarget(o.target)
+}
+
+// refuseOtherTarget refuses an unpublish at a target that is not the
+// volume's.
+func (d *Driver) refuseOtherTarget(_ context.Context, o *op) error {
+	return invalidArgf("volume %s is published at %s, not at %s; nothing was touched", o.rec.VolumeID, o.rec.TargetPath, o.target)
+}
+
+// unpublishVolume tears the volume down. No intent is written: until the
+// record is deleted, last, it says Published, and a kubelet that got no OK
+// retries (or the orphan GC, once the pod is gone, tears down what is left).
+// Every step of teardown is OK when already done. Unclaimed storage is torn
+// down at the target the kubelet names: it is the pod's.
+func (d *Driver) unpublishVolume(ctx context.Context, o *op) error {
+	rec := o.rec
+	if rec.Phase == store.PhaseUnclaimed {
+		rec.TargetPath = o.target
+	}
+	if err := d.teardown(ctx, rec); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Unpublished volume")
+	return nil
+}
+
+// keepRecord keeps a record at startup. A published volume whose target is
+// not mounted is logged: a republish repairs it, an unpublish or the orphan
+// GC removes it.
+func (d *Driver) keepRecord(_ context.Context, o *op) error {
+	rec := o.rec
+	if rec.Phase != store.PhasePublished {
+		return nil
+	}
+	isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
+	if err != nil {
+		o.log.Error(err, "Checking target of published volume")
+	} else if !isMount {
+		o.log.Info("Published volume is not mounted; a republish repairs it, an unpublish or the orphan GC removes it", logkeys.TargetPath, rec.TargetPath)
+	}
+	return nil
+}
+
+// rollBack tears down an operation cut short, at startup.
+func (d *Driver) rollBack(ctx context.Context, o *op) error {
+	if err := d.teardown(ctx, o.rec); err != nil {
+		o.log.Error(err, "Rolling back interrupted operation failed; will retry")
+		d.metrics.Reconciled(metrics.ReconcileFailed)
+		return err
+	}
+	d.metrics.Reconciled(metrics.ReconcileRolledBack)
+	o.log.Info("Rolled back interrupted operation")
+	return nil
+}
+
+// adoptMountedFound adopts a volume published at its target without a
+// record.
+func (d *Driver) adoptMountedFound(ctx context.Context, o *op) error {
+	rec := o.rec
+	if err := d.saveRebuilt(ctx, rec); err != nil {
+		return err
+	}
+	d.metrics.Reconciled(metrics.ReconcileAdopted)
+	if rec.Backend == "" {
+		o.log.Info("Adopted a published volume without a record; its backend could not be identified, so its storage (if any) is not freed at unpublish", logkeys.FSType, o.mt.FSType, logkeys.Source, o.mt.Source)
+		return nil
+	}
+	o.log.Info("Adopted a published volume without a record", logkeys.Backend, rec.Backend, logkeys.Size, rec.Size)
+	return nil
+}
+
+// adoptStorageFound adopts backend storage without a record whose pod still
+// has the volume, as a published volume that is not mounted (a republish
+// mounts it again, an unpublish or the orphan GC removes it).
+func (d *Driver) adoptStorageFound(ctx context.Context, o *op) error {
+	if err := d.saveRebuilt(ctx, o.rec); err != nil {
+		return err
+	}
+	d.metrics.Reconciled(metrics.ReconcileAdopted)
+	o.log.Info("Adopted storage without a record: its pod still has the volume (a republish mounts it again)", logkeys.TargetPath, o.rec.TargetPath)
+	return nil
+}
+
+// keepUnclaimed keeps backend storage without a record or a pod, which the
+// store cannot prove a leftover, as unclaimed.
+func (d *Driver) keepUnclaimed(ctx context.Context, o *op) error {
+	if err := d.saveRebuilt(ctx, o.rec); err != nil {
+		return err
+	}
+	d.metrics.Reconciled(metrics.ReconcileUnclaimed)
+	o.log.Info("Kept storage without a record or a pod as unclaimed: this state store cannot prove it a leftover (see docs/operations.md, 'Unclaimed storage')")
+	return nil
+}
+
+// saveRebuilt saves a rebuilt record and accounts its storage.
+func (d *Driver) saveRebuilt(ctx context.Context, rec *store.Record) error {
+	if err := d.store.Put(ctx, rec); err != nil {
+		return fmt.Errorf("saving the rebuilt record of volume %s: %w", rec.VolumeID, err)
+	}
+	d.capacity.adopt(rec.Backend, rec.Size)
+	return nil
+}
+
+// deleteLeftover deletes storage without a record that the backend's stamp
+// proves a leftover of this store, unless it is mounted anywhere.
+func (d *Driver) deleteLeftover(ctx context.Context, o *op) error {
+	v := volume.Orphan(o.rec.VolumeID, o.rec.Backend)
+	err := d.refuseIfMounted(ctx, o.b, v, nil)
+	if err == nil {
+		err = d.deleteStorage(ctx, o.b, v)
+	}
+	if err != nil {
+		o.log.Error(err, "Deleting storage without a record")
+		d.metrics.Reconciled(metrics.ReconcileFailed)
+		return err
+	}
+	d.metrics.Reconciled(metrics.ReconcileOrphanDeleted)
+	o.log.Info("Deleted storage without a record")
+	return nil
+}
+
+// collectOrphanVolume tears down a volume whose pod is gone.
+func (d *Driver) collectOrphanVolume(ctx context.Context, o *op) error {
+	return d.teardown(ctx, o.rec)
+}
+
+// refreshPublished rewrites the content of a published, mounted volume with
+// the secrets and tokens of its last publish this process saw.
+func (d *Driver) refreshPublished(ctx context.Context, o *op) error {
+	v := d.fromRecord(o.rec)
+	c := d.refresher.credsOf(v.ID)
+	v.Secrets, v.Tokens = c.secrets, c.tokens
+	if err := d.refreshContent(ctx, v); err != nil {
+		d.refreshFailed(ctx, v.ID, err)
+		return nil
+	}
+	d.refresher.succeeded(v.ID)
+	klog.FromContext(ctx).V(2).Info("Refreshed content")
+	return nil
+}
+
+// skipRefresh leaves a volume that cannot be refreshed now: rebuilt from the
+// node (the pod's identity and attributes are unknown until its next
+// publish, which refreshes the content itself), not mounted (the next
+// republish repairs it, with fresh content), not published. A published
+// volume whose backend has no content any more is forgotten.
+func (d *Driver) skipRefresh(_ context.Context, o *op) error {
+	if o.rec.Phase == store.PhasePublished && d.contentFor(o.rec.Backend) == nil {
+		d.refresher.forget(o.rec.VolumeID)
+	}
+	return nil
+}
+
+// forgetRefresh drops the refresh state of a volume that is gone.
+func (d *Driver) forgetRefresh(_ context.Context, o *op) error {
+	d.refresher.forget(o.id)
+	return nil
+}
+
+// The steps the actions share.
+
+// remount publishes the storage of a volume that has a record but no mount
+// (a node reboot, a crash before the mount, someone unmounted it): Create
+// finds or re-creates the storage, then the whole of mountAndFill runs. A
+// failure after the mount unmounts again, so that a retry repeats it all and
+// never takes a half-finished mount for a published volume.
+func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
+	v := pr.vol
+	v.State = state
+	src, err := d.createStorage(ctx, pr.backend, v)
+	if err != nil {
+		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
+	}
+	if err := d.mountAndFill(ctx, pr, src); err != nil {
+		if uerr := d.mounter.Unmount(d.opts.Node.KubeletRootDir, v.TargetPath); uerr != nil {
+			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
+		}
+		return api.Source{}, err
+	}
+	return src, nil
+}
+
+// finishMounted runs the steps of a publish after the mount (fsGroup,
+// content, read-only) again on a volume mounted at its target, whose publish
+// may have been cut short after the mount. Unlike a refresh, a failure fails
+// the publish: there may be no good content to keep.
+func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
+	v := pr.vol
+	v.State = state
+	root := d.opts.Node.KubeletRootDir
+	if v.ReadOnly && d.fills(v) {
+		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
+			return fmt.Errorf("making volume writable to finish its publish: %w", err)
+		}
+	}
+	err = d.fill(ctx, v)
+	if v.ReadOnly {
+		if rerr := d.mounter.SetReadOnly(root, v.TargetPath, true); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("making volume read-only: %w", rerr))
+		}
+	}
+	return err
 }
 
 // mountAndFill creates the target, publishes src there, writes the content and
@@ -315,106 +1063,6 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	return nil
 }
 
-// fills reports whether fill writes into v.
-func (d *Driver) fills(v *api.Volume) bool {
-	return (v.FSGroup != nil && !isWindows) || d.contentFor(v.Backend) != nil
-}
-
-// fill gives a mounted volume to the pod's fsGroup and writes its content.
-// Both steps are idempotent.
-func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
-	if v.FSGroup != nil && !isWindows {
-		if err := d.applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
-			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
-		}
-	}
-	if d.contentFor(v.Backend) != nil {
-		files, release, err := d.content(ctx, v)
-		if err != nil {
-			return err
-		}
-		defer release()
-		return d.writeContent(ctx, v, files)
-	}
-	return nil
-}
-
-// applyFSGroup gives the volume's root to the pod's fsGroup the way the kubelet
-// does for volumes it owns: group ownership, group read/write/search, and setgid
-// so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
-// kubelet leaves this to the driver and never walks the volume itself.
-func (d *Driver) applyFSGroup(target string, gid int) error {
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, target)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	if err := r.Lchown(".", -1, gid); err != nil {
-		return err
-	}
-	fi, err := r.Lstat(".")
-	if err != nil {
-		return err
-	}
-	return r.Chmod(".", fi.Mode().Perm()|0o070|fi.Mode()&fs.ModeSticky|fs.ModeSetgid)
-}
-
-// nodeUnpublishVolume implements csi.NodeServer. It works from the volume ID and
-// target path alone and is OK when anything is already gone.
-func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, invalidArgf("volume_id is required")
-	}
-	if req.GetTargetPath() == "" {
-		return nil, invalidArgf("target_path is required")
-	}
-	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
-	if err != nil {
-		return nil, invalidArgf("%v", err)
-	}
-	if err := t.CheckHandle(id); err != nil {
-		return nil, invalidArgf("%v; nothing was touched", err)
-	}
-	release, err := d.begin(id)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
-	defer cancel()
-
-	rec, err := d.store.Get(ctx, id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		// Unknown volume: clean the target best-effort (a mount stacked by an
-		// older driver, an empty directory) and succeed.
-		rec = &store.Record{VolumeID: id, TargetPath: req.GetTargetPath(), Phase: store.PhaseUnpublishing}
-		if err := d.unpublishTarget(rec.TargetPath); err != nil {
-			return nil, err
-		}
-		return &csi.NodeUnpublishVolumeResponse{}, nil
-	case err != nil:
-		return nil, transient(fmt.Errorf("reading volume state: %w", err))
-	}
-	switch {
-	case rec.Phase == store.PhaseUnclaimed:
-		// The kubelet names the pod this storage belongs to: tear it down.
-		rec.TargetPath = req.GetTargetPath()
-	case !sameTarget(rec.TargetPath, req.GetTargetPath()):
-		return nil, invalidArgf("volume %s is published at %s, not at %s; nothing was touched", id, rec.TargetPath, req.GetTargetPath())
-	}
-	// No intent is written: until the record is deleted, last, it says
-	// Published, and a kubelet that got no OK retries (or the orphan GC,
-	// once the pod is gone, tears down what is left). Every step of teardown
-	// is OK when already done.
-	if err := d.teardown(ctx, rec); err != nil {
-		return nil, err
-	}
-	klog.FromContext(ctx).V(2).Info("Unpublished volume")
-	return &csi.NodeUnpublishVolumeResponse{}, nil
-}
-
 // unpublishTarget unmounts everything at target and removes the directory.
 func (d *Driver) unpublishTarget(target string) error {
 	if err := d.mounter.Unmount(d.opts.Node.KubeletRootDir, target); err != nil {
@@ -430,7 +1078,7 @@ func (d *Driver) unpublishTarget(target string) error {
 
 // teardown undoes everything a record stands for, in reverse order: unmount,
 // target directory, backend storage, record. Every step is OK when already done,
-// so it serves rollback, unpublish, reconcile and retries alike.
+// so it serves rollback, unpublish, reconcile, the GC and retries alike.
 func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	if err := d.unpublishTarget(rec.TargetPath); err != nil {
 		return err
@@ -456,37 +1104,37 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	return nil
 }
 
-// relaxed reports whether the records of backend b are written without waiting
-// for the disk (store.Relaxed): its volumes are nothing but their mounts
-// (MountOnly, with a Finder). A power loss takes such a volume anyway, and
-// after a crash of the driver its record is in the page cache, or rebuilt from
-// the mount table (needsIntent). The fdatasync a durable commit waits for was
-// the largest single cost of a tmpfs publish and unpublish (docs/design.md,
-// "Durability").
-func relaxed(b Backend) bool {
-	finds, mountOnly := implements[Finder](b), implements[MountOnly](b)
-	return finds && mountOnly
-}
-
-// putRecord saves rec of a volume of backend b: relaxed when b allows it and
-// the store can, durably otherwise.
-func (d *Driver) putRecord(ctx context.Context, b Backend, rec *store.Record) error {
-	return d.putRecordRelaxed(ctx, relaxed(b), rec)
-}
-
-// putRecordRelaxed saves rec, relaxed when relax and the store can.
-func (d *Driver) putRecordRelaxed(ctx context.Context, relax bool, rec *store.Record) error {
-	if rs, ok := d.store.(store.Relaxed); ok && relax {
-		return rs.PutRelaxed(ctx, rec)
+// newRecord is the record of a validated request.
+func newRecord(pr *publishRequest, phase store.Phase) *store.Record {
+	v, now := pr.vol, time.Now().UTC()
+	return &store.Record{
+		VolumeID:   v.ID,
+		VolumeName: v.Name,
+		TargetPath: v.TargetPath,
+		Pod:        v.Pod,
+		Backend:    v.Backend,
+		Params:     pr.params,
+		Hash:       pr.hash,
+		Size:       v.Size,
+		FSType:     v.FSType,
+		ReadOnly:   v.ReadOnly,
+		FSGroup:    v.FSGroup,
+		Phase:      phase,
+		Created:    now,
+		Updated:    now,
 	}
-	return d.store.Put(ctx, rec)
 }
 
-// deleteRecord deletes the record id of a volume of backend b (nil when the
-// driver no longer has it), as putRecord saves it.
-func (d *Driver) deleteRecord(ctx context.Context, b Backend, id string) error {
-	if rs, ok := d.store.(store.Relaxed); ok && b != nil && relaxed(b) {
-		return rs.DeleteRelaxed(ctx, id)
+// completed is a rebuilt (or unclaimed) record filled from the first request
+// that names its volume: everything the node could not tell. The backend must
+// be the one the storage was found in (when it was identified).
+func completed(pr *publishRequest, rec *store.Record) (*store.Record, error) {
+	v := pr.vol
+	if rec.Backend != "" && rec.Backend != v.Backend {
+		return nil, kindf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
+			v.ID, rec.Backend, v.Backend)
 	}
-	return d.store.Delete(ctx, id)
+	full := newRecord(pr, store.PhasePublished)
+	full.Source, full.State, full.Created = rec.Source, rec.State, rec.Created
+	return full, nil
 }

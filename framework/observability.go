@@ -198,30 +198,6 @@ func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
 	}, nil
 }
 
-// createStorage is Backend.Create, timed.
-func (d *Driver) createStorage(ctx context.Context, b Backend, v *api.Volume) (api.Source, error) {
-	start := time.Now()
-	src, err := b.Create(ctx, v)
-	d.metrics.ObserveBackend(v.Backend, metrics.OpCreate, err, time.Since(start))
-	return src, err
-}
-
-// deleteStorage is Backend.Delete, timed.
-func (d *Driver) deleteStorage(ctx context.Context, b Backend, v *api.Volume) error {
-	start := time.Now()
-	err := b.Delete(ctx, v)
-	d.metrics.ObserveBackend(v.Backend, metrics.OpDelete, err, time.Since(start))
-	return err
-}
-
-// listStorage is Lister.List, timed.
-func (d *Driver) listStorage(ctx context.Context, backend string, l Lister) ([]string, error) {
-	start := time.Now()
-	ids, err := l.List(ctx)
-	d.metrics.ObserveBackend(backend, metrics.OpList, err, time.Since(start))
-	return ids, err
-}
-
 // event sends an event about pod to Options.Observability.Events, if set.
 func (d *Driver) event(pod api.Pod, eventType, reason, message string) {
 	if d.opts.Observability.Events == nil || pod.Name == "" || pod.Namespace == "" {

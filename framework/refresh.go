@@ -11,7 +11,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -147,7 +146,7 @@ func (r *refresher) schedule(id string, delay time.Duration) {
 			delete(r.timers, id)
 		}
 		r.mu.Unlock()
-		r.d.refreshOne(ctx, id)
+		r.d.refreshVolume(ctx, id)
 	})
 	r.timers[id] = t
 }
@@ -221,50 +220,6 @@ func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
 	return nil
 }
 
-// refreshOne is a driver-initiated refresh of one volume.
-func (d *Driver) refreshOne(ctx context.Context, id string) {
-	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
-	if !d.locks.TryAcquire(id) {
-		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
-		return
-	}
-	defer d.locks.Release(id)
-	rec, err := d.store.Get(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		d.refresher.forget(id)
-		return
-	}
-	if err != nil {
-		log.Error(err, "Refresh: reading volume state")
-		d.refresher.failed(id)
-		return
-	}
-	if rec.Phase != store.PhasePublished {
-		return
-	}
-	if d.contentFor(rec.Backend) == nil {
-		d.refresher.forget(id)
-		return
-	}
-	if rec.Rebuilt {
-		// Rebuilt from the node: the pod's identity and attributes are unknown
-		// until its next publish, which refreshes the content itself.
-		return
-	}
-	if mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath); err != nil || !mounted {
-		return // the next republish repairs it, with fresh content
-	}
-	v := d.fromRecord(rec)
-	c := d.refresher.credsOf(id)
-	v.Secrets, v.Tokens = c.secrets, c.tokens
-	if err := d.refreshContent(klog.NewContext(ctx, log), v); err != nil {
-		d.refreshFailed(klog.NewContext(ctx, log), id, err)
-		return
-	}
-	d.refresher.succeeded(id)
-	log.V(2).Info("Refreshed content")
-}
-
 // refreshFailed logs a failed refresh and schedules a retry with backoff, unless
 // the content provider refused the volume's inputs (ErrInvalidParams, e.g. a
 // token the kubelet did not send): retrying the same inputs cannot succeed, so
@@ -277,124 +232,4 @@ func (d *Driver) refreshFailed(ctx context.Context, id string, err error) {
 	}
 	delay := d.refresher.failed(id)
 	log.Error(err, "Content refresh failed; keeping the last good content", logkeys.RetryIn, delay)
-}
-
-// refreshContent asks the content provider for v's files and swaps them in,
-// making a read-only volume writable only for the swap. The caller holds the
-// volume's lock. On any error the previous content stays in place.
-func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) {
-	defer func() { d.refreshed(v, err) }()
-	select {
-	case d.refresher.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-d.refresher.sem }()
-	files, release, err := d.content(ctx, v)
-	if err != nil {
-		return err
-	}
-	defer release()
-	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, false); err != nil {
-			return fmt.Errorf("making volume writable for the refresh: %w", err)
-		}
-		defer func() {
-			if rerr := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); rerr != nil {
-				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
-			}
-		}()
-	}
-	return d.writeContent(ctx, v, files)
-}
-
-// content calls the content provider of v's backend (contentFor) within
-// ContentTimeout and, for a provider whose answers are bounded, within the
-// ContentBytesInFlight budget: its bound is reserved before the call, and
-// release returns it once the caller has written the files (until then they
-// are in memory). release is never nil.
-func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]api.File, release func(), err error) {
-	release = func() {}
-	cp := d.contentFor(v.Backend)
-	if cp == nil {
-		return nil, release, fmt.Errorf("backend %s has no content provider", v.Backend)
-	}
-	ctx, cancel := context.WithTimeout(ctx, d.opts.Volumes.ContentTimeout)
-	defer cancel()
-	if cb, ok := cp.(ContentBounder); ok {
-		if release, err = d.contentBudget.reserve(ctx, cb.ContentLimits().MaxBytes); err != nil {
-			return nil, func() {}, err
-		}
-	}
-	files, err = cp.Content(ctx, v)
-	if err != nil {
-		release()
-		return nil, func() {}, fmt.Errorf("content provider: %w", err)
-	}
-	return files, release, nil
-}
-
-// writeContent swaps files into the volume atomically, owned by the fsGroup,
-// under the limits of a provider that declares them (those its answer was
-// checked against), else the content package's defaults. It stops when ctx
-// is done, the previous content in place.
-func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
-	var opts content.Options
-	if !isWindows {
-		opts.FSGroup = v.FSGroup
-	}
-	if cb, ok := d.contentFor(v.Backend).(ContentBounder); ok {
-		opts.Limits = cb.ContentLimits()
-	}
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, v.TargetPath)
-	if err != nil {
-		return fmt.Errorf("writing content: %w", err)
-	}
-	defer r.Close()
-	err = content.WriteRoot(ctx, r, files, opts)
-	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {
-		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, bytes(v.Size))
-	}
-	if err != nil {
-		return fmt.Errorf("writing content: %w", err)
-	}
-	return nil
-}
-
-// contentFor returns what fills the volumes of the named backend: the backend
-// itself when it is a ContentProvider (a plugin that provides content),
-// otherwise Options.Content; nil when neither.
-func (d *Driver) contentFor(backend string) ContentProvider {
-	if cp, ok := As[ContentProvider](d.opts.Backends[backend]); ok {
-		return cp
-	}
-	return d.opts.Content
-}
-
-// anyContent reports whether any volume of this driver may have content:
-// Options.Content is set or a backend's type is a ContentProvider.
-func (d *Driver) anyContent() bool {
-	if d.opts.Content != nil {
-		return true
-	}
-	for _, b := range d.opts.Backends {
-		if _, ok := b.(ContentProvider); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// authorizers returns what approves a first publish of a volume of the named
-// backend: Options.Volumes.Authorizer, then the backend itself when it is an
-// Authorizer. Each must approve.
-func (d *Driver) authorizers(backend string) []Authorizer {
-	var as []Authorizer
-	if d.opts.Volumes.Authorizer != nil {
-		as = append(as, d.opts.Volumes.Authorizer)
-	}
-	if a, ok := As[Authorizer](d.opts.Backends[backend]); ok {
-		as = append(as, a)
-	}
-	return as
 }
