@@ -22,10 +22,14 @@ import (
 type decls struct {
 	top     map[string]bool
 	members map[string]map[string]bool
+	// fieldTypes maps a struct field's name to the names of the types it has
+	// in any struct of the package (Options.Node is a NodeOptions), so that a
+	// field path such as `Node.ID` resolves through the grouped Options.
+	fieldTypes map[string][]string
 }
 
 func newDecls() *decls {
-	return &decls{top: map[string]bool{}, members: map[string]map[string]bool{}}
+	return &decls{top: map[string]bool{}, members: map[string]map[string]bool{}, fieldTypes: map[string][]string{}}
 }
 
 func (d *decls) member(typ, name string) {
@@ -114,6 +118,9 @@ func collect(d *decls, f *ast.File) {
 					for _, fld := range fields.List {
 						for _, n := range fld.Names {
 							d.member(spec.Name.Name, n.Name)
+							if id, ok := fld.Type.(*ast.Ident); ok {
+								d.fieldTypes[n.Name] = append(d.fieldTypes[n.Name], id.Name)
+							}
 						}
 						if len(fld.Names) == 0 { // embedded: its name
 							typ := fld.Type
@@ -158,19 +165,25 @@ func resolve(pkgs map[string][]*decls, a, b, c string) (checked, ok bool) {
 	if a == "" || a[0] < 'A' || a[0] > 'Z' {
 		return false, false
 	}
-	typeFound := false
+	found := false
 	for _, ds := range pkgs {
 		for _, d := range ds {
-			if !d.top[a] {
-				continue
+			if d.top[a] {
+				found = true
+				if d.members[a][b] && (c == "" || hasMemberAnywhere(pkgs, c)) {
+					return true, true
+				}
 			}
-			typeFound = true
-			if d.members[a][b] && (c == "" || hasMemberAnywhere(pkgs, c)) {
-				return true, true
+			// A field path: a is a field of some struct, b a member of its type.
+			for _, typ := range d.fieldTypes[a] {
+				found = true
+				if d.members[typ][b] && (c == "" || hasMemberAnywhere(pkgs, c)) {
+					return true, true
+				}
 			}
 		}
 	}
-	return typeFound, false
+	return found, false
 }
 
 func hasMemberAnywhere(pkgs map[string][]*decls, name string) bool {
