@@ -110,10 +110,10 @@ func TestImageVersionsAgree(t *testing.T) {
 	want := map[string]string{
 		"kustomize-linux":                    driverImage + ":" + chart.AppVersion,
 		"kustomize-linux-embedded-registrar": driverImage + ":" + chart.AppVersion,
-		"kustomize-windows-hostprocess":      driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
+		"kustomize-windows-hostprocess":      driverImage + ":" + chart.AppVersion,
 		"kustomize-windows-csi-proxy":        driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 		"helm-default":                       driverImage + ":" + chart.AppVersion,
-		"helm-windows-hostprocess":           driverImage + ":" + chart.AppVersion + "-windows-hostprocess",
+		"helm-windows-hostprocess":           driverImage + ":" + chart.AppVersion,
 		"helm-windows-csi-proxy":             driverImage + ":" + chart.AppVersion + "-windows-csi-proxy-ltsc2022",
 	}
 	for _, r := range renderAll(t) {
@@ -153,11 +153,17 @@ func TestImageDigest(t *testing.T) {
 	b, err := Helm(filepath.Join(root, Chart), map[string]any{
 		"image":     map[string]any{"repository": "registry.example.com/scratch", "tag": "v9", "digest": digest},
 		"registrar": map[string]any{"image": map[string]any{"digest": digest}},
+		"windows":   map[string]any{"enabled": true},
 	}, Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
+	// The index make image builds carries the Windows HostProcess variant: the
+	// Windows DaemonSet runs the same digest as the Linux one.
+	if n := strings.Count(s, `image: "registry.example.com/scratch@`+digest+`"`); n != 2 {
+		t.Errorf("helm with image.digest and windows.enabled: the digest is the driver image of %d DaemonSets, want 2 (Linux and Windows)", n)
+	}
 	for _, want := range []string{
 		`image: "registry.example.com/scratch@` + digest + `"`,
 		`image: "registry.k8s.io/sig-storage/csi-node-driver-registrar@` + digest + `"`,
