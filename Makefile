@@ -66,11 +66,13 @@ run: build
 ## (build-k8s.sh's lock). The steps of TEST_BESIDE_E2E only compile and analyse: they run beside
 ## e2e, which mostly waits on the kubelet and containerd, at the lowest priority too (their output
 ## goes to _output/beside-e2e.log, printed when e2e ends); make test waits for both.
-TEST_STEPS := deps verify vet test-unit test-model test-examples manifests e2e
-TEST_BESIDE_E2E := lint cross image-check
+TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e
+# image-beside first: the e2e's TestShippedImageMigration (run last, t.Parallel) waits for its index. (build-static
+# runs as a step before, so that the e2e and image-beside find the driver binary built and do not both link it.)
+TEST_BESIDE_E2E := image-beside lint cross image-check
 test:
 	@test/e2e/build-k8s.sh --check
-	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; : >$(OUT)/beside-e2e.log; \
+	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; : >$(OUT)/beside-e2e.log; rm -f $(IMAGE_OUT).digest $(IMAGE_OUT).failed; \
 	if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then \
 	  echo "test: building the Kubernetes binaries in the background (log: $(OUT)/build-k8s.log)"; \
 	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-k8s.sh >$(OUT)/build-k8s.log 2>&1 & echo $$! >$(OUT)/build-k8s.pid ); \
@@ -85,10 +87,10 @@ test:
 	  if [ "$$s" = e2e ] && [ -n "$(TEST_BESIDE_E2E)" ]; then \
 	    echo "test: $(TEST_BESIDE_E2E) beside e2e (log: $(OUT)/beside-e2e.log)"; \
 	    ( for b in $(TEST_BESIDE_E2E); do \
-	        STEP_TIMES=$(OUT)/test-times.txt .ci/step $$b nice -n 19 $(MAKE) --no-print-directory $$b || exit $$?; \
+	        STEP_TIMES=$(OUT)/test-times.txt .ci/step $$b nice -n 19 $(MAKE) --no-print-directory $$b IMAGE_PREBUILT=1 || exit $$?; \
 	      done ) >$(OUT)/beside-e2e.log 2>&1 & beside=$$!; \
 	  fi; \
-	  STEP_TIMES=$(OUT)/test-times.txt .ci/step $$s $(MAKE) --no-print-directory $$s || { rc=$$?; break; }; \
+	  STEP_TIMES=$(OUT)/test-times.txt .ci/step $$s $(MAKE) --no-print-directory $$s E2E_IMAGE=beside || { rc=$$?; break; }; \
 	done; \
 	if [ -n "$$beside" ]; then \
 	  wait $$beside || { brc=$$?; [ $$rc != 0 ] || rc=$$brc; }; \
@@ -157,7 +159,10 @@ CONTAINERD ?= 2
 ## once, cached; make e2e K8S_VERSION=v1.35.4 for another supported release, CONTAINERD=1.6 for Debian's containerd),
 ## with the image's driver binary
 ## (build-static); the harness builds testbin and the registrar with the images' flags (STATICFLAGS).
-e2e: build-static
+# E2E_IMAGE: build (default) makes the image index (make image) before the e2e, which pushes it to its registry
+# (TestShippedImageMigration); beside: make test builds it beside the e2e (image-beside) and the test waits for it.
+E2E_IMAGE ?= build
+e2e: build-static $(if $(filter beside,$(E2E_IMAGE)),,image)
 	@test/e2e/build-k8s.sh --check
 	test/e2e/install-deps.sh
 	@for b in k8s containerd; do if [ -f $(OUT)/build-$$b.pid ]; then pg=$$(cat $(OUT)/build-$$b.pid); \
@@ -165,6 +170,7 @@ e2e: build-static
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
 	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
 	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
+	  EPHEMERA_E2E_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) $(if $(filter beside,$(E2E_IMAGE)),EPHEMERA_E2E_IMAGE_WAIT=30m) \
 	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
@@ -317,6 +323,7 @@ build-static-arm64:
 ## engine; prints the index digest (also in _output/image.digest). Push it with any OCI tool, e.g.
 ## `skopeo copy --all oci:_output/image:$(VERSION) docker://REGISTRY/ephemera-scratch:$(VERSION)`
 image: build-static build-static-arm64 build-windows
+	@rm -f $(IMAGE_OUT).digest $(IMAGE_OUT).failed
 	cd deploy/images && $(GOSTATIC) run -trimpath . build $(IMAGE_FLAGS) -out $(CURDIR)/$(IMAGE_OUT) -digest-file $(CURDIR)/$(IMAGE_OUT).digest
 
 ## image-push: push make image's index (all platforms and SBOMs) to IMAGE_REPO:$(VERSION), with the credentials of
@@ -324,6 +331,12 @@ image: build-static build-static-arm64 build-windows
 image-push:
 	@test -n "$(IMAGE_REPO)" || { echo "image-push: set IMAGE_REPO (e.g. registry.example.com/ephemera-scratch)"; exit 2; }
 	cd deploy/images && $(GOSTATIC) run -trimpath . push -layout $(CURDIR)/$(IMAGE_OUT) -to $(IMAGE_REPO):$(VERSION)
+
+## image-beside: make image as make test runs it beside the e2e: a failure leaves $(IMAGE_OUT).failed, so that
+## the e2e test waiting for the index (EPHEMERA_E2E_IMAGE_WAIT) stops at once
+.PHONY: image-beside
+image-beside:
+	@$(MAKE) --no-print-directory image || { touch $(IMAGE_OUT).failed; exit 1; }
 
 ## image-pins: refresh deploy/images/debian.pins to the newest bookworm packages (run it when make image says a
 ## pinned .deb is gone from the mirror, then commit the file)
@@ -334,7 +347,7 @@ image-pins:
 ## the layers' drivers are the builds' (sha256), annotations, user and SBOMs, and a second build from the same inputs
 ## gives the same index digest; and every COPY source of the authors' template deploy/images/Dockerfile.driver and
 ## of examples/plugin-node/Dockerfile exists (no container engine needed)
-image-check: image
+image-check: $(if $(IMAGE_PREBUILT),,image)
 	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) EPHEMERA_IMAGE_BUILD_FLAGS='$(IMAGE_FLAGS)' \
 	  $(GOSTATIC) test -trimpath -count=1 ./...
 	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.driver $(NODE_EXAMPLE)/Dockerfile

@@ -13,9 +13,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// TestShippedPush pushes make image's layout to go-containerregistry's registry on
-// loopback and reads the index back by tag: the digest make image printed, every
-// platform image and SBOM there. (The e2e pushes to a real registry.)
+// TestShippedPush pushes make image's layout to go-containerregistry's in-memory
+// registry on loopback and reads the index back by tag: the digest make image
+// printed, every platform image and SBOM there. (The e2e's
+// TestShippedImageMigration pushes it to a real one, distribution 2.8 over TLS,
+// and containerd pulls it from there.)
 func TestShippedPush(t *testing.T) {
 	idx, c := shipped(t)
 	want, err := idx.Digest()

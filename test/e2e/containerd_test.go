@@ -144,6 +144,8 @@ func (ci containerdInstall) disabledPlugins() []string {
 // would be found first. Both run runc with cgroupfs (SystemdCgroup = false, the
 // kubelet's cgroupDriver) on these cgroup v1 machines: containerd 2 still supports
 // cgroup v1, deprecated since 2.2 (supported on a maintained branch until May 2029).
+// Both read registry hosts from config_path (registryConfigDir: the e2e registry's
+// hosts.toml, written when it starts).
 func (n *node) containerdConfig() string {
 	ci := n.c.ctrd
 	d := filepath.Join(n.dir, "containerd")
@@ -194,7 +196,10 @@ disabled_plugins = [%s]
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
-`, pauseImageRef, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
+`, pauseImageRef, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"), n.registryConfigDir())
 	}
 	return "version = 3\n" + common + fmt.Sprintf(`
 [plugins."io.containerd.cri.v1.images"]
@@ -202,6 +207,9 @@ disabled_plugins = [%s]
 
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = %q
+
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = %q
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
@@ -223,13 +231,13 @@ disabled_plugins = [%s]
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = [%q]
     conf_dir = %q
-`, pauseImageRef, ci.shim, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
+`, pauseImageRef, n.registryConfigDir(), ci.shim, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
 }
 
 func (n *node) startContainerd(ctx context.Context) error {
 	c := n.c
 	d := filepath.Join(n.dir, "containerd")
-	for _, sub := range []string{"root", "state", "opt", "cni-bin", "cni-conf"} {
+	for _, sub := range []string{"root", "state", "opt", "cni-bin", "cni-conf", "certs.d"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o711); err != nil {
 			return err
 		}

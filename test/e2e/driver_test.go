@@ -239,7 +239,12 @@ func volumeHandle(podUID, volName string) string {
 // read-only open would block), so this needs the driver stopped: see
 // withDriverStopped.
 func (d *driver) stateRecords() ([]string, error) {
-	path := filepath.Join(d.stateDir, "state.db")
+	return boltRecords(filepath.Join(d.stateDir, "state.db"))
+}
+
+// boltRecords returns the keys of the "volumes" bucket of a driver's state file,
+// opened read-only (the driver that holds it must be stopped).
+func boltRecords(path string) ([]string, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, err
 	}

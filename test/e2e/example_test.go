@@ -14,12 +14,10 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
@@ -188,43 +186,12 @@ func TestExampleFromChart(t *testing.T) {
 			t.Fatalf("apply %s: %v", describe(o), err)
 		}
 	}
-	// What kube-controller-manager's root-CA publisher would do: the driver's pod
-	// mounts a service-account token volume that includes kube-root-ca.crt.
-	caPEM, err := os.ReadFile(c.pki.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.cs.CoreV1().ConfigMaps(helloReleaseNS).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": string(caPEM)},
-	}, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		createdCA = true
-	case !apierrors.IsAlreadyExists(err):
+	if createdCA, err = c.ensureRootCA(ctx, helloReleaseNS); err != nil {
 		t.Fatal(err)
 	}
 
-	// What the DaemonSet controller would do: one pod from the template, bound to
-	// the node, owned by the DaemonSet.
-	d, err := c.cs.AppsV1().DaemonSets(ds.GetNamespace()).Get(ctx, ds.GetName(), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
-		t.Fatalf("DaemonSet %s: selector %v does not match its template's labels %v (%v)", d.Name, d.Spec.Selector, d.Spec.Template.Labels, err)
-	}
-	dp := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: d.Namespace, GenerateName: d.Name + "-",
-			Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations,
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))},
-		},
-		Spec: *d.Spec.Template.Spec.DeepCopy(),
-	}
-	dp.Spec.NodeName = nodeName
 	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ")
-	drvPod = c.createPod(t, dp)
+	drvPod = c.createDaemonSetPod(t, ds.GetNamespace(), ds.GetName())
 	drvPod = c.waitRunning(t, drvPod, runningTimeout)
 	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+helloDriver+" and CSINode lists it", func() (bool, error) {
 		if countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ") <= before {
@@ -236,21 +203,7 @@ func TestExampleFromChart(t *testing.T) {
 		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(drvPod))
 	}
 	// The kubelet's readiness probe reaches the chart's /readyz on the metrics port.
-	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "pod "+drvPod.Name+" Ready", func() (bool, error) {
-		cur, err := c.cs.CoreV1().Pods(drvPod.Namespace).Get(ctx, drvPod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, cond := range cur.Status.Conditions {
-			if cond.Type == corev1.PodReady {
-				return cond.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Errorf("%v\nevents:\n%s", err, c.podEvents(drvPod))
-	}
+	c.waitPodReady(t, drvPod, 30*time.Second)
 	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
 		t.Errorf("CSINode no longer lists %s next to %s", driverName, helloDriver)
 	}
