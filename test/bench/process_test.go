@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -102,9 +103,10 @@ func serveStatelessProcess(sock string) int {
 
 // procDriver is one driver process and the kubelet's view of it.
 type procDriver struct {
-	name  string
-	pid   int
-	sock  string
+	name    string
+	pid     int
+	sock    string
+	metrics string // its /metrics address; "" for the stateless driver
 	k     *drivertest.Kubelet // only for its requests and paths; it sends nothing
 	attrs map[string]string
 	log   string // its log file
@@ -230,7 +232,7 @@ func startScratch(t *testing.T, name, bin, base, extraArgs string) *procDriver {
 	pid, _ := startDriverProcess(t, bin, scratchArgs(base, metrics, extraArgs), base, nil)
 	waitReady(t, metrics, base)
 	return &procDriver{
-		name: name, pid: pid, sock: filepath.Join(base, "csi.sock"), attrs: benchAttrs, log: filepath.Join(base, "driver.log"),
+		name: name, pid: pid, sock: filepath.Join(base, "csi.sock"), metrics: metrics, attrs: benchAttrs, log: filepath.Join(base, "driver.log"),
 		k: drivertest.NewKubelet(drivertest.KubeletOptions{Root: filepath.Join(base, "kubelet"), DriverName: memDriver, NodeName: memNode}),
 	}
 }
@@ -307,6 +309,32 @@ func selfCPU() time.Duration {
 type procResult struct {
 	cycleResult
 	cpu, client time.Duration // the driver's and the client's CPU time
+	alloc, gcs  float64       // the driver's heap allocations (bytes) and GC cycles
+}
+
+// goStats reads the Go runtime's allocated bytes and GC cycles so far from a
+// scratch driver's /metrics (zero for the stateless driver, which has none).
+func goStats(t *testing.T, p *procDriver) (alloc, gcs float64) {
+	t.Helper()
+	if p.metrics == "" {
+		return 0, 0
+	}
+	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, _ := strings.Cut(sc.Text(), " ")
+		switch name {
+		case "go_memstats_alloc_bytes_total":
+			alloc, _ = strconv.ParseFloat(v, 64)
+		case "go_gc_duration_seconds_count":
+			gcs, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return alloc, gcs
 }
 
 func TestKubeletShapedProcess(t *testing.T) {
@@ -353,6 +381,7 @@ func TestKubeletShapedProcess(t *testing.T) {
 			slices.Reverse(order)
 		}
 		for _, p := range order {
+			alloc0, gcs0 := goStats(t, p)
 			cpu0, client0 := cpuTime(t, p.pid), selfCPU()
 			wall, pub, unpub, err := p.cycles(ctx, n, conc)
 			if err != nil {
@@ -361,6 +390,9 @@ func TestKubeletShapedProcess(t *testing.T) {
 			pr := res[p]
 			pr.cpu += cpuTime(t, p.pid) - cpu0
 			pr.client += selfCPU() - client0
+			alloc1, gcs1 := goStats(t, p)
+			pr.alloc += alloc1 - alloc0
+			pr.gcs += gcs1 - gcs0
 			pr.add(wall, n, pub, unpub)
 		}
 	}
@@ -370,12 +402,16 @@ func TestKubeletShapedProcess(t *testing.T) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubelet-shaped load, out of process: %d tmpfs volumes x %d rounds, concurrency %d, alternated; a cycle = mkdir, 2x NodeGetCapabilities + NodePublishVolume, NodeUnpublishVolume, rmdir (a new connection per RPC)\n", n, rounds, conc)
-	fmt.Fprintf(&b, "  %-10s %10s %12s %12s %12s %12s %12s %12s\n", "", "cycles/s", "publish p50", "publish p99", "unpub p50", "unpub p99", "CPU/cycle", "client CPU")
+	fmt.Fprintf(&b, "  %-10s %10s %12s %12s %12s %12s %12s %12s %12s %10s\n", "", "cycles/s", "publish p50", "publish p99", "unpub p50", "unpub p99", "CPU/cycle", "client CPU", "alloc/cycle", "GC/1000")
 	for _, p := range drivers {
 		r := res[p]
-		fmt.Fprintf(&b, "  %-10s %10.0f %12s %12s %12s %12s %12s %12s\n", p.name, r.perSecond(),
+		allocs, gcs := "-", "-"
+		if p.metrics != "" {
+			allocs, gcs = fmt.Sprintf("%.1f KiB", r.alloc/float64(r.n)/1024), fmt.Sprintf("%.1f", r.gcs*1000/float64(r.n))
+		}
+		fmt.Fprintf(&b, "  %-10s %10.0f %12s %12s %12s %12s %12s %12s %12s %10s\n", p.name, r.perSecond(),
 			ms(pct(r.pub, 0.5)), ms(pct(r.pub, 0.99)), ms(pct(r.unpub, 0.5)), ms(pct(r.unpub, 0.99)),
-			ms(r.cpu/time.Duration(r.n)), ms(r.client/time.Duration(r.n)))
+			ms(r.cpu/time.Duration(r.n)), ms(r.client/time.Duration(r.n)), allocs, gcs)
 	}
 	s := res[stl]
 	for _, p := range drivers[:len(drivers)-1] {
