@@ -751,15 +751,21 @@ func (s *Store) Close() error {
 // the rest of the document (whose shape may have changed). A record that does not
 // parse, or is stored under another volume's ID, is undecodable.
 func decode(id string, raw []byte) (*store.Record, error) {
-	var head struct {
-		Version int `json:"version"`
+	version, ok := leadingVersion(raw)
+	if !ok || version > store.RecordVersion {
+		// The slow way, also for a newer version: that is then refused for
+		// what a full decode of the document says, as before.
+		var head struct {
+			Version int `json:"version"`
+		}
+		if err := json.Unmarshal(raw, &head); err != nil {
+			return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
+		}
+		version = head.Version
 	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
-	}
-	if head.Version > store.RecordVersion {
+	if version > store.RecordVersion {
 		return nil, fmt.Errorf("%w: record %q has version %d, this driver knows %d",
-			store.ErrVersion, id, head.Version, store.RecordVersion)
+			store.ErrVersion, id, version, store.RecordVersion)
 	}
 	r := new(store.Record)
 	if err := json.Unmarshal(raw, r); err != nil {
@@ -769,4 +775,30 @@ func decode(id string, raw []byte) (*store.Record, error) {
 		return nil, fmt.Errorf("%w: %q: the record is for volume %q", store.ErrUndecodable, id, r.VolumeID)
 	}
 	return r, nil
+}
+
+// versionKey is how every record put writes begins: json.Marshal of a
+// store.Record, whose first field is its version.
+var versionKey = []byte(`{"version":`)
+
+// leadingVersion reads the version of a record in the shape put writes it,
+// `{"version":N,...` with "version" once in the document, without decoding
+// the rest: decode's first pass, which otherwise unmarshals the whole
+// document once more. ok is false for any other shape (whitespace, another
+// key order, a second "version" key anywhere, a number that is not a plain
+// non-negative int): decode then reads the version the slow way, as it does
+// for a version newer than this driver's, with the same result.
+func leadingVersion(raw []byte) (version int, ok bool) {
+	rest, found := bytes.CutPrefix(raw, versionKey)
+	if !found || bytes.Contains(rest, versionKey[1:]) {
+		return 0, false
+	}
+	i := 0
+	for ; i < len(rest) && i < 9 && '0' <= rest[i] && rest[i] <= '9'; i++ {
+		version = version*10 + int(rest[i]-'0')
+	}
+	if i == 0 || i == len(rest) || (rest[i] != ',' && rest[i] != '}') || (rest[0] == '0' && i > 1) {
+		return 0, false
+	}
+	return version, true
 }
