@@ -567,10 +567,16 @@ type groupCommit struct {
 	queue   []*groupWrite // writes for the next commit
 
 	// unsynced is set after a relaxed commit and cleared by the next fdatasync;
-	// syncTimer runs that sync when no durable commit comes first.
+	// syncTimer runs that sync when no durable commit comes first. syncing
+	// counts the timer's syncs in progress, which run without mu so that the
+	// writers never wait for the disk; close waits for them (synced).
 	unsynced  bool
 	syncTimer *time.Timer
+	syncing   int
+	synced    sync.WaitGroup
 	closed    bool
+
+	beforeSync func() // tests: runs in syncRelaxed before its fdatasync
 }
 
 type groupWrite struct {
@@ -628,29 +634,49 @@ func (g *groupCommit) committed(db *bolt.DB, durable bool) {
 		return
 	}
 	g.unsynced = true
-	g.syncTimer = time.AfterFunc(RelaxedSyncInterval, func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.unsynced && !g.closed {
-			g.unsynced = false
-			_ = db.Sync() // an error shows again at the next durable commit
-		}
-	})
+	g.syncTimer = time.AfterFunc(RelaxedSyncInterval, func() { g.syncRelaxed(db) })
+}
+
+// syncRelaxed takes the relaxed commits to the disk, without holding mu
+// during the fdatasync: writers go on committing meanwhile, and one that
+// commits relaxed after unsynced was cleared arms the next timer. An error
+// shows again at the next durable commit.
+func (g *groupCommit) syncRelaxed(db *bolt.DB) {
+	g.mu.Lock()
+	if !g.unsynced || g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.unsynced = false
+	g.syncing++
+	g.synced.Add(1)
+	g.mu.Unlock()
+	if g.beforeSync != nil {
+		g.beforeSync()
+	}
+	_ = db.Sync()
+	g.mu.Lock()
+	g.syncing--
+	g.mu.Unlock()
+	g.synced.Done()
 }
 
 // close syncs what relaxed commits left unsynced and stops the timer; the
-// group takes no timer after it.
+// group takes no timer after it, and close returns once a sync the timer
+// started has finished.
 func (g *groupCommit) close(db *bolt.DB) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.closed = true
 	if g.syncTimer != nil {
 		g.syncTimer.Stop()
 	}
-	if !g.unsynced {
+	unsynced := g.unsynced
+	g.unsynced = false
+	g.mu.Unlock()
+	g.synced.Wait()
+	if !unsynced {
 		return nil
 	}
-	g.unsynced = false
 	return db.Sync()
 }
 
