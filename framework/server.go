@@ -46,19 +46,23 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}()
 		return handler(ctx, req)
 	}
-	log := d.opts.Observability.Logger.WithValues(logkeys.Method, info.FullMethod)
+	// The request's identity, in one WithValues: each call copies the
+	// logger's values.
+	kv := make([]any, 0, 10)
+	kv = append(kv, logkeys.Method, info.FullMethod)
 	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
-		log = log.WithValues(logkeys.VolumeID, r.GetVolumeId())
+		kv = append(kv, logkeys.VolumeID, r.GetVolumeId())
 	}
 	if r, ok := req.(interface{ GetTargetPath() string }); ok && r.GetTargetPath() != "" {
-		log = log.WithValues(logkeys.TargetPath, r.GetTargetPath())
+		kv = append(kv, logkeys.TargetPath, r.GetTargetPath())
 	}
 	if r, ok := req.(*csi.NodePublishVolumeRequest); ok {
 		vc := r.GetVolumeContext()
 		if ns, name := vc[api.KeyPodNamespace], vc[api.KeyPodName]; name != "" {
-			log = log.WithValues(logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, vc[api.KeyPodUID])
+			kv = append(kv, logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, vc[api.KeyPodUID])
 		}
 	}
+	log := d.opts.Observability.Logger.WithValues(kv...)
 	ctx = klog.NewContext(ctx, log)
 	if v := log.V(4); v.Enabled() {
 		v.Info("Request", logkeys.Request, sanitize(req))
