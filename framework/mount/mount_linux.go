@@ -69,6 +69,8 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESO
 // kernels compare mount IDs with the parent).
 func New() Interface { return &linuxMounter{} }
 
+var _ UnsettledChecker = (*linuxMounter)(nil)
+
 type linuxMounter struct {
 	// noSetattr is set once mount_setattr(2) turned out to be missing (and by
 	// tests, to cover the fallback).
@@ -583,6 +585,25 @@ func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
 		return false, fmt.Errorf("mount at %q: %w", target, err)
 	}
 	fd, _, _, err = openMountRoot(open, target)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	return fd >= 0, err
+}
+
+// IsMountPointUnsettled implements UnsettledChecker: IsMountPoint without
+// the settle and the second resolution, for answers that only report.
+func (m *linuxMounter) IsMountPointUnsettled(root, target string) (bool, error) {
+	rootfd, rel, err := openRoot(root, target)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(rootfd)
+	shown := filepath.Join(root, rel)
+	fd, _, _, err := openMountRoot(func() (int, error) { return openat2(rootfd, rel, unix.O_PATH, shown) }, target)
 	if fd >= 0 {
 		unix.Close(fd)
 	}

@@ -147,6 +147,11 @@ func mustMountPoint(t *testing.T, m Interface, root, path string, want bool) {
 	if err != nil || got != want {
 		t.Fatalf("IsMountPoint(%s) = %v, %v; want %v, nil", path, got, err, want)
 	}
+	if u, ok := m.(UnsettledChecker); ok {
+		if got, err := u.IsMountPointUnsettled(root, path); err != nil || got != want {
+			t.Fatalf("IsMountPointUnsettled(%s) = %v, %v; want %v, nil", path, got, err, want)
+		}
+	}
 }
 
 func TestTmpfs(t *testing.T) {
@@ -260,6 +265,9 @@ func TestIsMountPoint(t *testing.T) {
 	}
 	if got, err := m.IsMountPoint(root, link); got || !errors.Is(err, ErrSymlink) {
 		t.Errorf("IsMountPoint(link) = %v, %v; want false, ErrSymlink", got, err)
+	}
+	if got, err := m.(UnsettledChecker).IsMountPointUnsettled(root, link); got || !errors.Is(err, ErrSymlink) {
+		t.Errorf("IsMountPointUnsettled(link) = %v, %v; want false, ErrSymlink", got, err)
 	}
 
 	if err := os.Mkdir(filepath.Join(target, "sub"), 0o755); err != nil {
@@ -610,6 +618,17 @@ func BenchmarkIsMountPoint(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if ok, err := m.IsMountPoint(filepath.Dir(target), target); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
+func BenchmarkIsMountPointUnsettled(b *testing.B) {
+	target := benchMounts(b, 100)
+	m := New().(UnsettledChecker)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ok, err := m.IsMountPointUnsettled(filepath.Dir(target), target); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
 	}
