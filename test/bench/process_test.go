@@ -106,10 +106,10 @@ type procDriver struct {
 	name    string
 	pid     int
 	sock    string
-	metrics string // its /metrics address; "" for the stateless driver
-	k     *drivertest.Kubelet // only for its requests and paths; it sends nothing
-	attrs map[string]string
-	log   string // its log file
+	metrics string              // its /metrics address; "" for the stateless driver
+	k       *drivertest.Kubelet // only for its requests and paths; it sends nothing
+	attrs   map[string]string
+	log     string // its log file
 }
 
 // newUID is a pod UID as the API server makes them: a random lowercase UUID.
