@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -63,7 +64,8 @@ import (
 // by name (EPHEMERA_BENCH_STRACE=0 skips it; without /usr/bin/strace it is
 // skipped with a message). EPHEMERA_BENCH_DRIVER_ARGS adds flags to the
 // driver's command line (space-separated), EPHEMERA_BENCH_KEEP=DIR copies the
-// drivers' logs there. EPHEMERA_BENCH_BASELINE_BIN=<another scratch binary>
+// drivers' logs there. EPHEMERA_BENCH_PROFILE=DIR profiles a driver process
+// built with -tags pprof (profileProcess). EPHEMERA_BENCH_BASELINE_BIN=<another scratch binary>
 // runs it as a third process in the same rounds (its extra flags in
 // EPHEMERA_BENCH_BASELINE_ARGS): the before and after of a change on the same
 // machine state.
@@ -423,10 +425,81 @@ func TestKubeletShapedProcess(t *testing.T) {
 	}
 	t.Log("\n" + b.String())
 
+	if dir := os.Getenv("EPHEMERA_BENCH_PROFILE"); dir != "" {
+		profileProcess(t, dir, n, conc, filepath.Join(base, "p"))
+	}
 	if os.Getenv("EPHEMERA_BENCH_STRACE") == "0" {
 		return
 	}
 	syscallBudget(t, n, conc, drivers)
+}
+
+// profileProcess builds the scratch driver with the pprof tag
+// (drivers/scratch/pprof.go: net/http/pprof on EPHEMERA_PPROF_ADDR, never in
+// a shipped binary), runs it below base, and profiles it (CPU for 10 s of
+// cycles, then the heap allocations of those cycles), writing the profiles
+// to dir and logging the top of each.
+func profileProcess(t *testing.T, dir string, n, conc int, base string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "ephemera-scratch-pprof")
+	tags := "pprof"
+	if gt := os.Getenv("EPHEMERA_GOTAGS"); gt != "" {
+		tags = gt + ",pprof"
+	}
+	if out, err := exec.Command("go", "build", "-trimpath", "-tags", tags, "-o", bin, "../../drivers/scratch").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags %s: %v\n%s", tags, err, out)
+	}
+	addr := freeAddr(t)
+	t.Setenv("EPHEMERA_PPROF_ADDR", addr) // the driver process's environment
+	p := startScratch(t, "profiled", bin, base, "EPHEMERA_BENCH_DRIVER_ARGS")
+	ctx := t.Context()
+	if _, _, _, err := p.cycles(ctx, n/4, conc); err != nil { // warm-up
+		t.Fatal(err)
+	}
+	get := func(path, file string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := io.Copy(f, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get("/debug/pprof/allocs", "allocs-before.pprof")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		get("/debug/pprof/profile?seconds=10", "cpu.pprof")
+	}()
+	cycles := 0
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); cycles += n {
+		if _, _, _, err := p.cycles(ctx, n, conc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	get("/debug/pprof/allocs", "allocs.pprof")
+	for _, args := range [][]string{
+		{"-top", "-nodecount=40", bin, filepath.Join(dir, "cpu.pprof")},
+		{"-top", "-cum", "-nodecount=60", bin, filepath.Join(dir, "cpu.pprof")},
+		{"-top", "-sample_index=alloc_space", "-base", filepath.Join(dir, "allocs-before.pprof"), "-nodecount=30", bin, filepath.Join(dir, "allocs.pprof")},
+	} {
+		out, err := exec.Command("go", append([]string{"tool", "pprof"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Logf("pprof %v: %v\n%s", args, err, out)
+			continue
+		}
+		t.Logf("driver process, %d cycles at concurrency %d, pprof %s:\n%s", cycles, conc, strings.Join(args[:len(args)-2], " "), out)
+	}
 }
 
 func met(ok bool) string {
