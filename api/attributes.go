@@ -256,7 +256,26 @@ func (as Attributes) Parse(p Params) (Values, error) {
 // Split returns p without the declared keys: the attributes left for the
 // backend.
 func (as Attributes) Split(p Params) Params {
-	return p.Without(as.Keys()...)
+	if p == nil {
+		return nil
+	}
+	c := make(Params, len(p))
+	for k, v := range p {
+		if !as.declares(k) {
+			c[k] = v
+		}
+	}
+	return c
+}
+
+// declares reports whether key is one of as.
+func (as Attributes) declares(key string) bool {
+	for _, a := range as {
+		if a.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // Apply takes a backend's declared attributes out of v.Params: it refuses any
@@ -268,24 +287,50 @@ func (as Attributes) Split(p Params) Params {
 // applies them itself at the top of Validate and Create. Apply is idempotent:
 // an attribute already in v.Values and no longer in v.Params keeps its value.
 func (as Attributes) Apply(v *Volume) error {
-	if err := v.Params.Only(as.Keys()...); err != nil {
-		return err
-	}
-	var todo Attributes
-	for _, a := range as {
-		if _, inParams := v.Params[a.Key]; inParams || !v.Values.Has(a.Key) {
-			todo = append(todo, a)
+	for k := range v.Params {
+		if !as.declares(k) {
+			return v.Params.Only(as.Keys()...) // the refusal, naming what is accepted
 		}
 	}
-	vals, err := todo.Parse(v.Params)
-	if err != nil {
-		return err
+	// What Parse does for the attributes not applied before, into a list on
+	// the stack: v.Values changes only when all of them parse. Apply runs on
+	// every publish.
+	type parsed struct {
+		key string
+		val Value
 	}
-	if v.Values == nil && len(vals) > 0 {
-		v.Values = make(Values, len(vals))
+	var buf [8]parsed
+	got := buf[:0]
+	var msgs []string
+	for _, a := range as {
+		raw, ok := v.Params[a.Key]
+		switch {
+		case !ok && v.Values.Has(a.Key):
+			continue // applied before: keeps its value
+		case !ok && a.required:
+			msgs = append(msgs, fmt.Sprintf("attribute %q is required%s", a.Key, a.help()))
+			continue
+		case !ok && a.def == "":
+			continue
+		case !ok:
+			raw = a.def
+		}
+		val, err := a.parse(raw)
+		if err != nil {
+			msgs = append(msgs, strings.TrimPrefix(err.Error(), ErrInvalidParams.Error()+": "))
+			continue
+		}
+		val.Set = ok
+		got = append(got, parsed{a.Key, val})
 	}
-	for k, val := range vals {
-		v.Values[k] = val
+	if len(msgs) > 0 {
+		return InvalidParamf("%s", strings.Join(msgs, "; "))
+	}
+	if v.Values == nil && len(got) > 0 {
+		v.Values = make(Values, len(got))
+	}
+	for _, p := range got {
+		v.Values[p.key] = p.val
 	}
 	v.Params = as.Split(v.Params)
 	return nil

@@ -868,7 +868,7 @@ func (d *Driver) keepRecord(_ context.Context, o *op) error {
 	if rec.Phase != store.PhasePublished {
 		return nil
 	}
-	isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
+	isMount, err := isMountPointNow(d.mounter, d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		o.log.Error(err, "Checking target of published volume")
 	} else if !isMount {

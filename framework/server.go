@@ -46,19 +46,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}()
 		return handler(ctx, req)
 	}
-	log := d.opts.Observability.Logger.WithValues(logkeys.Method, info.FullMethod)
-	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
-		log = log.WithValues(logkeys.VolumeID, r.GetVolumeId())
-	}
-	if r, ok := req.(interface{ GetTargetPath() string }); ok && r.GetTargetPath() != "" {
-		log = log.WithValues(logkeys.TargetPath, r.GetTargetPath())
-	}
-	if r, ok := req.(*csi.NodePublishVolumeRequest); ok {
-		vc := r.GetVolumeContext()
-		if ns, name := vc[api.KeyPodNamespace], vc[api.KeyPodName]; name != "" {
-			log = log.WithValues(logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, vc[api.KeyPodUID])
-		}
-	}
+	log := d.requestLogger(info.FullMethod, req)
 	ctx = klog.NewContext(ctx, log)
 	if v := log.V(4); v.Enabled() {
 		v.Info("Request", logkeys.Request, sanitize(req))
@@ -81,6 +69,43 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 	}()
 	return handler(ctx, req)
+}
+
+// requestLogger is the logger of one request, with its method and, when
+// set, the volume ID, target path and pod: in one WithValues for the volume
+// requests (each call copies the values so far into a new logger), key by
+// key for the others.
+func (d *Driver) requestLogger(method string, req any) klog.Logger {
+	var id, target, ns, name, uid string
+	if r, ok := req.(interface{ GetVolumeId() string }); ok {
+		id = r.GetVolumeId()
+	}
+	if r, ok := req.(interface{ GetTargetPath() string }); ok {
+		target = r.GetTargetPath()
+	}
+	if r, ok := req.(*csi.NodePublishVolumeRequest); ok {
+		vc := r.GetVolumeContext()
+		ns, name, uid = vc[api.KeyPodNamespace], vc[api.KeyPodName], vc[api.KeyPodUID]
+	}
+	base := d.opts.Observability.Logger
+	switch {
+	case id != "" && target != "" && name != "":
+		return base.WithValues(logkeys.Method, method, logkeys.VolumeID, id, logkeys.TargetPath, target,
+			logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, uid)
+	case id != "" && target != "":
+		return base.WithValues(logkeys.Method, method, logkeys.VolumeID, id, logkeys.TargetPath, target)
+	}
+	log := base.WithValues(logkeys.Method, method)
+	if id != "" {
+		log = log.WithValues(logkeys.VolumeID, id)
+	}
+	if target != "" {
+		log = log.WithValues(logkeys.TargetPath, target)
+	}
+	if name != "" {
+		log = log.WithValues(logkeys.Pod, klog.KRef(ns, name), logkeys.PodUID, uid)
+	}
+	return log
 }
 
 // sanitize returns a log-safe view of a request: secrets stripped by

@@ -54,13 +54,25 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	return rec, nil
 }
 
+// isMountPointNow reports whether target is a mount point, for an answer
+// that only reports what is there (stats, health, the volume listing, the
+// reconcile's log): without IsMountPoint's settle when the mounter can
+// (mount.UnsettledChecker). Every answer that makes a publish OK uses
+// IsMountPoint, and so does the refresh, which writes into the mount.
+func isMountPointNow(m mount.Interface, root, target string) (bool, error) {
+	if u, ok := m.(mount.UnsettledChecker); ok {
+		return u.IsMountPointUnsettled(root, target)
+	}
+	return m.IsMountPoint(root, target)
+}
+
 // check reports whether a published volume is usable: its record complete, its
 // target mounted, and its backend's storage intact.
 func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	if rec.Phase != store.PhasePublished {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
 	}
-	mounted, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
+	mounted, err := isMountPointNow(d.mounter, d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return health{}, transient(fmt.Errorf("checking target: %w", err))
 	}

@@ -43,7 +43,7 @@ func DescribeVolumes(recs []*store.Record, kubeletRoot string, m mount.Interface
 
 // describeMount fills v.Mounted and v.Usage.
 func describeMount(v *api.VolumeInfo, rec *store.Record, kubeletRoot string, m mount.Interface) {
-	mounted, err := m.IsMountPoint(kubeletRoot, rec.TargetPath)
+	mounted, err := isMountPointNow(m, kubeletRoot, rec.TargetPath)
 	if err != nil {
 		v.Error = fmt.Sprintf("checking the target: %v", err)
 		return

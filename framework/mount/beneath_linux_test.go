@@ -66,7 +66,11 @@ func TestSymlinkInAnyComponentIsRefused(t *testing.T) {
 				"SetReadOnly":  func() error { return m.SetReadOnly(root, target, true) },
 				"Unmount":      func() error { return m.Unmount(root, target) },
 				"IsMountPoint": func() error { _, err := m.IsMountPoint(root, target); return err },
-				"Inspect":      func() error { _, err := m.Inspect(root, target); return err },
+				"IsMountPointUnsettled": func() error {
+					_, err := m.(UnsettledChecker).IsMountPointUnsettled(root, target)
+					return err
+				},
+				"Inspect": func() error { _, err := m.Inspect(root, target); return err },
 				"OpenTarget": func() error {
 					r, err := m.OpenTarget(root, target)
 					if err == nil {

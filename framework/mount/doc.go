@@ -8,11 +8,14 @@
 // it never starts mount, umount or any other process. Target directories are
 // created and removed relative to an open handle on the kubelet root with
 // openat2(2) and RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, so a symbolic link planted
-// below the root is refused ([ErrSymlink]) instead of followed. IsMountPoint is a
-// single statx(2) call (STATX_ATTR_MOUNT_ROOT, Linux 5.8 and later), which also
-// sees bind mounts within one filesystem; /proc/self/mountinfo is read only by
-// [ReadMountInfo], for reconciliation and tests. Published volumes are always
-// nosuid and nodev.
+// below the root is refused ([ErrSymlink]) instead of followed. A mount point is
+// recognised by one statx(2) call (STATX_ATTR_MOUNT_ROOT, Linux 5.8 and later),
+// which also sees bind mounts within one filesystem; IsMountPoint then settles a
+// mount it finds (a rename of the target onto itself, so that no rename in flight
+// can move it after the answer) and checks again, and the unsettled check
+// ([UnsettledChecker]) is for answers that only report. /proc/self/mountinfo is
+// read only by [ReadMountInfo], for reconciliation and tests. Published volumes
+// are always nosuid and nodev.
 //
 // # Windows
 //

@@ -106,6 +106,20 @@ type Interface interface {
 	Published(root string) ([]string, error)
 }
 
+// UnsettledChecker is implemented by a mounter that can tell whether
+// something is published at target without waiting for renames in flight to
+// finish (Linux's: see Interface.IsMountPoint, which settles a mount it
+// finds). It is for answers that only report what is there: volume stats and
+// health, the volume listing, the startup reconcile's log; never for one that
+// answers a publish OK, since a rename already in flight may still move a
+// mount it reports. The framework calls IsMountPoint on mounters without it.
+type UnsettledChecker interface {
+	// IsMountPointUnsettled reports whether target, resolved beneath root as
+	// every method does (a link is ErrSymlink), is a mount point now; false
+	// and nil when target does not exist.
+	IsMountPointUnsettled(root, target string) (bool, error)
+}
+
 // Mounted describes what is published at a target.
 type Mounted struct {
 	// ID is the kernel's mount ID (0 on Windows).

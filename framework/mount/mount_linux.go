@@ -69,6 +69,8 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESO
 // kernels compare mount IDs with the parent).
 func New() Interface { return &linuxMounter{} }
 
+var _ UnsettledChecker = (*linuxMounter)(nil)
+
 type linuxMounter struct {
 	// noSetattr is set once mount_setattr(2) turned out to be missing (and by
 	// tests, to cover the fallback).
@@ -80,20 +82,32 @@ type linuxMounter struct {
 // normally: an operator may configure it as a symlink. flags are open(2) flags
 // (O_CLOEXEC is added).
 func openBeneath(root, target string, flags int) (int, error) {
-	parent, base, err := splitBeneath(root, target)
+	rootfd, rel, err := openRoot(root, target)
 	if err != nil {
 		return -1, err
 	}
-	rel := base
-	if parent != "." {
-		rel = filepath.Join(parent, base)
-	}
-	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, &fs.PathError{Op: "open", Path: root, Err: err}
-	}
 	defer unix.Close(rootfd)
 	return openat2(rootfd, rel, flags, filepath.Join(root, rel))
+}
+
+// openRoot opens root (O_PATH, following links: an operator may configure
+// it as one) and returns it with target's path relative to it, for openat2
+// beneath it. The caller closes rootfd; a call that resolves target more than
+// once resolves it from this descriptor each time.
+func openRoot(root, target string) (rootfd int, rel string, err error) {
+	parent, base, err := splitBeneath(root, target)
+	if err != nil {
+		return -1, "", err
+	}
+	rel = base
+	if parent != "." {
+		rel = parent + string(filepath.Separator) + base
+	}
+	rootfd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	return rootfd, rel, nil
 }
 
 // openParent opens the directory that holds target's last component, beneath
@@ -251,9 +265,16 @@ func (m *linuxMounter) RemoveTarget(root, target string) error {
 // lock the directories below the one it moves), or, once past its own check,
 // right after the attach; the check catches both, and the stray mount is
 // detached again before the call returns, so a publish is never answered for a
-// volume that is not at its target.
+// volume that is not at its target. Both resolutions start from one descriptor
+// of root, opened once per call: what can move is below root (replacing root
+// itself takes write access to its parent, outside the kubelet root).
 func (m *linuxMounter) Mount(root string, src api.Source, target string) error {
-	tfd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
+	rootfd, rel, err := openRoot(root, target)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rootfd)
+	tfd, err := openat2(rootfd, rel, unix.O_PATH|unix.O_DIRECTORY, filepath.Join(root, rel))
 	if err != nil {
 		return err
 	}
@@ -286,7 +307,7 @@ func (m *linuxMounter) Mount(root string, src api.Source, target string) error {
 		detach(mfd)
 		return fmt.Errorf("mount on %q: %w", target, err)
 	}
-	if err := verifyAt(root, target, mfd); err != nil {
+	if err := verifyAt(rootfd, rel, target, mfd); err != nil {
 		detach(mfd)
 		return err
 	}
@@ -323,14 +344,14 @@ func settle(fd int, name string) error {
 	return nil
 }
 
-// verifyAt checks that target, resolved beneath root now, is the root of the
-// mount mfd refers to.
-func verifyAt(root, target string, mfd int) error {
+// verifyAt checks that target (rel beneath the root rootfd), resolved now, is
+// the root of the mount mfd refers to.
+func verifyAt(rootfd int, rel, target string, mfd int) error {
 	want, _, wst, err := mountID(mfd)
 	if err != nil {
 		return fmt.Errorf("statx of the new mount: %w", err)
 	}
-	vfd, err := openBeneath(root, target, unix.O_PATH|unix.O_DIRECTORY)
+	vfd, err := openat2(rootfd, rel, unix.O_PATH|unix.O_DIRECTORY, target)
 	if err != nil {
 		return fmt.Errorf("mount on %q: %w (resolving it again: %v)", target, ErrTargetMoved, err)
 	}
@@ -540,10 +561,20 @@ func (m *linuxMounter) SetReadOnly(root, target string, readOnly bool) error {
 }
 
 // IsMountPoint answers true only for a mount that stays at target: a mount
-// found there is settled (see settle) and target resolved and checked again,
-// so that a rename still in flight cannot carry it away after the answer.
+// found there is settled (see settle) and target resolved and checked again
+// (from the same descriptor of root, as Mount does), so that a rename still in
+// flight cannot carry it away after the answer.
 func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
-	open := func() (int, error) { return openBeneath(root, target, unix.O_PATH) }
+	rootfd, rel, err := openRoot(root, target)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(rootfd)
+	shown := filepath.Join(root, rel)
+	open := func() (int, error) { return openat2(rootfd, rel, unix.O_PATH, shown) }
 	fd, _, _, err := openMountRoot(open, target)
 	if fd < 0 {
 		return false, err
@@ -554,6 +585,25 @@ func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
 		return false, fmt.Errorf("mount at %q: %w", target, err)
 	}
 	fd, _, _, err = openMountRoot(open, target)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	return fd >= 0, err
+}
+
+// IsMountPointUnsettled implements UnsettledChecker: IsMountPoint without
+// the settle and the second resolution, for answers that only report.
+func (m *linuxMounter) IsMountPointUnsettled(root, target string) (bool, error) {
+	rootfd, rel, err := openRoot(root, target)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(rootfd)
+	shown := filepath.Join(root, rel)
+	fd, _, _, err := openMountRoot(func() (int, error) { return openat2(rootfd, rel, unix.O_PATH, shown) }, target)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
@@ -583,31 +633,35 @@ func openMountRoot(open func() (int, error), shown string) (fd int, id uint64, s
 }
 
 // Unmount unmounts what is mounted at target, through the target's parent
-// directory resolved beneath root: umount2(2) takes a path, and
+// directory resolved beneath root once: umount2(2) takes a path, and
 // /proc/self/fd/<parent>/<name> with UMOUNT_NOFOLLOW names exactly the entry
 // below the resolved parent (a mount point cannot be renamed away, and a link
 // swapped in is not followed). No descriptor of the mount itself is held, so
 // a mount in use still fails with EBUSY instead of being detached lazily.
+// Mounts stacked by earlier runs are unmounted one by one until umount2
+// finds no mount there any more (EINVAL), which is also the check that the
+// last one is gone.
 func (m *linuxMounter) Unmount(root, target string) error {
+	pfd, base, err := openParent(root, target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	// A link at the target is ErrSymlink, and a target that is not a mount
+	// point is left alone without an unmount.
+	if mounted, err := m.mountedBelow(pfd, base, target); err != nil || !mounted {
+		return err
+	}
+	p := fdPath(pfd, base)
 	for range maxUnmounts {
-		pfd, base, err := openParent(root, target)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		mounted, err := m.mountedBelow(pfd, base, target)
-		if err != nil || !mounted {
-			unix.Close(pfd)
-			return err
-		}
-		err = unix.Unmount(fdPath(pfd, base), unix.UMOUNT_NOFOLLOW)
-		unix.Close(pfd)
+		err = unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
 		switch {
 		case err == nil, errors.Is(err, unix.EINTR):
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil
+			return nil // not (or no longer) a mount point
 		default: // EBUSY included: the caller retries later
 			return fmt.Errorf("unmount %q: %w", target, err)
 		}

@@ -147,6 +147,11 @@ func mustMountPoint(t *testing.T, m Interface, root, path string, want bool) {
 	if err != nil || got != want {
 		t.Fatalf("IsMountPoint(%s) = %v, %v; want %v, nil", path, got, err, want)
 	}
+	if u, ok := m.(UnsettledChecker); ok {
+		if got, err := u.IsMountPointUnsettled(root, path); err != nil || got != want {
+			t.Fatalf("IsMountPointUnsettled(%s) = %v, %v; want %v, nil", path, got, err, want)
+		}
+	}
 }
 
 func TestTmpfs(t *testing.T) {
@@ -260,6 +265,9 @@ func TestIsMountPoint(t *testing.T) {
 	}
 	if got, err := m.IsMountPoint(root, link); got || !errors.Is(err, ErrSymlink) {
 		t.Errorf("IsMountPoint(link) = %v, %v; want false, ErrSymlink", got, err)
+	}
+	if got, err := m.(UnsettledChecker).IsMountPointUnsettled(root, link); got || !errors.Is(err, ErrSymlink) {
+		t.Errorf("IsMountPointUnsettled(link) = %v, %v; want false, ErrSymlink", got, err)
 	}
 
 	if err := os.Mkdir(filepath.Join(target, "sub"), 0o755); err != nil {
@@ -615,6 +623,17 @@ func BenchmarkIsMountPoint(b *testing.B) {
 	}
 }
 
+func BenchmarkIsMountPointUnsettled(b *testing.B) {
+	target := benchMounts(b, 100)
+	m := New().(UnsettledChecker)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ok, err := m.IsMountPointUnsettled(filepath.Dir(target), target); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
 func BenchmarkReadMountInfo(b *testing.B) {
 	target := benchMounts(b, 100)
 	b.ReportAllocs()
@@ -707,5 +726,46 @@ func TestSetReadOnlyReversible(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(target, "y"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("write after SetReadOnly(true) again: %v", err)
+	}
+}
+
+// BenchmarkPublishCycle is the mounter's share of a kubelet-shaped tmpfs
+// publish and unpublish, as the framework calls it: IsMountPoint of the
+// absent target, MakeTarget, Mount; Unmount, RemoveTarget. Its wall time is
+// mostly the kernel's RCU grace period in umount; cpu-ns/op is the process's
+// CPU time.
+func BenchmarkPublishCycle(b *testing.B) {
+	root := newRoot(b)
+	parent := filepath.Join(root, "pods", "0b6e8a4c-3d1f-4e2a-9c7b-5a8d2f1e6c3b", "volumes", "kubernetes.io~csi", "data")
+	if err := os.MkdirAll(parent, 0o750); err != nil {
+		b.Fatal(err)
+	}
+	target := filepath.Join(parent, "mount")
+	src := api.Source{Path: "ephemera-tmpfs", FSType: "tmpfs", Options: []string{"size=16777216", "mode=01777", "nr_inodes=4096"}}
+	m := New()
+	b.ReportAllocs()
+	cpu := func() int64 {
+		var ru unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+		return ru.Utime.Nano() + ru.Stime.Nano()
+	}
+	cpu0 := cpu()
+	defer func() { b.ReportMetric(float64(cpu()-cpu0)/float64(b.N), "cpu-ns/op") }()
+	for b.Loop() {
+		if ok, err := m.IsMountPoint(root, target); ok || err != nil {
+			b.Fatal(ok, err)
+		}
+		if err := m.MakeTarget(root, target); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Mount(root, src, target); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Unmount(root, target); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.RemoveTarget(root, target); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

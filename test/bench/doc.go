@@ -13,6 +13,13 @@
 //
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestPluginOverhead -v
 //
+// TestKubeletShapedProcess (process_test.go) runs the scratch binary and the
+// stateless reference driver as processes of their own against a client that
+// does only what the kubelet does per volume, alternated, and counts each
+// driver's syscalls per cycle under strace -c:
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestKubeletShapedProcess -v
+//
 // TestDriverMemory (memory_test.go, make bench-memory) measures the scratch
 // driver's resident memory as a subprocess, idle and with 1,000 published
 // volumes:
@@ -26,5 +33,5 @@
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverContentMemory -v
 //
 // The measurements are Linux-only (bench_test.go, contentmem_test.go,
-// load_test.go, memory_test.go, plugin_test.go) and need root.
+// load_test.go, memory_test.go, plugin_test.go, process_test.go) and need root.
 package bench

@@ -97,6 +97,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(pluginModeEnv); mode != "" {
 		os.Exit(servePlugin(mode, os.Getenv(pluginSocketEnv)))
 	}
+	if sock := os.Getenv(statelessEnv); sock != "" {
+		os.Exit(serveStatelessProcess(sock)) // TestKubeletShapedProcess
+	}
 	os.Exit(m.Run())
 }
 

@@ -567,10 +567,16 @@ type groupCommit struct {
 	queue   []*groupWrite // writes for the next commit
 
 	// unsynced is set after a relaxed commit and cleared by the next fdatasync;
-	// syncTimer runs that sync when no durable commit comes first.
+	// syncTimer runs that sync when no durable commit comes first. syncing
+	// counts the timer's syncs in progress, which run without mu so that the
+	// writers never wait for the disk; close waits for them (synced).
 	unsynced  bool
 	syncTimer *time.Timer
+	syncing   int
+	synced    sync.WaitGroup
 	closed    bool
+
+	beforeSync func() // tests: runs in syncRelaxed before its fdatasync
 }
 
 type groupWrite struct {
@@ -628,29 +634,49 @@ func (g *groupCommit) committed(db *bolt.DB, durable bool) {
 		return
 	}
 	g.unsynced = true
-	g.syncTimer = time.AfterFunc(RelaxedSyncInterval, func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.unsynced && !g.closed {
-			g.unsynced = false
-			_ = db.Sync() // an error shows again at the next durable commit
-		}
-	})
+	g.syncTimer = time.AfterFunc(RelaxedSyncInterval, func() { g.syncRelaxed(db) })
+}
+
+// syncRelaxed takes the relaxed commits to the disk, without holding mu
+// during the fdatasync: writers go on committing meanwhile, and one that
+// commits relaxed after unsynced was cleared arms the next timer. An error
+// shows again at the next durable commit.
+func (g *groupCommit) syncRelaxed(db *bolt.DB) {
+	g.mu.Lock()
+	if !g.unsynced || g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.unsynced = false
+	g.syncing++
+	g.synced.Add(1)
+	g.mu.Unlock()
+	if g.beforeSync != nil {
+		g.beforeSync()
+	}
+	_ = db.Sync()
+	g.mu.Lock()
+	g.syncing--
+	g.mu.Unlock()
+	g.synced.Done()
 }
 
 // close syncs what relaxed commits left unsynced and stops the timer; the
-// group takes no timer after it.
+// group takes no timer after it, and close returns once a sync the timer
+// started has finished.
 func (g *groupCommit) close(db *bolt.DB) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.closed = true
 	if g.syncTimer != nil {
 		g.syncTimer.Stop()
 	}
-	if !g.unsynced {
+	unsynced := g.unsynced
+	g.unsynced = false
+	g.mu.Unlock()
+	g.synced.Wait()
+	if !unsynced {
 		return nil
 	}
-	g.unsynced = false
 	return db.Sync()
 }
 
@@ -751,15 +777,21 @@ func (s *Store) Close() error {
 // the rest of the document (whose shape may have changed). A record that does not
 // parse, or is stored under another volume's ID, is undecodable.
 func decode(id string, raw []byte) (*store.Record, error) {
-	var head struct {
-		Version int `json:"version"`
+	version, ok := leadingVersion(raw)
+	if !ok || version > store.RecordVersion {
+		// The slow way, also for a newer version: that is then refused for
+		// what a full decode of the document says, as before.
+		var head struct {
+			Version int `json:"version"`
+		}
+		if err := json.Unmarshal(raw, &head); err != nil {
+			return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
+		}
+		version = head.Version
 	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%w: %q: %v", store.ErrUndecodable, id, err)
-	}
-	if head.Version > store.RecordVersion {
+	if version > store.RecordVersion {
 		return nil, fmt.Errorf("%w: record %q has version %d, this driver knows %d",
-			store.ErrVersion, id, head.Version, store.RecordVersion)
+			store.ErrVersion, id, version, store.RecordVersion)
 	}
 	r := new(store.Record)
 	if err := json.Unmarshal(raw, r); err != nil {
@@ -769,4 +801,30 @@ func decode(id string, raw []byte) (*store.Record, error) {
 		return nil, fmt.Errorf("%w: %q: the record is for volume %q", store.ErrUndecodable, id, r.VolumeID)
 	}
 	return r, nil
+}
+
+// versionKey is how every record put writes begins: json.Marshal of a
+// store.Record, whose first field is its version.
+var versionKey = []byte(`{"version":`)
+
+// leadingVersion reads the version of a record in the shape put writes it,
+// `{"version":N,...` with "version" once in the document, without decoding
+// the rest: decode's first pass, which otherwise unmarshals the whole
+// document once more. ok is false for any other shape (whitespace, another
+// key order, a second "version" key anywhere, a number that is not a plain
+// non-negative int): decode then reads the version the slow way, as it does
+// for a version newer than this driver's, with the same result.
+func leadingVersion(raw []byte) (version int, ok bool) {
+	rest, found := bytes.CutPrefix(raw, versionKey)
+	if !found || bytes.Contains(rest, versionKey[1:]) {
+		return 0, false
+	}
+	i := 0
+	for ; i < len(rest) && i < 9 && '0' <= rest[i] && rest[i] <= '9'; i++ {
+		version = version*10 + int(rest[i]-'0')
+	}
+	if i == 0 || i == len(rest) || (rest[i] != ',' && rest[i] != '}') || (rest[0] == '0' && i > 1) {
+		return 0, false
+	}
+	return version, true
 }

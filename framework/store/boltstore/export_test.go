@@ -11,5 +11,5 @@ func OpenUnchecked(path string, opts Options) (*Store, error) {
 func (s *Store) Unsynced() bool {
 	s.group.mu.Lock()
 	defer s.group.mu.Unlock()
-	return s.group.unsynced
+	return s.group.unsynced || s.group.syncing > 0
 }
