@@ -227,26 +227,7 @@ func (as Attributes) Check() error {
 // at once, each naming its attribute, in an error wrapping ErrInvalidParams.
 func (as Attributes) Parse(p Params) (Values, error) {
 	vals := make(Values, len(as))
-	var msgs []string
-	for _, a := range as {
-		raw, ok := p[a.Key]
-		switch {
-		case !ok && a.required:
-			msgs = append(msgs, fmt.Sprintf("attribute %q is required%s", a.Key, a.help()))
-			continue
-		case !ok && a.def == "":
-			continue
-		case !ok:
-			raw = a.def
-		}
-		v, err := a.parse(raw)
-		if err != nil {
-			msgs = append(msgs, strings.TrimPrefix(err.Error(), ErrInvalidParams.Error()+": "))
-			continue
-		}
-		v.Set = ok
-		vals[a.Key] = v
-	}
+	msgs := as.parseEach(p, nil, func(key string, v Value) { vals[key] = v })
 	if len(msgs) > 0 {
 		return nil, InvalidParamf("%s", strings.Join(msgs, "; "))
 	}
@@ -278,6 +259,36 @@ func (as Attributes) declares(key string) bool {
 	return false
 }
 
+// parseEach parses the declared attributes of p (a default where p lacks a
+// key) and hands each value to put, skipping the keys p lacks for which kept
+// is true; it returns a message for each attribute that is missing while
+// required or does not parse.
+func (as Attributes) parseEach(p Params, kept func(key string) bool, put func(key string, v Value)) []string {
+	var msgs []string
+	for _, a := range as {
+		raw, ok := p[a.Key]
+		switch {
+		case !ok && kept != nil && kept(a.Key):
+			continue // applied before: keeps its value
+		case !ok && a.required:
+			msgs = append(msgs, fmt.Sprintf("attribute %q is required%s", a.Key, a.help()))
+			continue
+		case !ok && a.def == "":
+			continue
+		case !ok:
+			raw = a.def
+		}
+		v, err := a.parse(raw)
+		if err != nil {
+			msgs = append(msgs, strings.TrimPrefix(err.Error(), ErrInvalidParams.Error()+": "))
+			continue
+		}
+		v.Set = ok
+		put(a.Key, v)
+	}
+	return msgs
+}
+
 // Apply takes a backend's declared attributes out of v.Params: it refuses any
 // key of v.Params not declared (an *UnknownAttributesError), parses the
 // declared ones into v.Values (defaults applied) and removes them from
@@ -301,28 +312,7 @@ func (as Attributes) Apply(v *Volume) error {
 	}
 	var buf [8]parsed
 	got := buf[:0]
-	var msgs []string
-	for _, a := range as {
-		raw, ok := v.Params[a.Key]
-		switch {
-		case !ok && v.Values.Has(a.Key):
-			continue // applied before: keeps its value
-		case !ok && a.required:
-			msgs = append(msgs, fmt.Sprintf("attribute %q is required%s", a.Key, a.help()))
-			continue
-		case !ok && a.def == "":
-			continue
-		case !ok:
-			raw = a.def
-		}
-		val, err := a.parse(raw)
-		if err != nil {
-			msgs = append(msgs, strings.TrimPrefix(err.Error(), ErrInvalidParams.Error()+": "))
-			continue
-		}
-		val.Set = ok
-		got = append(got, parsed{a.Key, val})
-	}
+	msgs := as.parseEach(v.Params, v.Values.Has, func(key string, val Value) { got = append(got, parsed{key, val}) })
 	if len(msgs) > 0 {
 		return InvalidParamf("%s", strings.Join(msgs, "; "))
 	}

@@ -565,6 +565,17 @@ func (m *linuxMounter) SetReadOnly(root, target string, readOnly bool) error {
 // (from the same descriptor of root, as Mount does), so that a rename still in
 // flight cannot carry it away after the answer.
 func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
+	return isMountPoint(root, target, true)
+}
+
+// IsMountPointUnsettled implements UnsettledChecker: IsMountPoint without
+// the settle and the second resolution, for answers that only report.
+func (m *linuxMounter) IsMountPointUnsettled(root, target string) (bool, error) {
+	return isMountPoint(root, target, false)
+}
+
+// isMountPoint is IsMountPoint, with the settle or without.
+func isMountPoint(root, target string, settled bool) (bool, error) {
 	rootfd, rel, err := openRoot(root, target)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
 		return false, nil
@@ -576,8 +587,11 @@ func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
 	shown := filepath.Join(root, rel)
 	open := func() (int, error) { return openat2(rootfd, rel, unix.O_PATH, shown) }
 	fd, _, _, err := openMountRoot(open, target)
-	if fd < 0 {
-		return false, err
+	if fd < 0 || !settled {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return fd >= 0, err
 	}
 	err = settle(fd, filepath.Base(target))
 	unix.Close(fd)
@@ -585,25 +599,6 @@ func (m *linuxMounter) IsMountPoint(root, target string) (bool, error) {
 		return false, fmt.Errorf("mount at %q: %w", target, err)
 	}
 	fd, _, _, err = openMountRoot(open, target)
-	if fd >= 0 {
-		unix.Close(fd)
-	}
-	return fd >= 0, err
-}
-
-// IsMountPointUnsettled implements UnsettledChecker: IsMountPoint without
-// the settle and the second resolution, for answers that only report.
-func (m *linuxMounter) IsMountPointUnsettled(root, target string) (bool, error) {
-	rootfd, rel, err := openRoot(root, target)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	defer unix.Close(rootfd)
-	shown := filepath.Join(root, rel)
-	fd, _, _, err := openMountRoot(func() (int, error) { return openat2(rootfd, rel, unix.O_PATH, shown) }, target)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
