@@ -421,7 +421,23 @@ func (m *model) do(o op) error {
 				time.Sleep(2 * time.Millisecond)
 			}
 		}
-		return nil
+		// The GC's teardown releases the volume's capacity right after it
+		// deletes the record: the step ends when that is done too, so that the
+		// invariants are checked after the removal, not in its middle.
+		for {
+			ctx, cancel := m.ctx()
+			recs, err := m.n.h.Driver().Records(ctx)
+			cancel()
+			if err == nil {
+				if err = m.checkCapacity(recs); err == nil {
+					return nil
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("after the GC removed the orphaned pod's records: %w", err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
 	return nil
 }
