@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/registration"
@@ -115,14 +117,17 @@ func (g components) run(ctx context.Context) (err error) {
 	return err
 }
 
-// components returns what Run starts, in order: the state, the HTTP server
+// components returns what Run starts, in order: Go's memory limit, the
+// state, the HTTP server
 // (metrics and /healthz answer during the reconcile), the startup reconcile,
 // the runnables (which the refresher and the GC use), the refresher, the
 // orphan GC, the CSI server on sock, the kubelet registrar (once NodeGetInfo
 // answers; it stops first, so the kubelet deregisters the driver before its
-// socket goes), and readiness (set last, cleared first).
+// socket goes), the release of the binary's startup pages, and readiness
+// (set last, cleared first).
 func (d *Driver) components(log klog.Logger, sock string) components {
 	return components{log, []component{
+		d.memoryLimitComponent(log),
 		d.stateComponent(log),
 		d.httpComponent(log),
 		{name: "reconcile", start: func(ctx context.Context) error {
@@ -150,11 +155,71 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 		}},
 		d.grpcComponent(log, sock),
 		d.registrarComponent(log, sock),
+		d.binaryPagesComponent(log),
 		{
 			name:  "ready",
 			start: func(context.Context) error { d.ready.Store(true); return nil },
 			stop:  func() error { d.ready.Store(false); return nil },
 		},
+	}}
+}
+
+// setMemoryLimit is debug.SetMemoryLimit, replaced by tests.
+var setMemoryLimit = debug.SetMemoryLimit
+
+// memoryLimitComponent sets the Go runtime's soft memory limit from
+// Options.Limits.MemoryLimit, unless GOMEMLIMIT is set, and puts the previous
+// one back when the driver stops.
+func (d *Driver) memoryLimitComponent(log klog.Logger) component {
+	prev := int64(-1)
+	return component{
+		name: "memory-limit",
+		start: func(context.Context) error {
+			limit := d.opts.Limits.MemoryLimit
+			if limit == 0 {
+				return nil
+			}
+			if env, set := os.LookupEnv("GOMEMLIMIT"); set {
+				log.V(2).Info("GOMEMLIMIT is set; not deriving Go's memory limit from the container's", logkeys.Limit, env)
+				return nil
+			}
+			goLimit := GoMemoryLimit(limit)
+			prev = setMemoryLimit(goLimit)
+			log.V(2).Info("Set Go's soft memory limit from the container's", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
+			return nil
+		},
+		stop: func() error {
+			if prev >= 0 {
+				setMemoryLimit(prev)
+			}
+			return nil
+		},
+	}
+}
+
+// releaseBinaryPages is exepages.Release, replaced by tests.
+var releaseBinaryPages = exepages.Release
+
+// binaryPagesComponent gives back the pages of the executable that starting
+// up touched, once the driver serves and before it says it is ready, unless
+// Options.Limits.KeepBinaryPages. It never fails the driver: a kernel or
+// platform that cannot is logged.
+func (d *Driver) binaryPagesComponent(log klog.Logger) component {
+	return component{name: "binary-pages", start: func(context.Context) error {
+		if d.opts.Limits.KeepBinaryPages {
+			return nil
+		}
+		res, err := releaseBinaryPages()
+		switch {
+		case errors.Is(err, exepages.ErrUnsupported):
+			log.V(4).Info("Not releasing the binary's startup pages", logkeys.Reason, err.Error())
+		case err != nil:
+			log.Error(err, "Cannot release the binary's startup pages; they stay resident")
+		default:
+			log.V(2).Info("Released the binary's startup pages", logkeys.Mappings, res.Mappings,
+				logkeys.ResidentBefore, bytes(int64(res.ResidentBefore)), logkeys.ResidentAfter, bytes(int64(res.ResidentAfter)))
+		}
+		return nil
 	}}
 }
 

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"flag"
+	"io"
 	"testing"
 	"time"
 )
@@ -18,13 +19,39 @@ func TestBindFlags(t *testing.T) {
 		t.Fatalf("stats walk defaults: %+v, want %+v", o.Limits.StatsWalk, want)
 	}
 	if err := fs.Parse([]string{"--endpoint=unix:///run/x.sock", "--register", "--gc-interval=-1s", "--metrics-address=:9809", "--volumes-endpoint=false",
-		"--stats-max-entries=5000", "--stats-max-depth=16", "--stats-timeout=2s", "--stats-cache-ttl=-1s"}); err != nil {
+		"--stats-max-entries=5000", "--stats-max-depth=16", "--stats-timeout=2s", "--stats-cache-ttl=-1s",
+		"--memory-limit=268435456", "--keep-binary-pages"}); err != nil {
 		t.Fatal(err)
 	}
 	if want := (StatsWalkLimits{MaxEntries: 5000, MaxDepth: 16, Timeout: 2 * time.Second, CacheTTL: -time.Second}); o.Limits.StatsWalk != want {
 		t.Fatalf("stats walk parsed: %+v, want %+v", o.Limits.StatsWalk, want)
 	}
+	if o.Limits.MemoryLimit != 256<<20 || !o.Limits.KeepBinaryPages {
+		t.Fatalf("memory limit, binary pages parsed: %d, %v", o.Limits.MemoryLimit, o.Limits.KeepBinaryPages)
+	}
 	if o.Node.Endpoint != "unix:///run/x.sock" || !o.Node.RegisterWithKubelet || o.GC.Interval != -time.Second || o.Observability.MetricsAddress != ":9809" || o.Node.StateDir != "/var/lib/x" || *o.Observability.VolumesEndpoint {
 		t.Fatalf("parsed: %+v", o)
+	}
+}
+
+func TestMemoryLimitFlag(t *testing.T) {
+	for in, want := range map[string]int64{"256Mi": 256 << 20, "268435456": 256 << 20, "1Gi": 1 << 30, "0": 0} {
+		var o Options
+		fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+		BindFlags(fs, &o)
+		if err := fs.Parse([]string{"--memory-limit=" + in}); err != nil {
+			t.Errorf("--memory-limit=%s: %v", in, err)
+		} else if o.Limits.MemoryLimit != want {
+			t.Errorf("--memory-limit=%s: %d, want %d", in, o.Limits.MemoryLimit, want)
+		}
+	}
+	for _, bad := range []string{"-1", "lots", "256MB!"} {
+		var o Options
+		fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		BindFlags(fs, &o)
+		if err := fs.Parse([]string{"--memory-limit=" + bad}); err == nil {
+			t.Errorf("--memory-limit=%s: no error", bad)
+		}
 	}
 }

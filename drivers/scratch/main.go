@@ -22,7 +22,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -57,17 +56,7 @@ var defaults = func() (d struct{ backends, backend string }) {
 	return d
 }()
 
-// defaultGCPercent is the driver's GOGC unless the environment sets one. Its
-// heap is a few MiB: collecting at 50% growth instead of Go's 100% keeps
-// 1.5-2.5 MiB less resident with 1,000 volumes, for CPU within the noise of
-// the measurement (a few percent at most; docs/operations.md, "Memory and CPU
-// of the driver").
-const defaultGCPercent = 50
-
 func main() {
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(defaultGCPercent)
-	}
 	klog.InitFlags(nil)
 	if len(os.Args) > 1 && os.Args[1] == "version" {
 		printVersion(os.Stdout, readBuildInfo())

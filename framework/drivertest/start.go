@@ -45,6 +45,7 @@ type Harness struct {
 // verbosity 5, or -testing.v=N when the test imports k8s.io/klog/v2/ktesting/init),
 // so the driver's log shows beside the test that produced it. What the driver
 // logs after the test ended goes to klog's global logger instead.
+// Limits.KeepBinaryPages is always set: the test process keeps its pages.
 //
 // When opts.Mounter is a *mount.Fake, whose directories exist only in memory,
 // the directories the Kubelet creates (a pod's, the parent of a target) are
@@ -78,6 +79,9 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	if err := os.MkdirAll(filepath.Join(opts.Node.KubeletRootDir, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
+	// A test process has no use for giving back its binary's pages, and each
+	// driver it starts would do it again.
+	opts.Limits.KeepBinaryPages = true
 	if opts.Observability.Logger.GetSink() == nil {
 		// Before the cleanup below, so the driver's last lines still reach t.
 		opts.Observability.Logger = ktesting.NewLogger(t, ktesting.DefaultConfig)

@@ -52,7 +52,8 @@ import (
 // content it writes to tmpfs is charged to it) is shown too. Rows with
 // --content-bytes-in-flight=256Mi (16 answers at once) show what the budget
 // saves; they are not asserted. The rows with the default budget must stay
-// under the DaemonSet's memory limit, 256 MiB.
+// under the DaemonSet's memory limit, 256 MiB; the driver gets
+// --memory-limit=256Mi as the DaemonSet gives it (if it has the flag).
 //
 // EPHEMERA_BENCH_CONTENT_MAX (bytes) builds the answers for another bound,
 // e.g. 67108864 to measure a driver from before the bounds (64 MiB then); a
@@ -68,8 +69,12 @@ func TestDriverContentMemory(t *testing.T) {
 	bin := driverBinary(t)
 	help, _ := exec.Command(bin, "-h").CombinedOutput()
 	hasBudget := bytes.Contains(help, []byte("content-bytes-in-flight"))
+	// The DaemonSet passes its container's limit, 256Mi, as --memory-limit.
+	if bytes.Contains(help, []byte("memory-limit")) {
+		memoryLimitArgs = []string{"--memory-limit=256Mi"}
+	}
 	maxBytes := contentMax()
-	t.Logf("driver %s; answers built for a bound of %s; --content-bytes-in-flight known: %v", bin, sizeString(maxBytes), hasBudget)
+	t.Logf("driver %s; answers built for a bound of %s; --content-bytes-in-flight known: %v; %q", bin, sizeString(maxBytes), hasBudget, memoryLimitArgs)
 
 	type row struct {
 		shape  string
@@ -197,6 +202,10 @@ type contentReading struct {
 	wall                    time.Duration
 }
 
+// memoryLimitArgs are the deploy/base's --memory-limit, for a driver that
+// has the flag.
+var memoryLimitArgs []string
+
 // measureContentMemory runs one driver with a worst-answer plugin of shape
 // and publishes pods volumes of it at once; budget is
 // --content-bytes-in-flight ("" to leave it out).
@@ -218,6 +227,7 @@ func measureContentMemory(t *testing.T, bin, shape, budget string, pods int, max
 	if budget != "" {
 		args = append(args, "--content-bytes-in-flight="+budget)
 	}
+	args = append(args, memoryLimitArgs...)
 	// The cgroup's cleanup is registered before the driver's stop, so it
 	// runs after it: a cgroup with a process in it cannot be removed.
 	var cg *memCgroup

@@ -82,13 +82,13 @@ func TestHelmAnyDriver(t *testing.T) {
 	want := []string{
 		"--endpoint=unix:///var/lib/kubelet/plugins/files.example.com/csi.sock", "--nodeid=$(NODE_NAME)",
 		"--kubelet-root=/var/lib/kubelet", "--state-dir=/var/lib/ephemera/files.example.com",
-		"--metrics-address=:9809", "--gc-interval=1m", "--orphan-grace-period=2m", "--register", "--v=2",
+		"--metrics-address=:9809", "--gc-interval=1m", "--orphan-grace-period=2m", "--register", "--memory-limit=$(MEMORY_LIMIT)", "--v=2",
 		"--allowed-namespaces=a,b", "--plugin-socket=/plugin/plugin.sock",
 	}
 	if !slices.Equal(args, want) {
 		t.Errorf("args\n %q\nwant\n %q", args, want)
 	}
-	if fmt.Sprint(driver.Get("env")) != "[map[name:NODE_NAME valueFrom:map[fieldRef:map[fieldPath:spec.nodeName]]] map[name:PLUGIN_TIMEOUT value:5s]]" {
+	if fmt.Sprint(driver.Get("env")) != "[map[name:NODE_NAME valueFrom:map[fieldRef:map[fieldPath:spec.nodeName]]] map[name:MEMORY_LIMIT valueFrom:map[resourceFieldRef:map[containerName:driver resource:limits.memory]]] map[name:PLUGIN_TIMEOUT value:5s]]" {
 		t.Errorf("env %v", driver.Get("env"))
 	}
 	if !strings.Contains(fmt.Sprint(driver.Get("volumeMounts")), "map[mountPath:/plugin name:plugin]") {

@@ -55,4 +55,9 @@ const (
 	Plugin          = "plugin"
 	Capabilities    = "capabilities"
 	Bound           = "bound"
+	Mappings        = "mappings"
+	ResidentBefore  = "residentBefore"
+	ResidentAfter   = "residentAfter"
+	Limit           = "limit"
+	ContainerLimit  = "containerLimit"
 )

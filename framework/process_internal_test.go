@@ -1,0 +1,165 @@
+package framework
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
+	"github.com/ephemera-csi/ephemera/framework/store/memstore"
+)
+
+// runUntilReady runs a driver with limits until it is ready, then stops it.
+// created runs before Run, during while the driver is ready.
+func runUntilReady(t *testing.T, limits LimitOptions, created, during func(d *Driver)) {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "ephemera-process")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	root := t.TempDir()
+	d, err := New(Options{
+		DriverName: "process.csi.ephemera.dev",
+		Backends:   map[string]Backend{"b": BackendFuncs{}},
+		Node: NodeOptions{
+			ID:             "n",
+			Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
+			KubeletRootDir: filepath.Join(root, "kubelet"),
+			StateDir:       filepath.Join(root, "state"),
+		},
+		Limits: limits,
+		State:  StateOptions{Store: memstore.New()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created != nil {
+		created(d)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.ready.Load() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !d.ready.Load() {
+		cancel()
+		<-done
+		t.Fatal("driver not ready after 10s")
+	}
+	if during != nil {
+		during(d)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// Run releases the binary's startup pages before it says it is ready, unless
+// Options.Limits.KeepBinaryPages; a platform that cannot does not stop it.
+func TestRunReleasesBinaryPages(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		keep  bool
+		err   error
+		calls int32
+	}{
+		{name: "default", calls: 1},
+		{name: "kept", keep: true, calls: 0},
+		{name: "unsupported", err: exepages.ErrUnsupported, calls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				calls      atomic.Int32
+				readyFirst atomic.Bool
+				d          *Driver
+			)
+			old := releaseBinaryPages
+			releaseBinaryPages = func() (exepages.Result, error) {
+				calls.Add(1)
+				readyFirst.Store(d.ready.Load())
+				return exepages.Result{Mappings: 2, ResidentBefore: 15 << 20, ResidentAfter: 1 << 20}, tc.err
+			}
+			t.Cleanup(func() { releaseBinaryPages = old })
+			runUntilReady(t, LimitOptions{KeepBinaryPages: tc.keep}, func(dr *Driver) { d = dr }, nil)
+			if got := calls.Load(); got != tc.calls {
+				t.Errorf("binary pages released %d times, want %d", got, tc.calls)
+			}
+			if readyFirst.Load() {
+				t.Error("binary pages released after the driver said it was ready")
+			}
+		})
+	}
+}
+
+// Run sets Go's memory limit from Limits.MemoryLimit while it runs, and
+// puts the previous one back; GOMEMLIMIT, when set, wins.
+func TestRunSetsGoMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		limit     int64
+		env       string
+		wantWhile int64 // the limit set while running; -1: none set
+	}{
+		{name: "unset", limit: 0, wantWhile: -1},
+		{name: "256Mi", limit: 256 << 20, wantWhile: 192 << 20},
+		{name: "64Mi", limit: 64 << 20, wantWhile: 32 << 20},
+		{name: "GOMEMLIMIT wins", limit: 256 << 20, env: "100MiB", wantWhile: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("GOMEMLIMIT", tc.env)
+			}
+			const before = int64(1) << 62
+			current := before
+			var set []int64
+			old := setMemoryLimit
+			setMemoryLimit = func(n int64) int64 {
+				prev := current
+				current = n
+				set = append(set, n)
+				return prev
+			}
+			t.Cleanup(func() { setMemoryLimit = old })
+			var while int64 = -1
+			runUntilReady(t, LimitOptions{MemoryLimit: tc.limit}, nil, func(*Driver) {
+				if len(set) > 0 {
+					while = current
+				}
+			})
+			if while != tc.wantWhile {
+				t.Errorf("Go's memory limit while running: %d, want %d (set: %v)", while, tc.wantWhile, set)
+			}
+			if current != before {
+				t.Errorf("Go's memory limit after Run: %d, want the one before, %d", current, before)
+			}
+		})
+	}
+}
+
+func TestGoMemoryLimit(t *testing.T) {
+	for limit, want := range map[int64]int64{
+		1 << 30:   768 << 20,
+		256 << 20: 192 << 20,
+		100 << 20: 68 << 20,
+		64 << 20:  32 << 20,
+		32 << 20:  0,
+	} {
+		if got := GoMemoryLimit(limit); got != want {
+			t.Errorf("GoMemoryLimit(%d MiB) = %d MiB, want %d MiB", limit>>20, got>>20, want>>20)
+		}
+	}
+	for _, bad := range []int64{-1, 32 << 20, 1 << 20} {
+		_, err := New(Options{DriverName: "x.csi.ephemera.dev", Backends: map[string]Backend{"b": BackendFuncs{}},
+			Node: NodeOptions{ID: "n"}, Limits: LimitOptions{MemoryLimit: bad}, State: StateOptions{Store: memstore.New()}})
+		if err == nil {
+			t.Errorf("New with Limits.MemoryLimit %d: no error", bad)
+		}
+	}
+}
