@@ -223,6 +223,14 @@ func TestShippedImageMigration(t *testing.T) {
 				t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
 			}
 			c.waitPodReady(t, p, 30*time.Second)
+			// The manifests pass the container's memory limit (256Mi) through the
+			// downward API; the driver gave its startup pages back before Ready.
+			log := c.containerLogText(p)
+			for _, want := range []string{`"Set Go's soft memory limit from the container's"`, `limit="192Mi" containerLimit="256Mi"`, `"Released the binary's startup pages"`} {
+				if !strings.Contains(log, want) {
+					t.Errorf("%s: the driver's log lacks %s:\n%s", dep.name, want, log)
+				}
+			}
 			if n := registrations() - before; n != 1 {
 				t.Errorf("%s: the kubelet registered %s %d times for one node plugin", dep.name, driverName, n)
 			}
