@@ -31,6 +31,8 @@ func Release() (Result, error) {
 			// passed, so no unsafe.Pointer either.
 			if _, _, errno := unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, advice); errno != 0 {
 				if errno == unix.EINVAL && advice == unix.MADV_PAGEOUT {
+					// An older kernel: the mapping reads ahead again as before.
+					unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, unix.MADV_NORMAL)
 					return res, fmt.Errorf("%w: madvise(MADV_PAGEOUT): %v (Linux 5.4 or later)", ErrUnsupported, errno)
 				}
 				return res, fmt.Errorf("madvise(%d) of %s at %#x: %w", advice, exe, m.start, errno)
