@@ -117,14 +117,13 @@ func (g components) run(ctx context.Context) (err error) {
 	return err
 }
 
-// components returns what Run starts, in order: Go's memory limit, the
-// state, the HTTP server
-// (metrics and /healthz answer during the reconcile), the startup reconcile,
-// the runnables (which the refresher and the GC use), the refresher, the
-// orphan GC, the CSI server on sock, the kubelet registrar (once NodeGetInfo
-// answers; it stops first, so the kubelet deregisters the driver before its
-// socket goes), the release of the binary's startup pages, and readiness
-// (set last, cleared first).
+// components returns what Run starts, in order: Go's memory limit, the state,
+// the HTTP server (metrics and /healthz answer during the reconcile), the
+// startup reconcile, the runnables (which the refresher and the GC use), the
+// refresher, the orphan GC, the CSI server on sock, the kubelet registrar
+// (once NodeGetInfo answers; it stops first, so the kubelet deregisters the
+// driver before its socket goes), the release of the binary's startup pages,
+// and readiness (set last, cleared first).
 func (d *Driver) components(log klog.Logger, sock string) components {
 	return components{log, []component{
 		d.memoryLimitComponent(log),
