@@ -218,12 +218,8 @@ func measureContentMemory(t *testing.T, bin, shape, budget string, pods int, max
 	size := max(64<<20, 4*maxBytes) // 64Mi for the default bound: 16,384 inodes
 	sock := filepath.Join(base, "csi.sock")
 	metrics := freeAddr(t)
-	args := []string{
-		"--endpoint=unix://" + sock, "--nodeid=" + memNode, "--driver-name=" + memDriver,
-		"--kubelet-root=" + filepath.Join(base, "kubelet"), "--state-dir=" + filepath.Join(base, "state"),
-		"--backends=tmpfs", "--plugin=content=unix://" + pluginSock, "--default-size=" + strconv.FormatInt(size, 10),
-		"--metrics-address=" + metrics, "--v=2", // as deploy/base runs it
-	}
+	args := append(driverArgs(base, sock, metrics),
+		"--plugin=content=unix://"+pluginSock, "--default-size="+strconv.FormatInt(size, 10))
 	if budget != "" {
 		args = append(args, "--content-bytes-in-flight="+budget)
 	}

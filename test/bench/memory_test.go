@@ -102,11 +102,7 @@ func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	base := shortTempDir(t, "ephemera-mem")
 	sock := filepath.Join(base, "csi.sock")
 	metrics := freeAddr(t)
-	args := []string{
-		"--endpoint=unix://" + sock, "--nodeid=" + memNode, "--driver-name=" + memDriver,
-		"--kubelet-root=" + filepath.Join(base, "kubelet"), "--state-dir=" + filepath.Join(base, "state"),
-		"--backends=tmpfs", "--metrics-address=" + metrics, "--v=2", // as deploy/base runs it
-	}
+	args := driverArgs(base, sock, metrics)
 	if withAPI {
 		args = append(args, "--events", "--gc-confirm-with-api", "--kubeconfig="+fakeAPIServer(t, base))
 	}
@@ -149,6 +145,17 @@ func measureMemory(t *testing.T, bin string, withAPI bool, conc int) []reading {
 	phase("all unpublished", func(i int) error { return k.DeletePod(ctx, pods[i]) })
 	stop()
 	return rs
+}
+
+// driverArgs are the flags of a scratch driver process under test: its
+// socket, kubelet root and state in base, the tmpfs backend, metrics on
+// metrics and --v=2, as deploy/base runs it (without the API server).
+func driverArgs(base, sock, metrics string) []string {
+	return []string{
+		"--endpoint=unix://" + sock, "--nodeid=" + memNode, "--driver-name=" + memDriver,
+		"--kubelet-root=" + filepath.Join(base, "kubelet"), "--state-dir=" + filepath.Join(base, "state"),
+		"--backends=tmpfs", "--metrics-address=" + metrics, "--v=2",
+	}
 }
 
 // freeAddr is a free 127.0.0.1 port for --metrics-address.

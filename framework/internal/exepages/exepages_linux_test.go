@@ -30,6 +30,17 @@ func TestRelease(t *testing.T) {
 		// tmpfs pages are memory: without swap the kernel keeps them.
 		t.Skipf("%s is on tmpfs (GOTMPDIR): its pages cannot be paged out", exe)
 	}
+	// A binary just linked may still have dirty pages, which MADV_PAGEOUT
+	// leaves in the page cache: write them back first.
+	if f, err := os.Open(exe); err != nil {
+		t.Fatal(err)
+	} else {
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	res, err := Release()
 	if err != nil {
 		t.Fatalf("Release: %v", err)
