@@ -464,11 +464,7 @@ func (w *regWatch) stop() int {
 func (c *cluster) waitContainerExit(t *testing.T, p *corev1.Pod, d time.Duration) corev1.ContainerStateTerminated {
 	t.Helper()
 	var term corev1.ContainerStateTerminated
-	err := waitFor(context.Background(), d, 200*time.Millisecond, "pod "+p.Name+"'s container exited", func() (bool, error) {
-		cur, err := c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
+	c.waitPod(t, p, d, 200*time.Millisecond, "pod "+p.Name+"'s container exited", func(cur *corev1.Pod) (bool, error) {
 		for _, s := range cur.Status.ContainerStatuses {
 			for _, st := range []*corev1.ContainerStateTerminated{s.State.Terminated, s.LastTerminationState.Terminated} {
 				if st != nil {
@@ -479,9 +475,6 @@ func (c *cluster) waitContainerExit(t *testing.T, p *corev1.Pod, d time.Duration
 		}
 		return false, nil
 	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
-	}
 	return term
 }
 

@@ -95,16 +95,31 @@ func (c *cluster) createPod(t *testing.T, p *corev1.Pod) *corev1.Pod {
 	return out
 }
 
-// waitRunning waits until the pod is Running and returns it.
-func (c *cluster) waitRunning(t *testing.T, p *corev1.Pod, d time.Duration) *corev1.Pod {
+// waitPod reads the pod every interval until cond holds for it (cond's
+// error as waitFor takes it: the reason it does not hold yet, or stop(err)
+// to give up), and returns the pod as last read; after d it fails the test
+// with the pod's events. what names the wait in that failure.
+func (c *cluster) waitPod(t *testing.T, p *corev1.Pod, d, interval time.Duration, what string, cond func(cur *corev1.Pod) (bool, error)) *corev1.Pod {
 	t.Helper()
 	var cur *corev1.Pod
-	err := waitFor(context.Background(), d, 100*time.Millisecond, "pod "+p.Namespace+"/"+p.Name+" Running", func() (bool, error) {
+	err := waitFor(context.Background(), d, interval, what, func() (bool, error) {
 		var err error
 		cur, err = c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
+		return cond(cur)
+	})
+	if err != nil {
+		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
+	}
+	return cur
+}
+
+// waitRunning waits until the pod is Running and returns it.
+func (c *cluster) waitRunning(t *testing.T, p *corev1.Pod, d time.Duration) *corev1.Pod {
+	t.Helper()
+	return c.waitPod(t, p, d, 100*time.Millisecond, "pod "+p.Namespace+"/"+p.Name+" Running", func(cur *corev1.Pod) (bool, error) {
 		switch cur.Status.Phase {
 		case corev1.PodRunning:
 			return true, nil
@@ -113,10 +128,6 @@ func (c *cluster) waitRunning(t *testing.T, p *corev1.Pod, d time.Duration) *cor
 		}
 		return false, fmt.Errorf("phase %s", cur.Status.Phase)
 	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
-	}
-	return cur
 }
 
 // deletePod deletes the pod and, if wait > 0, waits until the object is gone (the

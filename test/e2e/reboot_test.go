@@ -232,11 +232,7 @@ func (c *cluster) powerOn(t *testing.T) {
 // the node (restart count at least 1, state running, pod Running).
 func (c *cluster) waitRestarted(t *testing.T, p *corev1.Pod, d time.Duration) {
 	t.Helper()
-	err := waitFor(context.Background(), d, 250*time.Millisecond, "pod "+p.Name+" running again", func() (bool, error) {
-		cur, err := c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
+	c.waitPod(t, p, d, 250*time.Millisecond, "pod "+p.Name+" running again", func(cur *corev1.Pod) (bool, error) {
 		if cur.UID != p.UID {
 			return false, stop(fmt.Errorf("pod %s was replaced (uid %s, was %s)", p.Name, cur.UID, p.UID))
 		}
@@ -249,7 +245,4 @@ func (c *cluster) waitRestarted(t *testing.T, p *corev1.Pod, d time.Duration) {
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
-	}
 }

@@ -271,11 +271,7 @@ func (c *cluster) ensureRootCA(ctx context.Context, ns string) (bool, error) {
 // waitPodReady waits for the pod's Ready condition.
 func (c *cluster) waitPodReady(t *testing.T, p *corev1.Pod, d time.Duration) {
 	t.Helper()
-	err := waitFor(context.Background(), d, 100*time.Millisecond, "pod "+p.Name+" Ready", func() (bool, error) {
-		cur, err := c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
+	c.waitPod(t, p, d, 100*time.Millisecond, "pod "+p.Name+" Ready", func(cur *corev1.Pod) (bool, error) {
 		for _, cond := range cur.Status.Conditions {
 			if cond.Type == corev1.PodReady {
 				return cond.Status == corev1.ConditionTrue, nil
@@ -283,9 +279,6 @@ func (c *cluster) waitPodReady(t *testing.T, p *corev1.Pod, d time.Duration) {
 		}
 		return false, nil
 	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
-	}
 }
 
 // waitImagePullBackOff waits until the pod's first container waits with reason
@@ -293,11 +286,7 @@ func (c *cluster) waitPodReady(t *testing.T, p *corev1.Pod, d time.Duration) {
 func (c *cluster) waitImagePullBackOff(t *testing.T, p *corev1.Pod, d time.Duration) string {
 	t.Helper()
 	var msg string
-	err := waitFor(context.Background(), d, 200*time.Millisecond, "pod "+p.Name+" in ImagePullBackOff", func() (bool, error) {
-		cur, err := c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
+	c.waitPod(t, p, d, 200*time.Millisecond, "pod "+p.Name+" in ImagePullBackOff", func(cur *corev1.Pod) (bool, error) {
 		for _, s := range cur.Status.ContainerStatuses {
 			if w := s.State.Waiting; w != nil && w.Reason == "ImagePullBackOff" {
 				msg = w.Message
@@ -306,9 +295,6 @@ func (c *cluster) waitImagePullBackOff(t *testing.T, p *corev1.Pod, d time.Durat
 		}
 		return false, nil
 	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
-	}
 	return msg
 }
 
