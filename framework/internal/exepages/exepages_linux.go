@@ -18,10 +18,7 @@ func Release() (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{}
-	for _, m := range maps {
-		res.ResidentBefore += m.rss
-	}
+	res := Result{ResidentBefore: resident(maps)}
 	for _, m := range maps {
 		if m.writable {
 			continue
@@ -47,9 +44,7 @@ func Release() (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	for _, m := range after {
-		res.ResidentAfter += m.rss
-	}
+	res.ResidentAfter = resident(after)
 	return res, nil
 }
 

@@ -2,7 +2,6 @@ package exepages
 
 import (
 	"os"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -54,33 +53,19 @@ func TestRelease(t *testing.T) {
 		t.Errorf("resident pages of %s: %d KiB after Release, %d KiB before: want far fewer", exe, res.ResidentAfter>>10, res.ResidentBefore>>10)
 	}
 
-	data, err := os.ReadFile("/proc/self/smaps")
+	maps, err := readMaps(exe)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ro, rw := 0, 0
-	var inExe, writable bool
-	for line := range strings.SplitSeq(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
-		}
-		if !strings.HasSuffix(fields[0], ":") {
-			inExe = len(fields) >= 6 && mappingPath(line, fields) == exe
-			writable = len(fields) > 1 && strings.Contains(fields[1], "w")
-			continue
-		}
-		if !inExe || fields[0] != "VmFlags:" {
-			continue
-		}
-		random := strings.Contains(line, " rr")
+	for _, m := range maps {
 		switch {
-		case writable && random:
-			t.Errorf("a writable mapping of %s is marked for random reads: %s", exe, line)
-		case writable:
+		case m.writable && m.randomRead:
+			t.Errorf("a writable mapping of %s at %#x is marked for random reads", exe, m.start)
+		case m.writable:
 			rw++
-		case !random:
-			t.Errorf("a read-only mapping of %s is not marked for random reads: %s", exe, line)
+		case !m.randomRead:
+			t.Errorf("a read-only mapping of %s at %#x is not marked for random reads", exe, m.start)
 		default:
 			ro++
 		}

@@ -13,6 +13,7 @@ Rss:                4096 kB
 VmFlags: rd ex mr mw me
 00a00000-00e00000 r--p 00600000 fd:01 1234                               /usr/local/bin/my driver
 Rss:                 512 kB
+VmFlags: rd mr mw me rr
 00e00000-00e40000 rw-p 00a00000 fd:01 1234                               /usr/local/bin/my driver
 Rss:                 128 kB
 00e40000-00e80000 rw-p 00000000 00:00 0 
@@ -28,7 +29,7 @@ Rss:                  16 kB
 	}
 	want := []mapping{
 		{start: 0x400000, end: 0xa00000, rss: 4096 << 10},
-		{start: 0xa00000, end: 0xe00000, rss: 512 << 10},
+		{start: 0xa00000, end: 0xe00000, rss: 512 << 10, randomRead: true},
 		{start: 0xe00000, end: 0xe40000, writable: true, rss: 128 << 10},
 	}
 	if len(got) != len(want) {

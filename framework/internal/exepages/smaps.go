@@ -4,20 +4,33 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// mapping is one file mapping of the executable and its resident bytes.
+// mapping is one file mapping of the executable: its addresses, whether it
+// is writable, its resident bytes and whether it is marked for random reads
+// (VmFlags "rr").
 type mapping struct {
 	start, end uintptr
 	writable   bool
 	rss        uint64
+	randomRead bool
+}
+
+// resident is the sum of the mappings' resident bytes.
+func resident(ms []mapping) uint64 {
+	var n uint64
+	for _, m := range ms {
+		n += m.rss
+	}
+	return n
 }
 
 // parseSmaps returns the mappings of path in the text of an smaps file: each
 // mapping is a header line ("start-end perms offset dev inode path") followed
-// by its details ("Rss:   123 kB", ...).
+// by its details ("Rss:   123 kB", "VmFlags: rd ex rr", ...).
 func parseSmaps(data []byte, path string) ([]mapping, error) {
 	var (
 		out []mapping
@@ -31,6 +44,9 @@ func parseSmaps(data []byte, path string) ([]mapping, error) {
 			continue
 		}
 		if strings.HasSuffix(fields[0], ":") { // a detail of the mapping above
+			if cur >= 0 && fields[0] == "VmFlags:" {
+				out[cur].randomRead = slices.Contains(fields[1:], "rr")
+			}
 			if cur >= 0 && fields[0] == "Rss:" {
 				if len(fields) != 3 || fields[2] != "kB" {
 					return nil, fmt.Errorf("smaps: bad Rss line %q", line)
