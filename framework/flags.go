@@ -53,7 +53,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.GC.OrphanGracePeriod, "orphan-grace-period", gc.OrphanGracePeriod, "How long a volume must look orphaned before the GC removes it.")
 	fs.BoolVar(&o.GC.DryRun, "gc-dry-run", gc.DryRun, "Only log what the orphan GC would remove.")
 	o.Volumes.ContentBytesInFlight = volumes.ContentBytesInFlight
-	fs.Var((*bytesFlag)(&o.Volumes.ContentBytesInFlight), "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
+	fs.Var(bytesFlag{&o.Volumes.ContentBytesInFlight, false}, "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
 	fs.Var((*mountOptionsFlag)(&o.Volumes.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
 	fs.Float64Var(&o.GC.MaxOrphanShare, "gc-max-orphan-share", gc.MaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none when the driver does not ask the API server).")
 	fs.Int64Var(&o.Limits.StatsWalk.MaxEntries, "stats-max-entries", limits.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
@@ -61,40 +61,33 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.Limits.StatsWalk.Timeout, "stats-timeout", limits.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
 	fs.DurationVar(&o.Limits.StatsWalk.CacheTTL, "stats-cache-ttl", limits.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 	o.Limits.MemoryLimit = limits.MemoryLimit
-	fs.Var((*memoryLimitFlag)(&o.Limits.MemoryLimit), "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")
+	fs.Var(bytesFlag{&o.Limits.MemoryLimit, true}, "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")
 	fs.BoolVar(&o.Limits.KeepBinaryPages, "keep-binary-pages", limits.KeepBinaryPages, "Keep resident the pages of the driver's binary that starting up touched, instead of giving them back to the kernel once serving (about 5 MiB of RSS with 1,000 volumes). Linux only.")
 }
 
-// memoryLimitFlag is a quantity of bytes, as 256Mi or 268435456, or 0.
-type memoryLimitFlag int64
+// bytesFlag is a quantity of bytes, as 48Mi or 50331648, into n: positive,
+// or also 0 with zero.
+type bytesFlag struct {
+	n    *int64
+	zero bool
+}
 
-func (m *memoryLimitFlag) String() string {
-	if m == nil || *m == 0 {
+func (b bytesFlag) String() string {
+	if b.n == nil {
 		return "0"
 	}
-	return bytes(int64(*m))
+	return bytes(*b.n)
 }
 
-func (m *memoryLimitFlag) Set(v string) error {
+func (b bytesFlag) Set(v string) error {
 	q, err := resource.ParseQuantity(v)
-	if err != nil || q.Sign() < 0 {
+	switch {
+	case b.zero && (err != nil || q.Sign() < 0):
 		return fmt.Errorf("%q is not a quantity of bytes like 256Mi", v)
-	}
-	*m = memoryLimitFlag(q.Value())
-	return nil
-}
-
-// bytesFlag is a positive quantity of bytes, as 48Mi or 50331648.
-type bytesFlag int64
-
-func (b *bytesFlag) String() string { return bytes(int64(*b)) }
-
-func (b *bytesFlag) Set(v string) error {
-	q, err := resource.ParseQuantity(v)
-	if err != nil || q.Sign() <= 0 {
+	case !b.zero && (err != nil || q.Sign() <= 0):
 		return fmt.Errorf("%q is not a positive quantity of bytes like 48Mi", v)
 	}
-	*b = bytesFlag(q.Value())
+	*b.n = q.Value()
 	return nil
 }
 

@@ -45,6 +45,16 @@ func TestMemoryLimitFlag(t *testing.T) {
 			t.Errorf("--memory-limit=%s: %d, want %d", in, o.Limits.MemoryLimit, want)
 		}
 	}
+	// --content-bytes-in-flight, of the same type, takes no 0.
+	for in, wantErr := range map[string]bool{"48Mi": false, "0": true, "-1": true} {
+		var o Options
+		fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		BindFlags(fs, &o)
+		if err := fs.Parse([]string{"--content-bytes-in-flight=" + in}); (err != nil) != wantErr {
+			t.Errorf("--content-bytes-in-flight=%s: error %v, want an error: %v", in, err, wantErr)
+		}
+	}
 	for _, bad := range []string{"-1", "lots", "256MB!"} {
 		var o Options
 		fs := flag.NewFlagSet("driver", flag.ContinueOnError)

@@ -14,7 +14,7 @@ import (
 
 // runUntilReady runs a driver with limits until it is ready, then stops it.
 // created runs before Run, during while the driver is ready.
-func runUntilReady(t *testing.T, limits LimitOptions, created, during func(d *Driver)) {
+func runUntilReady(t *testing.T, limits LimitOptions, created func(d *Driver), during func()) {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "ephemera-process")
 	if err != nil {
@@ -53,7 +53,7 @@ func runUntilReady(t *testing.T, limits LimitOptions, created, during func(d *Dr
 		t.Fatal("driver not ready after 10s")
 	}
 	if during != nil {
-		during(d)
+		during()
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -128,7 +128,7 @@ func TestRunSetsGoMemoryLimit(t *testing.T) {
 			}
 			t.Cleanup(func() { setMemoryLimit = old })
 			var while int64 = -1
-			runUntilReady(t, LimitOptions{MemoryLimit: tc.limit}, nil, func(*Driver) {
+			runUntilReady(t, LimitOptions{MemoryLimit: tc.limit}, nil, func() {
 				if len(set) > 0 {
 					while = current
 				}
