@@ -7,6 +7,8 @@ package store
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -82,6 +84,26 @@ type Record struct {
 	Rebuilt bool      `json:"rebuilt,omitempty"`
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
+}
+
+// Clone returns a deep copy of r: nothing of it is shared with r (a nil map,
+// slice or pointer stays nil). Stores hand out and keep clones, so that a
+// caller's later changes to a record never reach what the store holds.
+func (r *Record) Clone() *Record {
+	c := *r
+	c.Params = maps.Clone(r.Params)
+	c.State = maps.Clone(r.State)
+	if r.FSGroup != nil {
+		g := *r.FSGroup
+		c.FSGroup = &g
+	}
+	if r.Source != nil {
+		src := *r.Source
+		src.Options = slices.Clone(r.Source.Options)
+		src.MountOptions = slices.Clone(r.Source.MountOptions)
+		c.Source = &src
+	}
+	return &c
 }
 
 // Identifier is implemented by stores with an identity: a random ID created

@@ -57,7 +57,7 @@ func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {
 	if !ok {
 		return nil, fmt.Errorf("memstore: get: %w: %q", store.ErrNotFound, id)
 	}
-	return clone(r), nil
+	return r.Clone(), nil
 }
 
 // Put implements [store.Store]. It stores a copy of r after setting r.Version.
@@ -77,7 +77,7 @@ func (s *Store) Put(ctx context.Context, r *store.Record) error {
 		return errClosed
 	}
 	r.Version = store.RecordVersion
-	s.records[r.VolumeID] = clone(r)
+	s.records[r.VolumeID] = r.Clone()
 	return nil
 }
 
@@ -108,7 +108,7 @@ func (s *Store) List(ctx context.Context) ([]*store.Record, error) {
 	ids := slices.Sorted(maps.Keys(s.records))
 	out := make([]*store.Record, 0, len(ids))
 	for _, id := range ids {
-		out = append(out, clone(s.records[id]))
+		out = append(out, s.records[id].Clone())
 	}
 	return out, nil
 }
@@ -120,22 +120,4 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.records = nil
 	return nil
-}
-
-// clone deep-copies r: maps, the FSGroup pointer, and Source with its Options.
-// nil stays nil and empty stays empty.
-func clone(r *store.Record) *store.Record {
-	c := *r
-	c.Params = maps.Clone(r.Params)
-	c.State = maps.Clone(r.State)
-	if r.FSGroup != nil {
-		g := *r.FSGroup
-		c.FSGroup = &g
-	}
-	if r.Source != nil {
-		src := *r.Source
-		src.Options = slices.Clone(r.Source.Options)
-		c.Source = &src
-	}
-	return &c
 }

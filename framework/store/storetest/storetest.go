@@ -392,9 +392,10 @@ func FullRecord(id string) *store.Record {
 		ReadOnly: true,
 		FSGroup:  &fsGroup,
 		Source: &api.Source{
-			Path:    "tmpfs",
-			FSType:  "tmpfs",
-			Options: []string{"size=67108864", "mode=0755"},
+			Path:         "tmpfs",
+			FSType:       "tmpfs",
+			Options:      []string{"size=67108864", "mode=0755"},
+			MountOptions: []string{"noatime"},
 		},
 		State:   map[string]string{"device": "/dev/loop3"},
 		Phase:   store.PhasePublishing,
@@ -480,6 +481,9 @@ func cloneRecord(r *store.Record) *store.Record {
 		if r.Source.Options != nil {
 			src.Options = append([]string{}, r.Source.Options...)
 		}
+		if r.Source.MountOptions != nil {
+			src.MountOptions = append([]string{}, r.Source.MountOptions...)
+		}
 		c.Source = &src
 	}
 	return &c
@@ -492,6 +496,7 @@ func mutate(r *store.Record) {
 	r.State["device"] = "/dev/loop9"
 	*r.FSGroup = 42
 	r.Source.Options[0] = "size=1"
+	r.Source.MountOptions[0] = "strictatime"
 	r.Source.Path = "/mutated"
 	r.Phase = store.PhaseUnpublishing
 	r.Pod.Name = "mutated"
