@@ -97,36 +97,43 @@ type Store struct {
 	records     records     // what Get reads
 }
 
-// records holds every record of the file, decoded, in step with it: Open
-// fills it with the records it decoded anyway, and each Put and Delete
-// changes it once its commit succeeded, in the order of the commits (only
-// one leader commits at a time, and it applies its batch before it hands
-// over). Get is then a map lookup and a copy instead of a read transaction
-// and a JSON decode, which were a quarter of the store's share of a
-// publish and unpublish (docs/design.md, "Durability"). It costs about 1 KiB
-// of memory per volume. List still reads the file, so that damage that
-// appears while the store is open is still found there.
+// records holds up to cachedRecords records of the file, decoded, in step
+// with it: Open fills it with records it decoded anyway, and each Put and
+// Delete changes it once its commit succeeded, in the order of the commits
+// (only one leader commits at a time, and it applies its batch before it
+// hands over). A Get of a record it holds is a map lookup and a copy instead
+// of a read transaction and a JSON decode, which were a third of the
+// store's share of a publish and unpublish (docs/design.md, "Durability");
+// any other Get reads the file. List always reads the file, so that damage
+// that appears while the store is open is still found there.
 type records struct {
 	mu sync.RWMutex
 	m  map[string]*store.Record // nil once the store is closed
 }
 
-// get returns a copy of record id; ok is false when the store is closed.
-func (r *records) get(id string) (rec *store.Record, found, ok bool) {
+// cachedRecords bounds records: every volume of a node that runs 110 pods
+// with two inline volumes each, and about 300 KiB of heap (600 KiB of RSS at
+// Go's default GOGC) however many volumes there are (issue 11's RSS bounds).
+const cachedRecords = 256
+
+// get returns a copy of record id if it holds it; ok is false when the store
+// is closed.
+func (r *records) get(id string) (rec *store.Record, held, ok bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if r.m == nil {
 		return nil, false, false
 	}
-	rec, found = r.m[id]
-	if found {
+	rec, held = r.m[id]
+	if held {
 		rec = rec.Clone()
 	}
-	return rec, found, true
+	return rec, held, true
 }
 
 // set records what a committed write left for id: rec, or nothing when rec
-// is nil.
+// is nil. When full it drops another record (whichever the map's iteration
+// yields first), which Get then reads from the file.
 func (r *records) set(id string, rec *store.Record) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -135,6 +142,12 @@ func (r *records) set(id string, rec *store.Record) {
 	case rec == nil:
 		delete(r.m, id)
 	default:
+		if _, held := r.m[id]; !held && len(r.m) >= cachedRecords {
+			for other := range r.m {
+				delete(r.m, other)
+				break
+			}
+		}
 		r.m[id] = rec
 	}
 }
@@ -318,7 +331,7 @@ type loaded struct {
 	id          string
 	writer      string // the "writer" recorded in the file, "" for none
 	quarantined []string
-	records     map[string]*store.Record // every record that decoded
+	records     map[string]*store.Record // up to cachedRecords of the records that decoded
 }
 
 // badRecord is a record that does not decode.
@@ -362,7 +375,7 @@ func load(db *bolt.DB, writer string) (loaded, error) {
 				return err
 			case err != nil:
 				bad = append(bad, badRecord{id: string(k), raw: bytes.Clone(v)})
-			default:
+			case len(got.records) < cachedRecords:
 				got.records[r.VolumeID] = r
 			}
 			return nil
@@ -546,12 +559,23 @@ func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r, found, ok := s.records.get(id)
-	switch {
-	case !ok:
+	if r, held, ok := s.records.get(id); !ok {
 		return nil, fmt.Errorf("boltstore: get: %w", bolt.ErrDatabaseNotOpen)
-	case !found:
-		return nil, fmt.Errorf("boltstore: get: %w: %q", store.ErrNotFound, id)
+	} else if held {
+		return r, nil
+	}
+	var r *store.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bucketVolumes).Get([]byte(id))
+		if raw == nil {
+			return fmt.Errorf("%w: %q", store.ErrNotFound, id)
+		}
+		var err error
+		r, err = decode(id, raw)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: get: %w", err)
 	}
 	return r, nil
 }
@@ -605,29 +629,16 @@ const RelaxedSyncInterval = time.Second
 // later, takes them to the disk.
 //
 // rec is what the write leaves for id (nil: nothing), for s.records once it
-// is committed. After a failed write the record is read back from the file:
-// a commit that failed after its meta page was written is in the file all
-// the same.
+// is committed. A failed write drops the record from s.records, and Get reads
+// it from the file: a commit that failed after its meta page was written is
+// in the file all the same.
 func (s *Store) write(durable bool, id string, rec *store.Record, fn func(*bolt.Tx) error) error {
 	return s.group.write(s.db, &groupWrite{fn: fn, durable: durable, settle: func(err error) {
 		if err != nil {
-			rec = s.reread(id)
+			rec = nil
 		}
 		s.records.set(id, rec)
 	}})
-}
-
-// reread reads record id from the file, nil when it is not there or does not
-// decode (List reports that).
-func (s *Store) reread(id string) *store.Record {
-	var r *store.Record
-	_ = s.db.View(func(tx *bolt.Tx) error {
-		if raw := tx.Bucket(bucketVolumes).Get([]byte(id)); raw != nil {
-			r, _ = decode(id, raw)
-		}
-		return nil
-	})
-	return r
 }
 
 // groupCommit queues writes for one leader at a time.

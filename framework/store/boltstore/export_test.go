@@ -13,3 +13,6 @@ func (s *Store) Unsynced() bool {
 	defer s.group.mu.Unlock()
 	return s.group.unsynced || s.group.syncing > 0
 }
+
+// CachedRecords is how many decoded records Get answers from memory.
+const CachedRecords = cachedRecords

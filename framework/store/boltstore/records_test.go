@@ -2,18 +2,21 @@ package boltstore_test
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/ephemera-csi/ephemera/framework/store"
+	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 	"github.com/ephemera-csi/ephemera/framework/store/storetest"
 )
 
-// Get reads the records Open loaded and the writes since, not the file: a
-// lookup and a copy. A read transaction and a JSON decode of a full record
-// allocate several times as much.
+// Get reads the records Open loaded and the writes since (up to
+// CachedRecords of them), not the file: a lookup and a copy. A read
+// transaction and a JSON decode of a full record allocate several times as
+// much.
 func TestGetReadsNoTransaction(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	s := open(t, path)
@@ -106,4 +109,51 @@ func TestGetFollowsCommitOrder(t *testing.T) {
 			t.Fatalf("round %d: the file has size %d, Get %d", round, list[0].Size, got.Size)
 		}
 	}
+}
+
+// Beyond CachedRecords records, Get reads the ones it does not hold from the
+// file, after Open and after writes alike, and reads each as last written.
+func TestGetBeyondTheCachedRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s := open(t, path)
+	ctx := t.Context()
+	n := boltstore.CachedRecords + 60
+	id := func(i int) string { return fmt.Sprintf("vol-%04d", i) }
+	for i := range n {
+		r := storetest.FullRecord(id(i))
+		r.Size = int64(i)
+		if err := s.PutRelaxed(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, deleted map[int]bool) {
+		t.Helper()
+		for i := range n {
+			got, err := s.Get(ctx, id(i))
+			switch {
+			case deleted[i] && !errors.Is(err, store.ErrNotFound):
+				t.Fatalf("%s: Get(%s) of a deleted record = %v, %v", when, id(i), got, err)
+			case deleted[i]:
+			case err != nil:
+				t.Fatalf("%s: Get(%s): %v", when, id(i), err)
+			case got.Size != int64(i):
+				t.Fatalf("%s: Get(%s).Size = %d, want %d", when, id(i), got.Size, i)
+			}
+		}
+	}
+	check("after the writes", nil)
+	deleted := map[int]bool{}
+	for i := 0; i < n; i += 7 {
+		if err := s.Delete(ctx, id(i)); err != nil {
+			t.Fatal(err)
+		}
+		deleted[i] = true
+	}
+	check("after deletes", deleted)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path)
+	defer s.Close()
+	check("after a reopen", deleted)
 }
