@@ -560,7 +560,7 @@ func (s *Store) Get(ctx context.Context, id string) (*store.Record, error) {
 		return nil, err
 	}
 	if r, held, ok := s.records.get(id); !ok {
-		return nil, fmt.Errorf("boltstore: get: %w", bolt.ErrDatabaseNotOpen)
+		return nil, fmt.Errorf("boltstore: get: %w", berrors.ErrDatabaseNotOpen)
 	} else if held {
 		return r, nil
 	}
