@@ -159,11 +159,45 @@ func TestDaemonSet(t *testing.T) {
 		}
 		ds := r.driverDaemonSet(t)
 		if r.windows() {
-			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds) })
+			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds); checkMemoryLimit(t, ds) })
 			continue
 		}
-		t.Run(r.Name, func(t *testing.T) { checkDaemonSet(t, r, ds) })
+		t.Run(r.Name, func(t *testing.T) { checkDaemonSet(t, r, ds); checkMemoryLimit(t, ds) })
 	}
+}
+
+// checkMemoryLimit: every node DaemonSet, Linux or Windows, has a memory limit
+// on its driver container and passes it to the driver (--memory-limit from
+// limits.memory through the downward API), which keeps Go's heap under three
+// quarters of it.
+func checkMemoryLimit(t *testing.T, ds Object) {
+	containers, _ := ds.Get("spec", "template", "spec", "containers").([]any)
+	for _, c := range containers {
+		driver := Object(c.(map[string]any))
+		if driver.Name2() != "driver" {
+			continue
+		}
+		if driver.Get("resources", "limits", "memory") == nil {
+			t.Errorf("driver: no memory limit: %v", driver.Get("resources"))
+		}
+		if args := fmt.Sprint(driver.Get("args")); !strings.Contains(args, "--memory-limit=$(MEMORY_LIMIT)") {
+			t.Errorf("driver args lack --memory-limit=$(MEMORY_LIMIT): %s", args)
+		}
+		envs, _ := driver.Get("env").([]any)
+		found := false
+		for _, e := range envs {
+			eo := Object(e.(map[string]any))
+			if eo.Name2() == "MEMORY_LIMIT" {
+				found = eo.Get("valueFrom", "resourceFieldRef", "containerName") == "driver" &&
+					eo.Get("valueFrom", "resourceFieldRef", "resource") == "limits.memory"
+			}
+		}
+		if !found {
+			t.Errorf("driver env lacks MEMORY_LIMIT from the driver container's limits.memory: %v", envs)
+		}
+		return
+	}
+	t.Errorf("no driver container")
 }
 
 // checkRollout: every node DaemonSet, Linux or Windows.
