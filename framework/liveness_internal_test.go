@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,22 +60,11 @@ func TestHealthzProbesThroughTheSocket(t *testing.T) {
 	livenessTimeout = 300 * time.Millisecond
 	t.Cleanup(func() { livenessTimeout = old })
 
-	sockDir, err := os.MkdirTemp("", "ephemera-live")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	root := t.TempDir()
 	st := &wedgingStore{Store: memstore.New(), release: make(chan struct{})}
 	d, err := New(Options{
-		DriverName: "live.csi.ephemera.dev",
-		Backends:   map[string]Backend{"b": BackendFuncs{}},
-		Node: NodeOptions{
-			ID:             "n",
-			Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
-			KubeletRootDir: filepath.Join(root, "kubelet"),
-			StateDir:       filepath.Join(root, "state"),
-		},
+		DriverName:    "live.csi.ephemera.dev",
+		Backends:      map[string]Backend{"b": BackendFuncs{}},
+		Node:          runNode(t, "ephemera-live"),
 		Volumes:       VolumeOptions{Mounter: mount.NewFake()},
 		State:         StateOptions{Store: st},
 		Observability: ObservabilityOptions{MetricsAddress: "127.0.0.1:0"},

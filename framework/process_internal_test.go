@@ -12,27 +12,36 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
 
-// runUntilReady runs a driver with limits until it is ready, then stops it.
-// created runs before Run, during while the driver is ready.
-func runUntilReady(t *testing.T, limits LimitOptions, created func(d *Driver), during func()) {
+// runNode is the NodeOptions of a driver a test runs: its socket in a
+// directory of its own in the system's temporary directory (a path below
+// t.TempDir can be too long for a UNIX socket), removed at cleanup, and its
+// kubelet root and state below t.TempDir.
+func runNode(t *testing.T, sockPrefix string) NodeOptions {
 	t.Helper()
-	sockDir, err := os.MkdirTemp("", "ephemera-process")
+	sockDir, err := os.MkdirTemp("", sockPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	root := t.TempDir()
+	return NodeOptions{
+		ID:             "n",
+		Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
+		KubeletRootDir: filepath.Join(root, "kubelet"),
+		StateDir:       filepath.Join(root, "state"),
+	}
+}
+
+// runUntilReady runs a driver with limits until it is ready, then stops it.
+// created runs before Run, during while the driver is ready.
+func runUntilReady(t *testing.T, limits LimitOptions, created func(d *Driver), during func()) {
+	t.Helper()
 	d, err := New(Options{
 		DriverName: "process.csi.ephemera.dev",
 		Backends:   map[string]Backend{"b": BackendFuncs{}},
-		Node: NodeOptions{
-			ID:             "n",
-			Endpoint:       "unix://" + filepath.Join(sockDir, "csi.sock"),
-			KubeletRootDir: filepath.Join(root, "kubelet"),
-			StateDir:       filepath.Join(root, "state"),
-		},
-		Limits: limits,
-		State:  StateOptions{Store: memstore.New()},
+		Node:       runNode(t, "ephemera-process"),
+		Limits:     limits,
+		State:      StateOptions{Store: memstore.New()},
 	})
 	if err != nil {
 		t.Fatal(err)
