@@ -701,7 +701,7 @@ func (m *linuxMounter) mountedBelow(pfd int, name, shown string) (bool, error) {
 	switch {
 	case errors.Is(err, ErrSymlink):
 		return false, fmt.Errorf("%q: %w", shown, err)
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ENOTDIR):
+	case errors.Is(err, fs.ErrNotExist): // ENOTDIR too
 		return false, nil
 	case known:
 		return mounted, nil
