@@ -169,8 +169,6 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// waitReady waits until the driver's /readyz says ok (its startup reconcile
-// is done and it serves).
 // startDriverProcess runs the driver binary bin with args, its output in
 // base/driver.log, killed with the test process (Pdeathsig). stop ends it
 // (SIGTERM, SIGKILL after 30 s) and is also registered as a cleanup; started,
@@ -224,6 +222,8 @@ func startDriverProcess(t *testing.T, bin string, args []string, base string, st
 	return cmd.Process.Pid, stop
 }
 
+// waitReady waits until the driver's /readyz says ok (its startup reconcile
+// is done and it serves).
 func waitReady(t *testing.T, addr, base string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)

@@ -206,17 +206,12 @@ func (p *procDriver) cycles(ctx context.Context, n, conc int) (time.Duration, []
 	return wall, pub, unpub, err
 }
 
-// scratchArgs is the scratch driver's command line below base: as deploy/base
-// runs it (--v=2, the tmpfs flags and budget), without the API server
-// (--events, --gc-confirm-with-api) and the loop backend, plus
-// the flags in the environment variable extra (space-separated).
+// scratchArgs is the scratch driver's command line below base: driverArgs
+// (as deploy/base runs it, without the API server) with the tmpfs flags and
+// budget, plus the flags in the environment variable extra (space-separated).
 func scratchArgs(base, metrics, extra string) []string {
-	args := []string{
-		"--driver-name=" + memDriver, "--endpoint=unix://" + filepath.Join(base, "csi.sock"), "--nodeid=" + memNode,
-		"--kubelet-root=" + filepath.Join(base, "kubelet"), "--state-dir=" + filepath.Join(base, "state"),
-		"--backends=tmpfs", "--default-size=64Mi", "--max-volume-size=4Gi", "--tmpfs-max-inodes=1048576",
-		"--capacity=tmpfs=2Gi", "--metrics-address=" + metrics, "--v=2",
-	}
+	args := append(driverArgs(base, filepath.Join(base, "csi.sock"), metrics),
+		"--default-size=64Mi", "--max-volume-size=4Gi", "--tmpfs-max-inodes=1048576", "--capacity=tmpfs=2Gi")
 	return append(args, strings.Fields(os.Getenv(extra))...)
 }
 
