@@ -23,6 +23,7 @@ import (
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
 //	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
+//	--max-in-flight --operation-timeout --content-timeout --memory-limit --keep-binary-pages
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.Node.ID == "" {
 		o.Node.ID = os.Getenv("NODE_NAME")
@@ -61,6 +62,9 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.Limits.StatsWalk.Timeout, "stats-timeout", limits.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
 	fs.DurationVar(&o.Limits.StatsWalk.CacheTTL, "stats-cache-ttl", limits.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 	o.Limits.MemoryLimit = limits.MemoryLimit
+	fs.IntVar(&o.Limits.MaxInFlight, "max-in-flight", limits.MaxInFlight, "Volume publishes in flight on this node at most, across all backends; past it a publish gets ResourceExhausted and the kubelet retries.")
+	fs.DurationVar(&o.Limits.OperationTimeout, "operation-timeout", limits.OperationTimeout, "Wall time of one publish or unpublish at most (well under the kubelet's 2m deadline, so that a rollback still has time).")
+	fs.DurationVar(&o.Volumes.ContentTimeout, "content-timeout", volumes.ContentTimeout, "Wall time of one call for a volume's content at most, waiting for the content budget included.")
 	fs.Var(bytesFlag{&o.Limits.MemoryLimit, true}, "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")
 	fs.BoolVar(&o.Limits.KeepBinaryPages, "keep-binary-pages", limits.KeepBinaryPages, "Keep resident the pages of the driver's binary that starting up touched, instead of giving them back to the kernel once serving (about 5 MiB of RSS with 1,000 volumes). Linux only.")
 }

@@ -26,10 +26,10 @@ func TestFlags(t *testing.T) {
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
-		"backend", "backends", "capacity", "content-bytes-in-flight", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
+		"backend", "backends", "capacity", "content-bytes-in-flight", "content-timeout", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "keep-binary-pages", "kubeconfig", "kubelet-root", "log-format",
-		"loop-default-size", "loop-fstype", "loop-preallocate", "max-volume-size", "max-volumes-per-node",
-		"memory-limit", "metrics-address", "mount-options", "nodeid", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
+		"loop-default-size", "loop-fstype", "loop-preallocate", "max-in-flight", "max-volume-size", "max-volumes-per-node",
+		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-timeout",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint", "windows-mode",
 	}
