@@ -8,33 +8,48 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/content"
 )
 
-// The content budget: a reservation waits while the budget is taken, until
-// its context ends (deadline: ResourceExhausted naming the flag and the
-// numbers; cancelled: the caller is gone, Canceled); a release frees it once,
-// however often it is called; a bound beyond the budget waits for the whole
-// budget, never for more than exists.
+// The content budget: a reservation waits while its provider's share is
+// taken, until its context ends (deadline: ResourceExhausted naming the flag
+// and the numbers; cancelled: the caller is gone, Canceled); a release frees
+// it once, however often it is called; one provider holding all it may
+// leaves another its reserve.
 func TestBudget(t *testing.T) {
-	b := newBudget(10)
-	r1, err := b.reserve(t.Context(), 6)
+	o := Options{Volumes: VolumeOptions{ContentBytesInFlight: 30, RefreshConcurrency: 1}, Limits: LimitOptions{MaxInFlight: 2, MaxInFlightPerBackend: 1},
+		Backends: map[string]Backend{"hung": boundedProvider{10}, "ok": boundedProvider{10}}}
+	l, err := newLanes(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := l.content
+	// hung may hold max(10, 30/2) = 15: its reserve of 10 and 5 borrowed.
+	r1, err := b.reserve(t.Context(), "hung", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	_, err = b.reserve(ctx, 6)
-	if codeOf(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget of 10 (--content-bytes-in-flight, 6 of it in use); this volume's content provider needs 6") {
-		t.Fatalf("reserve beyond the budget: %v (%s), want ResourceExhausted with the numbers", err, codeOf(err))
+	_, err = b.reserve(ctx, "hung", 10)
+	if codeOf(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget of 30 (--content-bytes-in-flight, 10 of it in use, 10 by this provider); its volume needs 10") {
+		t.Fatalf("reserve beyond the share: %v (%s), want ResourceExhausted with the numbers", err, codeOf(err))
 	}
 	cctx, ccancel := context.WithCancel(t.Context())
 	ccancel()
-	if _, err := b.reserve(cctx, 6); !errors.Is(err, context.Canceled) {
+	if _, err := b.reserve(cctx, "hung", 6); !errors.Is(err, context.Canceled) {
 		t.Fatalf("reserve for a caller that went away: %v, want Canceled", err)
+	}
+	// ok is not held up by hung: its reserve, then what is shared.
+	r2, err := b.reserve(t.Context(), "ok", 10)
+	if err != nil {
+		t.Fatalf("the other provider, while the first holds its share: %v", err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		r, err := b.reserve(t.Context(), 100) // the whole budget
+		r, err := b.reserve(t.Context(), "hung", 15) // all its share
 		if err == nil {
 			r()
 		}
@@ -43,14 +58,21 @@ func TestBudget(t *testing.T) {
 	r1()
 	r1() // a second release frees nothing more
 	if err := <-got; err != nil {
-		t.Fatalf("reserve of the whole budget once free: %v", err)
+		t.Fatalf("reserve of the whole share once free: %v", err)
 	}
-	r2, err := b.reserve(t.Context(), 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := b.inUse.Load(); n != 10 {
+	if n := b.inUse(); n != 10 {
 		t.Errorf("%d in use, want 10: a double release freed twice", n)
 	}
 	r2()
 }
+
+type boundedProvider struct{ max int64 }
+
+func (boundedProvider) Create(context.Context, *api.Volume) (api.Source, error) {
+	return api.Source{}, nil
+}
+func (boundedProvider) Delete(context.Context, *api.Volume) error { return nil }
+func (boundedProvider) Content(context.Context, *api.Volume) (map[string]api.File, error) {
+	return nil, nil
+}
+func (b boundedProvider) ContentLimits() content.Limits { return content.Limits{MaxBytes: b.max} }

@@ -39,16 +39,18 @@ import (
 // computes the size) and counted as 0 by reset and release.
 type capacity struct {
 	maxVolumes int64
+	maxPerPod  int64            // volumes of one pod; <= 0: no cap
 	budgets    map[string]int64 // backend → bytes; absent: unlimited
 
 	mu      sync.Mutex
 	volumes int64
 	count   map[string]int64    // backend → volumes
 	used    map[string]*byteSum // backend → bytes
+	pods    map[string]int64    // pod UID → volumes
 }
 
-func newCapacity(maxVolumes int64, budgets map[string]int64) *capacity {
-	return &capacity{maxVolumes: maxVolumes, budgets: budgets, count: map[string]int64{}, used: map[string]*byteSum{}}
+func newCapacity(maxVolumes int64, maxPerPod int, budgets map[string]int64) *capacity {
+	return &capacity{maxVolumes: maxVolumes, maxPerPod: int64(maxPerPod), budgets: budgets, count: map[string]int64{}, used: map[string]*byteSum{}, pods: map[string]int64{}}
 }
 
 // reset recomputes usage from the records. A record with a negative size
@@ -59,8 +61,10 @@ func (c *capacity) reset(recs []*store.Record) {
 	c.volumes = int64(len(recs))
 	c.count = map[string]int64{}
 	c.used = map[string]*byteSum{}
+	c.pods = map[string]int64{}
 	for _, r := range recs {
 		c.count[r.Backend]++
+		c.pods[r.Pod.UID]++
 		c.bytesOf(r.Backend).add(r.Size)
 	}
 }
@@ -79,8 +83,9 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 // ResourceExhausted saying which limit is reached, with the numbers. A volume
 // larger than the backend's whole budget is ResourceExhausted too (as
 // Options.Limits.Capacity documents), with a message saying that it never fits. A
-// negative size is InvalidArgument.
-func (c *capacity) reserve(driver, backend string, size int64) error {
+// negative size is InvalidArgument, and so is a volume past the pod's cap
+// (MaxVolumesPerPod): the pod never fits.
+func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	if size < 0 {
 		return invalidArgf("volume size %d bytes is negative", size)
 	}
@@ -88,6 +93,10 @@ func (c *capacity) reserve(driver, backend string, size int64) error {
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
 		return kindf(api.ErrResourceExhausted, "node already has %d volumes of %s, its maximum (MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)
+	}
+	if c.maxPerPod > 0 && c.pods[pod] >= c.maxPerPod {
+		return invalidArgf("the pod already has %d volumes of %s on this node, the most one pod may have (--max-volumes-per-pod %d); retrying does not help: give the pod fewer volumes of this driver",
+			c.pods[pod], driver, c.maxPerPod)
 	}
 	if budget, ok := c.budgets[backend]; ok {
 		if size > budget {
@@ -105,15 +114,22 @@ func (c *capacity) reserve(driver, backend string, size int64) error {
 	}
 	c.volumes++
 	c.count[backend]++
+	c.pods[pod]++
 	c.bytesOf(backend).add(size)
 	return nil
 }
 
 // release returns what reserve took. Nothing goes below zero, so a release
 // without its reserve (a bug) cannot turn into credit for later volumes.
-func (c *capacity) release(backend string, size int64) {
+func (c *capacity) release(backend, pod string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	switch n := c.pods[pod]; {
+	case n > 1:
+		c.pods[pod] = n - 1
+	case n == 1:
+		delete(c.pods, pod)
+	}
 	if c.volumes > 0 {
 		c.volumes--
 	}
@@ -212,11 +228,12 @@ func validateCapacity(budgets map[string]int64, backends map[string]Backend) err
 
 // adopt accounts a volume that exists whatever the budget says (adopted, not
 // admitted): it never fails.
-func (c *capacity) adopt(backend string, size int64) {
+func (c *capacity) adopt(backend, pod string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes++
 	c.count[backend]++
+	c.pods[pod]++
 	c.bytesOf(backend).add(size)
 }
 
@@ -233,8 +250,8 @@ func (c *capacity) resize(backend string, from, to int64) {
 // completed record says.
 func (c *capacity) complete(rebuilt, full *store.Record) {
 	if rebuilt.Backend == "" {
-		c.adopt(full.Backend, full.Size)
-		c.releaseUnknown()
+		c.adopt(full.Backend, full.Pod.UID, full.Size)
+		c.releaseUnknown(rebuilt.Pod.UID)
 		return
 	}
 	c.resize(full.Backend, rebuilt.Size, full.Size)
@@ -242,10 +259,15 @@ func (c *capacity) complete(rebuilt, full *store.Record) {
 
 // releaseUnknown drops a volume accounted under no backend (a rebuilt record
 // whose backend was unknown until its publish named it).
-func (c *capacity) releaseUnknown() {
+func (c *capacity) releaseUnknown(pod string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes = max(c.volumes-1, 0)
+	if n := c.pods[pod]; n > 1 {
+		c.pods[pod] = n - 1
+	} else {
+		delete(c.pods, pod)
+	}
 	c.count[""] = max(c.count[""]-1, 0)
 	if c.count[""] == 0 {
 		delete(c.count, "")

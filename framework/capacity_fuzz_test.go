@@ -188,7 +188,7 @@ func FuzzCapacity(f *testing.F) {
 			"a": fuzzBudgets[config>>4&3],
 			"b": fuzzBudgets[config>>6&3],
 		}
-		c := newCapacity(maxVolumes, budgets)
+		c := newCapacity(maxVolumes, 0, budgets)
 		m := newCapacityModel(maxVolumes, budgets)
 
 		// Long sequences add little and the model is quadratic: stop after
@@ -201,7 +201,7 @@ func FuzzCapacity(f *testing.F) {
 				backend, size := r.backend(), r.size()
 				desc = fmt.Sprintf("reserve(%s, %d)", backend, size)
 				want, code := m.admits(backend, size)
-				err := c.reserve("fuzz", backend, size)
+				err := c.reserve("fuzz", backend, "pod", size)
 				if got := err == nil; got != want {
 					t.Fatalf("step %d %s: err %v, model admits %v (model %+v)", step, desc, err, want, m.vols)
 				}
@@ -226,7 +226,7 @@ func FuzzCapacity(f *testing.F) {
 				}
 				v := m.remove(int(r.byte()) % len(m.vols))
 				desc = fmt.Sprintf("release(%s, %d)", v.backend, v.size)
-				c.release(v.backend, v.size)
+				c.release(v.backend, "pod", v.size)
 			case opReset:
 				n := int(r.byte()) % 8
 				var recs []*store.Record
@@ -250,7 +250,7 @@ func FuzzCapacity(f *testing.F) {
 				// A release without its reserve (never done by the driver) must not
 				// turn into credit: everything stays at zero.
 				desc = fmt.Sprintf("stray release(%s, %d)", backend, size)
-				c.release(backend, size)
+				c.release(backend, "pod", size)
 			}
 
 			n, used := c.snapshot()

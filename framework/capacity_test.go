@@ -82,3 +82,40 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 		t.Errorf("ephemera_volume_bytes = %v with the budget full, want %d", v, budget)
 	}
 }
+
+// A pod may have at most MaxVolumesPerPod volumes of the driver on the node:
+// the next is refused with InvalidArgument naming the flag, another pod is
+// not affected, and a volume the pod gives back makes room again, also after
+// a restart (the count is rebuilt from the records).
+func TestMaxVolumesPerPod(t *testing.T) {
+	h, _, _ := fakeHarness(t, func(o *framework.Options) { o.Limits.MaxVolumesPerPod = 3 })
+	ctx := t.Context()
+	pod, other := h.Kubelet.NewPod("ns", "p"), h.Kubelet.NewPod("ns", "q")
+	vol := func(name string) drivertest.InlineVolume {
+		return drivertest.InlineVolume{Name: name, Attributes: map[string]string{"size": "1Mi"}}
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if err := h.Kubelet.Publish(ctx, pod, vol(name)); err != nil {
+			t.Fatalf("volume %s: %v", name, err)
+		}
+	}
+	check := func(step string) {
+		t.Helper()
+		err := h.Kubelet.Publish(ctx, pod, vol("d"))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-volumes-per-pod 3") {
+			t.Fatalf("%s: a fourth volume of the pod: %v, want InvalidArgument naming --max-volumes-per-pod", step, err)
+		}
+	}
+	check("first")
+	if err := h.Kubelet.Publish(ctx, other, vol("a")); err != nil {
+		t.Fatalf("another pod's volume: %v", err)
+	}
+	h.RestartDriver()
+	check("after a restart")
+	if err := h.Kubelet.Unpublish(ctx, pod, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Kubelet.Publish(ctx, pod, vol("d")); err != nil {
+		t.Fatalf("a volume once another is gone: %v", err)
+	}
+}

@@ -28,16 +28,13 @@ type Driver struct {
 	mounter mount.Interface
 	store   store.Store
 
-	locks     volumeLocks
-	inflight  chan struct{}
+	lanes     *lanes // the volume locks and the bulkheads (lanes.go)
 	capacity  *capacity
 	refresher *refresher
-	// contentBudget is Options.Volumes.ContentBytesInFlight.
-	contentBudget *budget
-	orphans       orphans
-	stats         *statsCache // walks of directory volumes (statswalk.go)
-	ready         atomic.Bool
-	running       atomic.Bool
+	orphans   orphans
+	stats     *statsCache // walks of directory volumes (statswalk.go)
+	ready     atomic.Bool
+	running   atomic.Bool
 
 	capabilities *csi.NodeGetCapabilitiesResponse
 	nodeInfo     *csi.NodeGetInfoResponse
@@ -58,8 +55,7 @@ func New(opts Options) (*Driver, error) {
 		opts:     opts,
 		mounter:  opts.Volumes.Mounter,
 		store:    opts.State.Store,
-		inflight: make(chan struct{}, opts.Limits.MaxInFlight),
-		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.Capacity),
+		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity),
 		capabilities: &csi.NodeGetCapabilitiesResponse{
 			Capabilities: nodeCapabilities(),
 		},
@@ -82,8 +78,12 @@ func New(opts Options) (*Driver, error) {
 	if d.mounter == nil {
 		d.mounter = mount.New()
 	}
-	d.refresher = newRefresher(d, opts.Volumes.RefreshConcurrency)
-	d.contentBudget = newBudget(opts.Volumes.ContentBytesInFlight)
+	d.refresher = newRefresher(d)
+	lanes, err := newLanes(&opts)
+	if err != nil {
+		return nil, fmt.Errorf("invalid driver options: %w", err)
+	}
+	d.lanes = lanes
 	d.stats = newStatsCache(opts.Limits.StatsWalk)
 	d.initObservability()
 	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed

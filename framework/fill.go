@@ -67,12 +67,11 @@ func (d *Driver) applyFSGroup(target string, gid int) error {
 // volume's lock. On any error the previous content stays in place.
 func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) {
 	defer func() { d.refreshed(v, err) }()
-	select {
-	case d.refresher.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	slot, err := d.lanes.refresh.Acquire(ctx, d.contentParty(v.Backend), 1)
+	if err != nil {
+		return err
 	}
-	defer func() { <-d.refresher.sem }()
+	defer slot.Release()
 	files, release, err := d.content(ctx, v)
 	if err != nil {
 		return err
@@ -105,7 +104,7 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 	ctx, cancel := context.WithTimeout(ctx, d.opts.Volumes.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
-		if release, err = d.contentBudget.reserve(ctx, cb.ContentLimits().MaxBytes); err != nil {
+		if release, err = d.lanes.content.reserve(ctx, d.contentParty(v.Backend), cb.ContentLimits().MaxBytes); err != nil {
 			return nil, func() {}, err
 		}
 	}

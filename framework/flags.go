@@ -23,7 +23,8 @@ import (
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
 //	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
-//	--max-in-flight --operation-timeout --content-timeout --memory-limit --keep-binary-pages
+//	--max-in-flight --max-in-flight-per-backend --in-flight-reserved-per-backend --max-volumes-per-pod
+//	--operation-timeout --content-timeout --memory-limit --keep-binary-pages
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.Node.ID == "" {
 		o.Node.ID = os.Getenv("NODE_NAME")
@@ -63,6 +64,11 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.Limits.StatsWalk.CacheTTL, "stats-cache-ttl", limits.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 	o.Limits.MemoryLimit = limits.MemoryLimit
 	fs.IntVar(&o.Limits.MaxInFlight, "max-in-flight", limits.MaxInFlight, "Volume publishes in flight on this node at most, across all backends; past it a publish gets ResourceExhausted and the kubelet retries.")
+	// Derived from --max-in-flight (and the backends) when not given: bound
+	// to o's own zero, not to the copy's default, so that they follow it.
+	fs.IntVar(&o.Limits.MaxInFlightPerBackend, "max-in-flight-per-backend", o.Limits.MaxInFlightPerBackend, "Publishes in flight of one backend (each --plugin is one) at most, so that a backend that never answers holds at most this many of --max-in-flight; also each backend's unpublishes in flight, in a lane of their own that publishes and other backends never take. 0: max(8, --max-in-flight/2), all of --max-in-flight for a driver of one backend.")
+	fs.IntVar(&o.Limits.InFlightReservedPerBackend, "in-flight-reserved-per-backend", o.Limits.InFlightReservedPerBackend, "Slots of --max-in-flight each backend has to itself, which other backends' publishes cannot take; the reserves of all backends must fit --max-in-flight. 0: min(4, --max-in-flight / backends).")
+	fs.IntVar(&o.Limits.MaxVolumesPerPod, "max-volumes-per-pod", limits.MaxVolumesPerPod, "Volumes of this driver one pod may have on the node at most; past it a publish is refused (InvalidArgument). -1: no cap.")
 	fs.DurationVar(&o.Limits.OperationTimeout, "operation-timeout", limits.OperationTimeout, "Wall time of one publish or unpublish at most (well under the kubelet's 2m deadline, so that a rollback still has time).")
 	fs.DurationVar(&o.Volumes.ContentTimeout, "content-timeout", volumes.ContentTimeout, "Wall time of one call for a volume's content at most, waiting for the content budget included.")
 	fs.Var(bytesFlag{&o.Limits.MemoryLimit, true}, "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")

@@ -20,11 +20,14 @@ func TestBindFlags(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"--endpoint=unix:///run/x.sock", "--register", "--gc-interval=-1s", "--metrics-address=:9809", "--volumes-endpoint=false",
 		"--stats-max-entries=5000", "--stats-max-depth=16", "--stats-timeout=2s", "--stats-cache-ttl=-1s",
-		"--memory-limit=268435456", "--keep-binary-pages", "--max-in-flight=16", "--operation-timeout=5s", "--content-timeout=2s"}); err != nil {
+		"--memory-limit=268435456", "--keep-binary-pages", "--max-in-flight=16", "--max-in-flight-per-backend=6", "--in-flight-reserved-per-backend=2", "--max-volumes-per-pod=-1", "--operation-timeout=5s", "--content-timeout=2s"}); err != nil {
 		t.Fatal(err)
 	}
 	if want := (StatsWalkLimits{MaxEntries: 5000, MaxDepth: 16, Timeout: 2 * time.Second, CacheTTL: -time.Second}); o.Limits.StatsWalk != want {
 		t.Fatalf("stats walk parsed: %+v, want %+v", o.Limits.StatsWalk, want)
+	}
+	if o.Limits.MaxInFlightPerBackend != 6 || o.Limits.InFlightReservedPerBackend != 2 || o.Limits.MaxVolumesPerPod != NoMaxVolumesPerPod {
+		t.Fatalf("lanes parsed: %d, %d, %d", o.Limits.MaxInFlightPerBackend, o.Limits.InFlightReservedPerBackend, o.Limits.MaxVolumesPerPod)
 	}
 	if o.Limits.MaxInFlight != 16 || o.Limits.OperationTimeout != 5*time.Second || o.Volumes.ContentTimeout != 2*time.Second {
 		t.Fatalf("in flight, timeouts parsed: %d, %v, %v", o.Limits.MaxInFlight, o.Limits.OperationTimeout, o.Volumes.ContentTimeout)

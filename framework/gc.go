@@ -107,19 +107,21 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		}
 		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
-	// Removals run gcConcurrency at a time: each is an unpublish (an unmount,
-	// a backend Delete, a record deleted), and concurrent record deletions share
-	// the store's commits.
+	// Removals run gcConcurrency at a time per backend, in the teardown lane
+	// of the volume's backend (lanes.go): each is an unpublish (an unmount, a
+	// backend Delete, a record deleted), concurrent record deletions share
+	// the store's commits, and a backend whose Delete hangs holds up only the
+	// removals of its own volumes.
 	var (
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-		sem = make(chan struct{}, gcConcurrency)
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	locked := func(rec *store.Record, r gcResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		report(rec, r)
 	}
+	byBackend := map[string][]*store.Record{}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
 		if d.opts.GC.Pods != nil {
@@ -140,23 +142,42 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			locked(rec, gcWouldRm)
 			continue
 		}
-		if !d.locks.TryAcquire(rec.VolumeID) {
-			continue // an operation is in progress: the kubelet is on it
-		}
-		sem <- struct{}{}
+		byBackend[rec.Backend] = append(byBackend[rec.Backend], rec)
+	}
+	for backend, recs := range byBackend {
 		wg.Go(func() {
-			defer func() { <-sem }()
-			err := d.collectOrphan(ctx, rec)
-			d.locks.Release(rec.VolumeID)
-			if err != nil {
-				vlog.Error(err, "Removing orphaned volume failed; will retry")
-				locked(rec, gcFailed)
-				return
+			var bwg sync.WaitGroup
+			sem := make(chan struct{}, gcConcurrency)
+			for _, rec := range recs {
+				sem <- struct{}{}
+				slot, err := d.lanes.teardowns.Acquire(ctx, backend, 1)
+				if err != nil {
+					<-sem
+					break // the GC is stopping
+				}
+				if !d.lanes.locks.TryAcquire(rec.VolumeID) {
+					slot.Release()
+					<-sem
+					continue // an operation is in progress: the kubelet is on it
+				}
+				vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
+				bwg.Go(func() {
+					defer func() { <-sem }()
+					err := d.collectOrphan(ctx, rec)
+					d.lanes.locks.Release(rec.VolumeID)
+					slot.Release()
+					if err != nil {
+						vlog.Error(err, "Removing orphaned volume failed; will retry")
+						locked(rec, gcFailed)
+						return
+					}
+					d.orphans.clear(rec.VolumeID)
+					d.stats.forget(rec.VolumeID)
+					vlog.Info("Removed orphaned volume (pod directory gone)")
+					locked(rec, gcRemoved)
+				})
 			}
-			d.orphans.clear(rec.VolumeID)
-			d.stats.forget(rec.VolumeID)
-			vlog.Info("Removed orphaned volume (pod directory gone)")
-			locked(rec, gcRemoved)
+			bwg.Wait()
 		})
 	}
 	wg.Wait()

@@ -308,7 +308,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	release, err := d.begin(pr.vol.ID)
+	release, err := d.beginPublish(pr.vol)
 	if err != nil {
 		return nil, err
 	}
@@ -468,7 +468,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err := t.CheckHandle(id); err != nil {
 		return nil, invalidArgf("%v; nothing was touched", err)
 	}
-	release, err := d.begin(id)
+	release, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
@@ -481,7 +481,9 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// unpublish is the unpublish event of volume id at target.
+// unpublish is the unpublish event of volume id at target, in the teardown
+// lane of the volume's backend (read from its record): never behind
+// publishes, nor behind another backend's teardowns.
 func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 	rec, err := d.store.Get(ctx, id)
 	switch {
@@ -490,6 +492,15 @@ func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 	case err != nil:
 		return transient(fmt.Errorf("reading volume state: %w", err))
 	}
+	party := noRecord
+	if rec != nil {
+		party = rec.Backend
+	}
+	done, err := d.beginTeardown(party)
+	if err != nil {
+		return err
+	}
+	defer done()
 	o := &op{rec: rec, target: target}
 	from, when := stateOf(rec), whenAlways
 	switch {
@@ -589,11 +600,11 @@ func (d *Driver) collectOrphan(ctx context.Context, rec *store.Record) error {
 // refresh of its content (the refresher's timers call it).
 func (d *Driver) refreshVolume(ctx context.Context, id string) {
 	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
-	if !d.locks.TryAcquire(id) {
+	if !d.lanes.locks.TryAcquire(id) {
 		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
 		return
 	}
-	defer d.locks.Release(id)
+	defer d.lanes.locks.Release(id)
 	rec, err := d.store.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -625,7 +636,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 	log := klog.FromContext(ctx)
 	pr := o.pr
 	v := pr.vol
-	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Size); err != nil {
+	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Pod.UID, v.Size); err != nil {
 		return err
 	}
 	var intent, relax bool
@@ -638,7 +649,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 		// restarted as another version) or be down at teardown.
 		plan, err := p.Plan(ctx, v)
 		if err != nil {
-			d.capacity.release(v.Backend, v.Size)
+			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
 			return fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
 		}
 		_, finds := pr.backend.(Finder)
@@ -649,7 +660,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 	rec.State = v.State
 	if intent {
 		if err := d.store.Put(ctx, rec); err != nil {
-			d.capacity.release(v.Backend, v.Size)
+			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
 			return transient(fmt.Errorf("saving volume intent: %w", err))
 		}
 	}
@@ -714,7 +725,7 @@ func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
-	d.capacity.adopt(v.Backend, v.Size)
+	d.capacity.adopt(v.Backend, v.Pod.UID, v.Size)
 	if d.contentFor(v.Backend) != nil {
 		d.refresher.remember(v)
 	}
@@ -933,7 +944,7 @@ func (d *Driver) saveRebuilt(ctx context.Context, rec *store.Record) error {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return fmt.Errorf("saving the rebuilt record of volume %s: %w", rec.VolumeID, err)
 	}
-	d.capacity.adopt(rec.Backend, rec.Size)
+	d.capacity.adopt(rec.Backend, rec.Pod.UID, rec.Size)
 	return nil
 }
 
@@ -1098,7 +1109,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	if err := d.deleteRecord(ctx, d.opts.Backends[rec.Backend], rec.VolumeID); err != nil {
 		return transient(fmt.Errorf("deleting volume record: %w", err))
 	}
-	d.capacity.release(rec.Backend, rec.Size)
+	d.capacity.release(rec.Backend, rec.Pod.UID, rec.Size)
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil

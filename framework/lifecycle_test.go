@@ -273,6 +273,15 @@ func TestOptionsValidation(t *testing.T) {
 		"negative stats walk":  func(o *framework.Options) { o.Limits.StatsWalk.MaxEntries = -1 },
 		"negative stats depth": func(o *framework.Options) { o.Limits.StatsWalk.MaxDepth = -1 },
 		"stats walk too long":  func(o *framework.Options) { o.Limits.StatsWalk.Timeout = 2 * time.Minute },
+		"share over the total": func(o *framework.Options) { o.Limits.MaxInFlight, o.Limits.MaxInFlightPerBackend = 8, 9 },
+		"reserve over share": func(o *framework.Options) {
+			o.Limits.MaxInFlightPerBackend, o.Limits.InFlightReservedPerBackend = 4, 5
+		},
+		"reserves over the total": func(o *framework.Options) {
+			o.Backends["y"], o.Volumes.DefaultBackend = framework.BackendFuncs{}, "x"
+			o.Limits.MaxInFlight, o.Limits.InFlightReservedPerBackend = 8, 5
+		},
+		"negative per-pod cap": func(o *framework.Options) { o.Limits.MaxVolumesPerPod = -2 },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -291,7 +300,8 @@ func TestOptionsValidation(t *testing.T) {
 	got := d.Options()
 	if got.Node.KubeletRootDir != "/var/lib/kubelet" || got.Node.StateDir != "/var/lib/ephemera/a.b" ||
 		got.Node.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.Volumes.DefaultBackend != "x" || got.Limits.MaxInFlight != 64 ||
-		got.Limits.MaxVolumeSize != framework.DefaultMaxVolumeSize ||
+		got.Limits.MaxVolumeSize != framework.DefaultMaxVolumeSize || got.Limits.MaxInFlightPerBackend != 64 ||
+		got.Limits.InFlightReservedPerBackend != 4 || got.Limits.MaxVolumesPerPod != 16 ||
 		got.Limits.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) {
 		t.Errorf("defaults not applied: %+v", got)
 	}

@@ -53,7 +53,7 @@ func (d *Driver) initObservability() {
 		Capacity:   d.opts.Limits.Capacity,
 		Methods:    methods,
 		Usage:      d.capacity.usage,
-		Inflight:   func() int { return len(d.inflight) },
+		Inflight:   d.inFlight,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())

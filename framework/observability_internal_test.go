@@ -104,13 +104,13 @@ func TestObserveRPCAllocs(t *testing.T) {
 // The volume gauges are the capacity accounting, read at scrape time.
 func TestVolumeGaugesFollowCapacity(t *testing.T) {
 	d := newObsDriver(t, nil)
-	if err := d.capacity.reserve("obs", "b", 10); err != nil {
+	if err := d.capacity.reserve("obs", "b", "p", 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.capacity.reserve("obs", "b", 5); err != nil {
+	if err := d.capacity.reserve("obs", "b", "p", 5); err != nil {
 		t.Fatal(err)
 	}
-	d.capacity.release("b", 10)
+	d.capacity.release("b", "p", 10)
 	// A record of a backend the driver no longer has still shows.
 	d.capacity.reset(append(recordsOf("b", 7, 8), recordsOf("retired", 3)...))
 	want := []string{`ephemera_volume_bytes{backend="b"} 15`, `ephemera_volume_bytes{backend="retired"} 3`}

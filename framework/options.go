@@ -255,9 +255,33 @@ type LimitOptions struct {
 	// are summed without overflow. Backends not listed are unlimited. Defaults to
 	// no budgets.
 	Capacity map[string]int64
-	// MaxInFlight caps concurrent NodePublish/NodeUnpublish calls; requests past it
-	// get ResourceExhausted and the kubelet retries. Defaults to 64.
+	// MaxInFlight caps concurrent NodePublishVolume calls on the node, all
+	// backends together; a publish past it gets ResourceExhausted and the
+	// kubelet retries. Unpublishes have a lane of their own (see
+	// MaxInFlightPerBackend). Defaults to 64.
 	MaxInFlight int
+	// MaxInFlightPerBackend caps the publishes in flight of one backend (each
+	// plugin is a backend), so that a backend or plugin that never answers
+	// holds at most this many of MaxInFlight; a publish past it fails at once
+	// with ResourceExhausted naming the backend. The same number caps each
+	// backend's unpublishes (with the GC's removals) in the teardown lane,
+	// which publishes never use and no backend shares with another: the
+	// node can always let the pods of other backends go. Defaults to
+	// max(8, MaxInFlight/2), at most MaxInFlight; MaxInFlight for a driver
+	// of one backend.
+	MaxInFlightPerBackend int
+	// InFlightReservedPerBackend is the part of MaxInFlight each backend has
+	// to itself: no other backend's publishes can take it, however many of
+	// them are stuck. The rest of MaxInFlight is shared, each backend taking
+	// from it up to MaxInFlightPerBackend. The reserves of all backends must
+	// fit MaxInFlight. Defaults to min(4, MaxInFlight / number of backends).
+	InFlightReservedPerBackend int
+	// MaxVolumesPerPod caps the volumes of this driver one pod may have on
+	// the node; a publish past it is refused with InvalidArgument (the pod
+	// never fits: retrying does not help). deploy/admission can refuse such
+	// pods before they are scheduled. Defaults to 16; NoMaxVolumesPerPod for
+	// no cap.
+	MaxVolumesPerPod int
 	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
 	// 2 minute deadline so rollback still has time. Defaults to 90s.
 	OperationTimeout time.Duration
@@ -295,9 +319,13 @@ const (
 	NoMaxVolumeSize      int64 = -1
 )
 
+// NoMaxVolumesPerPod is LimitOptions.MaxVolumesPerPod for no cap.
+const NoMaxVolumesPerPod = -1
+
 // Defaults of LimitOptions.
 const (
 	defaultMaxInFlight      = 64
+	defaultMaxVolumesPerPod = 16
 	defaultOperationTimeout = 90 * time.Second
 )
 
@@ -317,6 +345,9 @@ func (l *LimitOptions) setDefaults() {
 	}
 	if l.MaxInFlight == 0 {
 		l.MaxInFlight = defaultMaxInFlight
+	}
+	if l.MaxVolumesPerPod == 0 {
+		l.MaxVolumesPerPod = defaultMaxVolumesPerPod
 	}
 	if l.OperationTimeout == 0 {
 		l.OperationTimeout = defaultOperationTimeout
@@ -460,6 +491,12 @@ func (o *Options) setDefaults() {
 	o.Node.setDefaults(o.DriverName)
 	o.Volumes.setDefaults(o.Backends)
 	o.Limits.setDefaults()
+	if o.Limits.MaxInFlightPerBackend == 0 {
+		o.Limits.MaxInFlightPerBackend = defaultPerBackend(o.Limits.MaxInFlight, len(o.Backends))
+	}
+	if o.Limits.InFlightReservedPerBackend == 0 {
+		o.Limits.InFlightReservedPerBackend = defaultReserved(o.Limits.MaxInFlight, len(o.Backends), o.Limits.MaxInFlightPerBackend)
+	}
 	o.State.setDefaults()
 	o.GC.setDefaults()
 	o.Observability.setDefaults()
@@ -512,8 +549,11 @@ func (o *Options) validate() error {
 	if err := validateCapacity(o.Limits.Capacity, o.Backends); err != nil {
 		errs = append(errs, err)
 	}
-	if o.Limits.MaxVolumesPerNode < 0 || o.Limits.MaxInFlight < 0 {
-		errs = append(errs, errors.New("Limits.MaxVolumesPerNode and Limits.MaxInFlight must not be negative"))
+	if o.Limits.MaxVolumesPerNode < 0 {
+		errs = append(errs, errors.New("Limits.MaxVolumesPerNode must not be negative"))
+	}
+	if err := o.Limits.checkLanes(len(o.Backends)); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Limits.MemoryLimit < 0 || (o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit) <= 0) {
 		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %d is too small for the driver: give the container more than 32 MiB, or 0 to leave Go's memory limit alone", o.Limits.MemoryLimit))
@@ -534,6 +574,9 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("Volumes.RefreshInterval and Volumes.RefreshConcurrency must not be negative"))
 	}
 	errs = append(errs, o.validateContentBounds()...)
+	if err := o.checkContentShares(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, name := range slices.Sorted(maps.Keys(o.Volumes.MountOptions)) {
 		switch _, ok := o.Backends[name]; {
 		case !ok:

@@ -26,14 +26,14 @@ const (
 
 // refresher runs driver-initiated content refreshes: Refresh, RefreshAll, the
 // periodic RefreshInterval and retries of failed refreshes. Refreshes of all
-// kinds, republish included, share one semaphore of RefreshConcurrency slots.
+// kinds, republish included, take a slot of the refresh lane (lanes.go):
+// RefreshConcurrency per content provider, one of them reserved.
 //
 // It keeps in memory (never on disk) the secrets and tokens of the last publish
 // of each volume, so a driver-initiated refresh can hand them to the content
 // provider.
 type refresher struct {
-	d   *Driver
-	sem chan struct{}
+	d *Driver
 
 	mu      sync.Mutex
 	ctx     context.Context // set while the driver runs
@@ -48,10 +48,9 @@ type creds struct {
 	tokens  api.Tokens
 }
 
-func newRefresher(d *Driver, concurrency int) *refresher {
+func newRefresher(d *Driver) *refresher {
 	return &refresher{
 		d:       d,
-		sem:     make(chan struct{}, concurrency),
 		creds:   map[string]creds{},
 		backoff: map[string]time.Duration{},
 		timers:  map[string]*time.Timer{},

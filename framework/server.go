@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -120,36 +119,6 @@ func sanitize(req any) fmt.Stringer {
 		}
 	}
 	return protosanitizer.StripSecrets(req)
-}
-
-// volumeLocks is a set of per-volume locks. TryAcquire never blocks: the CSI spec
-// wants Aborted for a second concurrent operation on one volume.
-type volumeLocks struct{ m sync.Map }
-
-func (l *volumeLocks) TryAcquire(id string) bool {
-	_, held := l.m.LoadOrStore(id, struct{}{})
-	return !held
-}
-
-func (l *volumeLocks) Release(id string) { l.m.Delete(id) }
-
-// begin admits one volume operation: the global in-flight cap first
-// (ResourceExhausted), then the volume's lock (Aborted). The returned func
-// releases both.
-func (d *Driver) begin(id string) (func(), error) {
-	select {
-	case d.inflight <- struct{}{}:
-	default:
-		return nil, kindf(api.ErrResourceExhausted, "%d volume operations are already in flight on this node (MaxInFlight); retry later", cap(d.inflight))
-	}
-	if !d.locks.TryAcquire(id) {
-		<-d.inflight
-		return nil, kindf(api.ErrBusy, "an operation for volume %s is already in progress", id)
-	}
-	return func() {
-		d.locks.Release(id)
-		<-d.inflight
-	}, nil
 }
 
 // getPluginInfo implements csi.IdentityServer.
