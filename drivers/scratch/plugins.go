@@ -78,8 +78,13 @@ func (p *pluginFlags) Set(v string) error {
 	if !isURL || !filepath.IsAbs(sock) || filepath.Clean(sock) != sock {
 		return fmt.Errorf("%q: endpoint %q must be unix:///absolute/path.sock, the socket the plugin listens on", v, s.endpoint)
 	}
+	given := map[string]string{} // option key: its first value
 	for _, opt := range parts[1:] {
 		k, val, _ := strings.Cut(opt, "=")
+		if first, twice := given[k]; twice {
+			return fmt.Errorf("%q: option %s= is given twice (%s=%s and %s=%s); give it once", v, k, k, first, k, val)
+		}
+		given[k] = val
 		switch k {
 		case "dir":
 			if !filepath.IsAbs(val) || filepath.Clean(val) != val {

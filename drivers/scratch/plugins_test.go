@@ -68,6 +68,11 @@ func TestPluginFlagRefused(t *testing.T) {
 		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes="}, "must be a positive quantity like 16Mi"},
 		{[]string{"--plugin=a=unix:///a.sock,max-content-files=0"}, "must be a positive number"},
 		{[]string{"--plugin=a=unix:///a.sock,size=1Gi"}, `unknown option "size=1Gi"`},
+		// The last of an option given twice does not win: it is refused.
+		{[]string{"--plugin=a=unix:///a.sock,dir=/srv/a,dir=/srv/b"}, "option dir= is given twice (dir=/srv/a and dir=/srv/b); give it once"},
+		{[]string{"--plugin=a=unix:///a.sock,dir=/srv/a,max-content-files=5,dir=/srv/a"}, "option dir= is given twice"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-bytes=8Mi,max-content-bytes=1Gi"}, "option max-content-bytes= is given twice (max-content-bytes=8Mi and max-content-bytes=1Gi)"},
+		{[]string{"--plugin=a=unix:///a.sock,max-content-files=5,max-content-files=5"}, "option max-content-files= is given twice"},
 	} {
 		var c config
 		fs := flag.NewFlagSet("ephemera-scratch", flag.ContinueOnError)
