@@ -449,17 +449,22 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c}, nil
 }
 
-// parseCapacity parses "tmpfs=4Gi,loop=200Gi".
+// parseCapacity parses "tmpfs=4Gi,loop=200Gi": each backend once.
 func parseCapacity(s string) (map[string]int64, error) {
 	if s == "" {
 		return nil, nil
 	}
 	m := map[string]int64{}
+	given := map[string]string{} // backend: its first budget, as given
 	for _, kv := range strings.Split(s, ",") {
 		name, q, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok || name == "" {
 			return nil, fmt.Errorf("--capacity: %q is not backend=quantity", kv)
 		}
+		if first, twice := given[name]; twice {
+			return nil, fmt.Errorf("--capacity=%s: backend %s is given twice (%s=%s and %s=%s); give each backend one budget", s, name, name, first, name, q)
+		}
+		given[name] = q
 		n, err := quantity("--capacity "+name, q)
 		if err != nil {
 			return nil, err
