@@ -110,8 +110,9 @@ func (s pluginSpec) checkDirLexically() error {
 	return nil
 }
 
-// refuse is the error of a dir= that rel (relation) the host path what;
-// shown is dir= as the comparison saw it.
+// refuse is the error for a dir= that stands in relation rel ("is", "lies
+// below", "contains") to the host path described by what; shown is dir= as
+// compared, resolved when that differs from dir= as given.
 func (s pluginSpec) refuse(shown, rel, what string) error {
 	d := "dir=" + s.dir
 	if shown != s.dir {
@@ -136,6 +137,7 @@ func (p pluginFlags) checkDirs(h hostPaths) error {
 	return nil
 }
 
+// checkDir is checkDirs for one plugin s of p.
 func (p pluginFlags) checkDir(s pluginSpec, h hostPaths) error {
 	if err := s.checkDirLexically(); err != nil {
 		return err
