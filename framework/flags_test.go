@@ -3,6 +3,9 @@ package framework
 import (
 	"flag"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,6 +71,50 @@ func TestMemoryLimitFlag(t *testing.T) {
 		BindFlags(fs, &o)
 		if err := fs.Parse([]string{"--memory-limit=" + bad}); err == nil {
 			t.Errorf("--memory-limit=%s: no error", bad)
+		}
+	}
+}
+
+// --mount-options takes each backend once, each option once and one atime
+// mode, all from mount.SafeOptions; anything else is refused at parse time,
+// naming the flag and the value.
+func TestMountOptionsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want map[string][]string
+		err  string // "" for accepted
+	}{
+		{nil, nil, ""},
+		{[]string{"--mount-options=tmpfs=noexec"}, map[string][]string{"tmpfs": {"noexec"}}, ""},
+		{[]string{"--mount-options=tmpfs=noexec,noatime,nosymfollow"}, map[string][]string{"tmpfs": {"noexec", "noatime", "nosymfollow"}}, ""},
+		{[]string{"--mount-options=tmpfs=relatime,nodiratime", "--mount-options=dir=noexec"}, map[string][]string{"tmpfs": {"relatime", "nodiratime"}, "dir": {"noexec"}}, ""},
+		{[]string{"--mount-options=tmpfs=noatime,nodiratime"}, map[string][]string{"tmpfs": {"noatime", "nodiratime"}}, ""}, // redundant, not conflicting
+
+		{[]string{"--mount-options=tmpfs=noexec,noexec"}, nil, `"tmpfs=noexec,noexec": mount option "noexec" is given twice: give it once`},
+		{[]string{"--mount-options=tmpfs=noatime,nodiratime,noatime"}, nil, `mount option "noatime" is given twice`},
+		{[]string{"--mount-options=tmpfs=noatime,relatime"}, nil, `"tmpfs=noatime,relatime": mount options "noatime" and "relatime" exclude each other: a mount has one atime mode`},
+		{[]string{"--mount-options=tmpfs=strictatime,noexec,noatime"}, nil, `"strictatime" and "noatime" exclude each other`},
+		{[]string{"--mount-options=tmpfs=relatime,strictatime"}, nil, `"relatime" and "strictatime" exclude each other`},
+		{[]string{"--mount-options=tmpfs=exec"}, nil, `mount option "exec" is not one of noexec`},
+		{[]string{"--mount-options=tmpfs=suid"}, nil, `mount option "suid" is not one of`},
+		{[]string{"--mount-options=tmpfs=noexec,"}, nil, `mount option "" is not one of`},
+		{[]string{"--mount-options=tmpfs=noexec", "--mount-options=tmpfs=noatime"}, nil, "the mount options of backend tmpfs are given twice; give them in one value"},
+		{[]string{"--mount-options=tmpfs="}, nil, "is not BACKEND=opt[,opt...]"},
+		{[]string{"--mount-options==noexec"}, nil, "is not BACKEND=opt[,opt...]"},
+		{[]string{"--mount-options=noexec"}, nil, "is not BACKEND=opt[,opt...]"},
+	} {
+		var o Options
+		fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		BindFlags(fs, &o)
+		err := fs.Parse(tc.args)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%q: %v", tc.args, err)
+		case tc.err == "" && !maps.EqualFunc(o.Volumes.MountOptions, tc.want, slices.Equal):
+			t.Errorf("%q: %v, want %v", tc.args, o.Volumes.MountOptions, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "-mount-options")):
+			t.Errorf("%q: %v, want an error about --mount-options containing %q", tc.args, err, tc.err)
 		}
 	}
 }

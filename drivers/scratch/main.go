@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -88,8 +89,7 @@ func main() {
 		os.Exit(2)
 	}
 
-	var err error
-	if c.opts.Limits.Capacity, err = parseCapacity(c.capacity); err != nil {
+	if err := c.validate(); err != nil {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
@@ -127,6 +127,7 @@ type config struct {
 	vhdx          vhdxFlags
 	api           apiFlags
 	plugins       pluginFlags // --plugin, repeatable
+	kubeletRoot   string      // --kubelet-root's default, for an empty --kubelet-root
 	version       bool        // --version
 	logFormat     string      // --log-format
 }
@@ -179,12 +180,48 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.api.events, "events", false, "Post events on pods whose volume failed to provision or refresh, or was removed as an orphan. Uses the in-cluster service account, which needs create and patch on events.")
 	fs.StringVar(&c.opts.DriverName, "driver-name", DriverName, "CSI driver name; must match the CSIDriver object.")
 	framework.BindFlags(fs, &c.opts)
+	c.kubeletRoot = c.opts.Node.KubeletRootDir
 	fs.StringVar(&c.opts.Volumes.DefaultBackend, "backend", defaults.backend, "Backend for volumes without a \"backend\" attribute.")
 	fs.StringVar(&c.api.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --gc-confirm-with-api when the driver does not run in a pod. Empty: the in-cluster service account.")
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
-	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted.")
+	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
+}
+
+// validate checks what needs the final values of several flags, once all
+// are parsed, and keeps what it parses: the --capacity budgets, and each
+// plugin's dir= against the driver's paths and mount table (checkDirs).
+func (c *config) validate() error {
+	var err error
+	if c.opts.Limits.Capacity, err = parseCapacity(c.capacity); err != nil {
+		return err
+	}
+	h, err := c.hostPaths()
+	if err != nil {
+		return err
+	}
+	return c.plugins.checkDirs(h)
+}
+
+// hostPaths are the driver's paths as run and New will have them, and, on
+// Linux when a plugin has a dir=, its mount table.
+func (c *config) hostPaths() (hostPaths, error) {
+	h := hostPaths{kubeletRoot: c.opts.Node.KubeletRootDir, stateDir: c.opts.Node.StateDir, endpoint: c.opts.Node.Endpoint}
+	if h.kubeletRoot == "" {
+		h.kubeletRoot = c.kubeletRoot
+	}
+	if h.stateDir == "" {
+		h.stateDir = framework.DefaultStateDir(c.opts.DriverName)
+	}
+	if runtime.GOOS != "linux" || !slices.ContainsFunc(c.plugins, func(s pluginSpec) bool { return s.dir != "" }) {
+		return h, nil
+	}
+	var err error
+	if h.mounts, err = mount.ReadMountInfo(); err != nil {
+		return h, fmt.Errorf("--plugin ...,dir=: the mount table, to check that no dir= holds a kernel filesystem: %w", err)
+	}
+	return h, nil
 }
 
 // addComponents adds to opts what talks to the API server: the event
@@ -412,17 +449,22 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c}, nil
 }
 
-// parseCapacity parses "tmpfs=4Gi,loop=200Gi".
+// parseCapacity parses "tmpfs=4Gi,loop=200Gi": each backend once.
 func parseCapacity(s string) (map[string]int64, error) {
 	if s == "" {
 		return nil, nil
 	}
 	m := map[string]int64{}
+	given := map[string]string{} // backend: its first budget, as given
 	for _, kv := range strings.Split(s, ",") {
 		name, q, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok || name == "" {
 			return nil, fmt.Errorf("--capacity: %q is not backend=quantity", kv)
 		}
+		if first, twice := given[name]; twice {
+			return nil, fmt.Errorf("--capacity=%s: backend %s is given twice (%s=%s and %s=%s); give each backend one budget", s, name, name, first, name, q)
+		}
+		given[name] = q
 		n, err := quantity("--capacity "+name, q)
 		if err != nil {
 			return nil, err

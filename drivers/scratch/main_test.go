@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"maps"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -129,5 +130,36 @@ func TestCSIProxyModeRefusals(t *testing.T) {
 	if got, want := csiProxyDirRoot(filepath.FromSlash("/var/lib/kubelet"), DriverName),
 		filepath.FromSlash("/var/lib/kubelet/plugins/"+DriverName+"/volumes"); got != want {
 		t.Errorf("csiProxyDirRoot = %s, want %s", got, want)
+	}
+}
+
+// --capacity takes one budget per backend: a backend given twice is refused
+// (the first won), naming both budgets.
+func TestParseCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want map[string]int64
+		err  string // "" for accepted
+	}{
+		{"", nil, ""},
+		{"tmpfs=1Gi", map[string]int64{"tmpfs": 1 << 30}, ""},
+		{"tmpfs=1Gi, loop=200Gi", map[string]int64{"tmpfs": 1 << 30, "loop": 200 << 30}, ""},
+		{"tmpfs=1Gi,tokens=64Mi", map[string]int64{"tmpfs": 1 << 30, "tokens": 64 << 20}, ""},
+
+		{"tmpfs=1Gi,tmpfs=2Gi", nil, "--capacity=tmpfs=1Gi,tmpfs=2Gi: backend tmpfs is given twice (tmpfs=1Gi and tmpfs=2Gi); give each backend one budget"},
+		{"tmpfs=1Gi,loop=1Gi, tmpfs=1Gi", nil, "backend tmpfs is given twice"},
+		{"tmpfs", nil, `--capacity: "tmpfs" is not backend=quantity`},
+		{"=1Gi", nil, "is not backend=quantity"},
+		{"tmpfs=1Gi,", nil, `--capacity: "" is not backend=quantity`},
+		{"tmpfs=0", nil, `--capacity tmpfs="0" is not a positive quantity`},
+		{"tmpfs=lots", nil, "is not a positive quantity"},
+	} {
+		got, err := parseCapacity(tc.in)
+		switch {
+		case tc.err == "" && (err != nil || !maps.Equal(got, tc.want)):
+			t.Errorf("--capacity=%s: %v, %v, want %v", tc.in, got, err, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("--capacity=%s: %v, want an error containing %q", tc.in, err, tc.err)
+		}
 	}
 }

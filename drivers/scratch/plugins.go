@@ -39,21 +39,30 @@ func (p *pluginFlags) String() string {
 	}
 	s := make([]string, len(*p))
 	for i, x := range *p {
-		s[i] = x.name + "=" + x.endpoint
-		if x.dir != "" {
-			s[i] += ",dir=" + x.dir
-		}
-		if x.maxBytes != 0 {
-			s[i] += ",max-content-bytes=" + strconv.FormatInt(x.maxBytes, 10)
-		}
-		if x.maxFiles != 0 {
-			s[i] += ",max-content-files=" + strconv.Itoa(x.maxFiles)
-		}
+		s[i] = x.String()
 	}
 	return strings.Join(s, " ")
 }
 
-// Set parses NAME=unix:///path.sock[,dir=/shared/dir].
+// String is the spec as --plugin takes it.
+func (x pluginSpec) String() string {
+	s := x.name + "=" + x.endpoint
+	if x.dir != "" {
+		s += ",dir=" + x.dir
+	}
+	if x.maxBytes != 0 {
+		s += ",max-content-bytes=" + strconv.FormatInt(x.maxBytes, 10)
+	}
+	if x.maxFiles != 0 {
+		s += ",max-content-files=" + strconv.Itoa(x.maxFiles)
+	}
+	return s
+}
+
+// Set parses NAME=unix:///path.sock[,dir=/shared/dir][,...], each option at
+// most once. It refuses a dir= that is a filesystem root or overlaps one of
+// systemDirs; the checks that need other flags' final values are checkDirs's,
+// after parsing (config.validate).
 func (p *pluginFlags) Set(v string) error {
 	name, rest, ok := strings.Cut(v, "=")
 	if !ok || name == "" || rest == "" {
@@ -78,8 +87,13 @@ func (p *pluginFlags) Set(v string) error {
 	if !isURL || !filepath.IsAbs(sock) || filepath.Clean(sock) != sock {
 		return fmt.Errorf("%q: endpoint %q must be unix:///absolute/path.sock, the socket the plugin listens on", v, s.endpoint)
 	}
+	given := map[string]string{} // option key: its first value
 	for _, opt := range parts[1:] {
 		k, val, _ := strings.Cut(opt, "=")
+		if first, twice := given[k]; twice {
+			return fmt.Errorf("%q: option %s= is given twice (%s=%s and %s=%s); give it once", v, k, k, first, k, val)
+		}
+		given[k] = val
 		switch k {
 		case "dir":
 			if !filepath.IsAbs(val) || filepath.Clean(val) != val {
@@ -100,6 +114,11 @@ func (p *pluginFlags) Set(v string) error {
 			s.maxFiles = n
 		default:
 			return fmt.Errorf("%q: unknown option %q (known: dir=/shared/dir, max-content-bytes=16Mi, max-content-files=10000)", v, opt)
+		}
+	}
+	if s.dir != "" {
+		if err := s.checkDirLexically(); err != nil {
+			return fmt.Errorf("%q: %w", v, err)
 		}
 	}
 	*p = append(*p, s)

@@ -156,12 +156,12 @@ func CheckOptions(opts []string) error {
 			return fmt.Errorf("mount option %q is not one of %s", o, strings.Join(SafeOptions, ", "))
 		}
 		if seen[o] {
-			return fmt.Errorf("mount option %q is given twice", o)
+			return fmt.Errorf("mount option %q is given twice: give it once", o)
 		}
 		seen[o] = true
 		if isAtime(o) {
 			if atime != "" {
-				return fmt.Errorf("mount options %q and %q exclude each other", atime, o)
+				return fmt.Errorf("mount options %q and %q exclude each other: a mount has one atime mode (noatime, relatime or strictatime); keep one", atime, o)
 			}
 			atime = o
 		}

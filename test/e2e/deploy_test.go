@@ -244,8 +244,9 @@ func TestDeployManifestsDryRun(t *testing.T) {
 // real (deploy/admission, then the Helm chart's rendering of it) and proves what
 // they allow: a pod using the driver inline in an unlabelled namespace is refused
 // with the policy's message, a labelled namespace is refused a size over the cap,
-// an nr_inodes over the cap, 0 or not a number, a backend not allowed and
-// csi.storage.k8s.io/ keys, and a valid pod is admitted.
+// an nr_inodes over the cap, 0 or not a number, a backend not allowed,
+// csi.storage.k8s.io/ keys and 17 inline volumes of the driver (16, and 16
+// with others of another driver, are admitted), and a valid pod is admitted.
 // The policy is removed at the end (and its removal awaited), so later tests in
 // the default namespace are not affected.
 func TestAdmissionPolicy(t *testing.T) {
@@ -350,6 +351,15 @@ func (c *cluster) checkAdmissionPolicy(t *testing.T, a *applier, policy []*unstr
 		"volumeAttributes.backend", "tmpfs, loop")
 	wantRefused(t, c.dryRunPod(ctx, allowed, map[string]string{"size": "64Mi", "csi.storage.k8s.io/pod.name": "other"}), "reserved key",
 		"csi.storage.k8s.io/ prefix")
+	// The cap on inline volumes per pod (the driver's --max-volumes-per-pod)
+	// counts the volumes of this driver only.
+	wantRefused(t, c.dryRunVolumes(ctx, allowed, 17, 0), "17 inline volumes",
+		"this pod has 17 inline volumes of the CSI driver "+driverName, "at most 16 are allowed", "fewer volumes")
+	for name, n := range map[string][2]int{"16 inline volumes": {16, 0}, "16 inline volumes and 4 of another driver": {16, 4}} {
+		if err := c.dryRunVolumes(ctx, allowed, n[0], n[1]); err != nil {
+			t.Errorf("pod with %s in labelled namespace refused: %v", name, err)
+		}
+	}
 
 	// Admitted: valid attributes, no attributes (driver defaults), and pods that do
 	// not use the driver at all, wherever they are.
@@ -388,6 +398,21 @@ func (c *cluster) inlinePod(ns string, attrs map[string]string) *corev1.Pod {
 // stored.
 func (c *cluster) dryRunPod(ctx context.Context, ns string, attrs map[string]string) error {
 	_, err := c.cs.CoreV1().Pods(ns).Create(ctx, c.inlinePod(ns, attrs), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	return err
+}
+
+// dryRunVolumes creates with dryRun=All a pod with ours inline volumes of the
+// driver (size 1Mi) and others of another CSI driver.
+func (c *cluster) dryRunVolumes(ctx context.Context, ns string, ours, others int) error {
+	p := c.inlinePod(ns, map[string]string{"size": "1Mi"})
+	for i := 1; i < ours; i++ {
+		p.Spec.Volumes = append(p.Spec.Volumes, csiVolume(fmt.Sprintf("data-%d", i), map[string]string{"size": "1Mi"}))
+	}
+	for i := range others {
+		p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: fmt.Sprintf("other-%d", i), VolumeSource: corev1.VolumeSource{
+			CSI: &corev1.CSIVolumeSource{Driver: "other.csi.example.com"}}})
+	}
+	_, err := c.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	return err
 }
 

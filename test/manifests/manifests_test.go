@@ -99,13 +99,15 @@ func TestHelmRejectsBadValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, vals := range map[string]map[string]any{
-		"registrar mode":        {"registrar": map[string]any{"mode": "both"}},
-		"unknown backend":       {"scratch": map[string]any{"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}}},
-		"negative volumes":      {"maxVolumesPerNode": -1},
-		"zero tmpfs inodes":     {"scratch": map[string]any{"tmpfsMaxInodes": 0}},
-		"args not flags":        {"driver": map[string]any{"args": []any{"register"}}},
-		"zero admission inodes": {"admission": map[string]any{"maxInodes": 0}},
-		"inodes as a quantity":  {"admission": map[string]any{"maxInodes": "1Mi"}},
+		"registrar mode":              {"registrar": map[string]any{"mode": "both"}},
+		"unknown backend":             {"scratch": map[string]any{"backends": map[string]any{"enabled": []any{"tmpfs", "ramdisk"}}}},
+		"negative volumes":            {"maxVolumesPerNode": -1},
+		"zero tmpfs inodes":           {"scratch": map[string]any{"tmpfsMaxInodes": 0}},
+		"args not flags":              {"driver": map[string]any{"args": []any{"register"}}},
+		"zero admission inodes":       {"admission": map[string]any{"maxInodes": 0}},
+		"zero volumes per pod":        {"admission": map[string]any{"maxVolumesPerPod": 0}},
+		"volumes per pod as a string": {"admission": map[string]any{"maxVolumesPerPod": "16"}},
+		"inodes as a quantity":        {"admission": map[string]any{"maxInodes": "1Mi"}},
 	} {
 		if _, err := Helm(filepath.Join(root, Chart), vals, Namespace); err == nil {
 			t.Errorf("%s: rendered, want an error", name)
@@ -379,7 +381,7 @@ func TestAdmissionPolicy(t *testing.T) {
 			t.Errorf("%s: failurePolicy %v, want Fail", r.Name, p.Get("spec", "failurePolicy"))
 		}
 		text := fmt.Sprint(p.Get("spec"))
-		wants := []string{r.driverName(), "tmpfs", "csi.storage.k8s.io/", "kubectl label namespace", "volumeAttributes.nr_inodes"}
+		wants := []string{r.driverName(), "tmpfs", "csi.storage.k8s.io/", "kubectl label namespace", "volumeAttributes.nr_inodes", "at most " + maxVolumesPerPod + " inline volumes"}
 		if !r.example() {
 			wants = append(wants, "ephemera.dev/scratch-allowed", "4Gi", "loop")
 		}
@@ -409,6 +411,18 @@ func TestAdmissionPolicy(t *testing.T) {
 		if !hasValidation(p, "'nr_inodes' in a", "int(a['nr_inodes']) <= variables.maxInodes", "string(variables.maxInodes)") {
 			t.Errorf("%s: no validation caps nr_inodes at variables.maxInodes (and names the cap)", r.Name)
 		}
+		// The cap on inline volumes per pod: a variable equal to the driver's
+		// --max-volumes-per-pod, and a rule that counts the pod's volumes of
+		// this driver only (variables.volumes) against it.
+		if got := variable(p, "maxVolumesPerPod"); got != maxVolumesPerPod {
+			t.Errorf("%s: variable maxVolumesPerPod = %q, want %s (the driver's --max-volumes-per-pod)", r.Name, got, maxVolumesPerPod)
+		}
+		if got := variable(p, "volumes"); !strings.Contains(got, "v.csi.driver == ") || !strings.Contains(got, r.driverName()) {
+			t.Errorf("%s: variable volumes = %q, want the pod's volumes of %s only", r.Name, got, r.driverName())
+		}
+		if !hasValidation(p, "size(variables.volumes) <= variables.maxVolumesPerPod", "string(size(variables.volumes))", "string(variables.maxVolumesPerPod)", "fewer volumes") {
+			t.Errorf("%s: no validation caps the pod's volumes of the driver at variables.maxVolumesPerPod (and names the count and the cap)", r.Name)
+		}
 		vals, _ := p.Get("spec", "validations").([]any)
 		for i, v := range vals {
 			vo := Object(v.(map[string]any))
@@ -434,10 +448,17 @@ func TestHelmNotes(t *testing.T) {
 	if !strings.Contains(n, "nr_inodes <= "+maxInodes+" ") {
 		t.Errorf("NOTES.txt does not state the nr_inodes cap:\n%s", n)
 	}
+	if !strings.Contains(n, "at most "+maxVolumesPerPod+" volumes per pod") {
+		t.Errorf("NOTES.txt does not state the cap on volumes per pod:\n%s", n)
+	}
 }
 
 // maxInodes is the default cap on nr_inodes, of the driver and of the policy.
 const maxInodes = "1048576"
+
+// maxVolumesPerPod is the default cap on a pod's inline volumes of the
+// driver, of the driver (--max-volumes-per-pod) and of the policy.
+const maxVolumesPerPod = "16"
 
 // variable returns the expression of the policy variable name, "" if absent.
 func variable(policy Object, name string) string {
@@ -481,7 +502,7 @@ func TestHelmOptions(t *testing.T) {
 		"csiDriver": map[string]any{"requiresRepublish": true,
 			"tokenRequests": []any{map[string]any{"audience": "vault", "expirationSeconds": 3600}}},
 		"metrics":   map[string]any{"port": 9999},
-		"admission": map[string]any{"maxSize": "1Gi", "maxInodes": 5000, "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
+		"admission": map[string]any{"maxSize": "1Gi", "maxInodes": 5000, "maxVolumesPerPod": 4, "allowedBackends": []any{"tmpfs"}, "namespaceLabel": map[string]any{"key": "example.com/scratch", "value": "yes"}},
 		"scratch": map[string]any{
 			"capacity":     map[string]any{"tmpfs": "8Gi"},
 			"backends":     map[string]any{"enabled": []any{"tmpfs"}, "default": "tmpfs"},
@@ -502,6 +523,7 @@ func TestHelmOptions(t *testing.T) {
 		"/var/lib/kubelet/plugins/scratch.example.com/csi.sock", "/var/lib/ephemera/scratch.example.com",
 		`v.csi.driver == "scratch.example.com"`, `expression: "\"1Gi\""`, `expression: "[\"tmpfs\"]"`,
 		`expression: "5000"`, "from 1 to 5000: every file", "--tmpfs-max-inodes=4294967296\n",
+		`expression: "4"`, "at most 4 inline volumes of the CSI driver scratch.example.com:",
 		`namespaceObject.metadata.labels["example.com/scratch"] == "yes"`,
 	} {
 		if !strings.Contains(s, want) {
