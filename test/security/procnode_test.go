@@ -1,0 +1,549 @@
+//go:build linux
+
+package security
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/test/internal/hostile"
+)
+
+// The bulkhead tests (issue 32) run the scratch driver as shipped, a process
+// of its own with its plugins in processes of their own, and this test
+// process as the kubelet: they see the driver only through its CSI socket,
+// the mount table, and the files below the kubelet root and the directories
+// it shares with plugins. So they hold whatever the framework's packages
+// become.
+//
+// Their timeouts are the driver's defaults scaled by scale (a content
+// timeout of 2s for the default 30s), and the kubelet's retries
+// (drivertest.KubeletBackoff) and CSI deadline are scaled alike, so that the
+// load has the shape it has on a node, fifteen times faster.
+const (
+	contentTimeout = 2 * time.Second
+	scale          = float64(contentTimeout) / float64(30*time.Second)
+)
+
+// operationTimeout is the driver's default --operation-timeout (90s), scaled.
+var operationTimeout = time.Duration(float64(90*time.Second) * scale)
+
+// kubeletBackoff is the kubelet's retry schedule, scaled.
+var kubeletBackoff = drivertest.KubeletBackoff(scale)
+
+var (
+	driverBinOnce sync.Once
+	driverBin     string
+	driverBinErr  error
+	driverBinDir  string
+)
+
+// driverBinary is EPHEMERA_SECURITY_DRIVER_BIN (another build of the scratch
+// driver: a fix, or the commit before one), or else ./drivers/scratch built
+// once per test binary as make builds everything but the -race tests
+// (CGO_ENABLED=0, -trimpath, the Makefile's tags from EPHEMERA_GOTAGS), so
+// that it is a build cache hit in make test.
+func driverBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("EPHEMERA_SECURITY_DRIVER_BIN"); bin != "" {
+		return bin
+	}
+	driverBinOnce.Do(func() {
+		if driverBinDir, driverBinErr = os.MkdirTemp("", "security-bin"); driverBinErr != nil {
+			return
+		}
+		driverBin = filepath.Join(driverBinDir, "ephemera-scratch")
+		args := []string{"build", "-trimpath", "-o", driverBin}
+		if tags := os.Getenv("EPHEMERA_GOTAGS"); tags != "" {
+			args = append(args, "-tags", tags)
+		}
+		cmd := exec.Command("go", append(args, "../../drivers/scratch")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			driverBinErr = fmt.Errorf("go build ./drivers/scratch: %w\n%s", err, out)
+		}
+	})
+	if driverBinErr != nil {
+		t.Fatal(driverBinErr)
+	}
+	return driverBin
+}
+
+// removeDriverBinary removes what driverBinary built (TestMain).
+func removeDriverBinary() {
+	if driverBinDir != "" {
+		_ = os.RemoveAll(driverBinDir)
+	}
+}
+
+// pluginSpec is one plugin of a procNode: --plugin NAME=unix://…/NAME.sock,
+// with dir=<base>/shared/NAME for a plugin that creates directories.
+type pluginSpec struct {
+	name    string
+	mode    hostile.Mode
+	restart time.Duration // after a crash; 0: not restarted
+}
+
+func (s pluginSpec) creates() bool { return s.mode == hostile.Dir || s.mode == hostile.HangDelete }
+
+// procNode is one test's node: a tmpfs of its own in a short temporary
+// directory (socket paths have at most 107 bytes) holding the kubelet root,
+// the driver's state, sockets, logs and the directories shared with
+// plugins; the driver process and the plugin processes; and the kubelet.
+type procNode struct {
+	t       *testing.T
+	base    string
+	root    string // kubelet root
+	sock    string // the driver's CSI socket
+	k       *drivertest.Kubelet
+	plugins map[string]*hostile.Process
+	specs   map[string]pluginSpec
+
+	// ctx ends at cleanup, before the processes stop; the goroutines of
+	// goRun are waited for then.
+	ctx context.Context
+	wg  sync.WaitGroup
+	led ledger
+}
+
+// startProcNode starts the plugins and the driver (tmpfs and the plugins as
+// backends, content timeout and operation timeout scaled, flags added) and
+// waits until the driver is ready. Everything is stopped, unmounted and
+// removed at cleanup, also when the test fails.
+func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode {
+	t.Helper()
+	requireRoot(t)
+	bin := driverBinary(t)
+	base, err := os.MkdirTemp("", "ephemera-bulkhead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bulkhead-node", base, "tmpfs", 0, "size=512m"); err != nil {
+		os.Remove(base)
+		t.Fatal(err)
+	}
+	n := &procNode{t: t, base: base, root: filepath.Join(base, "kubelet"), sock: filepath.Join(base, "csi.sock"),
+		plugins: map[string]*hostile.Process{}, specs: map[string]pluginSpec{}}
+	t.Cleanup(n.cleanup) // runs last: after the processes stopped
+	t.Cleanup(n.dumpLogsOnFailure)
+	if err := os.MkdirAll(filepath.Join(n.root, "pods"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range specs {
+		n.startPlugin(s)
+	}
+	args := []string{
+		"--endpoint=unix://" + n.sock, "--nodeid=node-1", "--driver-name=" + driverName,
+		"--kubelet-root=" + n.root, "--state-dir=" + filepath.Join(base, "state"),
+		"--backends=tmpfs", "--v=2",
+		"--content-timeout=" + contentTimeout.String(), "--operation-timeout=" + operationTimeout.String(),
+	}
+	for _, s := range specs {
+		p := "--plugin=" + s.name + "=" + n.plugins[s.name].Endpoint
+		if s.creates() {
+			p += ",dir=" + n.shared(s.name)
+		}
+		args = append(args, p)
+	}
+	n.startDriver(bin, append(args, flags...))
+	ctx, cancel := context.WithCancel(context.Background())
+	n.ctx = ctx
+	t.Cleanup(func() { // runs first: the test's goroutines end before anything stops
+		cancel()
+		n.wg.Wait()
+	})
+	n.k = drivertest.NewKubelet(drivertest.KubeletOptions{
+		Root: n.root, Endpoint: "unix://" + n.sock, DriverName: driverName, Timeout: kubeletBackoff.Timeout,
+	})
+	return n
+}
+
+// shared is the directory the driver shares with plugin name.
+func (n *procNode) shared(name string) string { return filepath.Join(n.base, "shared", name) }
+
+// startPlugin starts the plugin of s (again, after stopPlugin).
+func (n *procNode) startPlugin(s pluginSpec) {
+	n.t.Helper()
+	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock")}
+	if s.creates() {
+		opts.Dir = n.shared(s.name)
+		if err := os.MkdirAll(opts.Dir, 0o750); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	n.plugins[s.name] = hostile.Start(n.t, opts, hostile.StartOptions{Log: filepath.Join(n.base, s.name+".log"), RestartDelay: s.restart})
+	n.specs[s.name] = s
+}
+
+// startDriver runs the driver binary with args, its output in driver.log,
+// killed with the test process (Pdeathsig), stopped at cleanup (SIGTERM,
+// SIGKILL after 10s), and waits until it answers Probe with ready.
+func (n *procNode) startDriver(bin string, args []string) {
+	n.t.Helper()
+	logf, err := os.Create(filepath.Join(n.base, "driver.log"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	n.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			n.t.Errorf("the driver did not stop within 10s of SIGTERM: killed")
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ready, err := n.probe()
+		if ready {
+			return
+		}
+		select {
+		case <-exited:
+			n.t.Fatalf("the driver exited: %v\n%s", cmd.ProcessState, n.logTail("driver.log", 4000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the driver is not ready after 30s: %v\n%s", err, n.logTail("driver.log", 4000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// probe asks the driver whether it is ready.
+func (n *procNode) probe() (bool, error) {
+	if _, err := os.Stat(n.sock); err != nil {
+		return false, err
+	}
+	conn, err := grpc.NewClient("unix://"+n.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
+	return resp.GetReady().GetValue(), err
+}
+
+// logTail is the last max bytes of a log in base.
+func (n *procNode) logTail(name string, max int) string {
+	b, _ := os.ReadFile(filepath.Join(n.base, name))
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
+
+// dumpLogsOnFailure logs the ends of the driver's and the plugins' logs when
+// the test failed (once the processes stopped: it is registered before them).
+func (n *procNode) dumpLogsOnFailure() {
+	if !n.t.Failed() {
+		return
+	}
+	n.t.Logf("driver.log (end):\n%s", n.logTail("driver.log", 6000))
+	for name := range n.specs {
+		n.t.Logf("%s.log (end):\n%s", name, n.logTail(name+".log", 1500))
+	}
+}
+
+// cleanup unmounts everything below base, then base, and removes it.
+func (n *procNode) cleanup() {
+	if _, err := unmountBelow(n.base, false); err != nil {
+		n.t.Errorf("cleanup: %v", err)
+	}
+	if err := unix.Unmount(n.base, unix.MNT_DETACH); err != nil {
+		n.t.Errorf("cleanup: unmounting the node's tmpfs: %v", err)
+	}
+	_ = os.RemoveAll(n.base)
+}
+
+// stopPlugin kills plugin name.
+func (n *procNode) stopPlugin(name string) { n.plugins[name].Stop() }
+
+// goRun runs f on a goroutine of the node, waited for at cleanup.
+func (n *procNode) goRun(f func()) { n.wg.Go(f) }
+
+// vol is an inline volume of backend (a plugin's name, or tmpfs), sized
+// size (none for a plugin that creates directories).
+func vol(name, backend, size string) drivertest.InlineVolume {
+	a := map[string]string{api.ParamBackend: backend}
+	if size != "" {
+		a[api.ParamSize] = size
+	}
+	return drivertest.InlineVolume{Name: name, Attributes: a}
+}
+
+// group is the name under which a volume's operations are counted: its
+// backend.
+func group(v drivertest.InlineVolume) string { return v.Attributes[api.ParamBackend] }
+
+// publishPod publishes the volumes of pod as the kubelet does: each on its
+// own goroutine, retried on the kubelet's schedule until it is published or
+// ctx ends. It records every attempt and returns the errors of the volumes
+// that were not published.
+func (n *procNode) publishPod(ctx context.Context, pod *drivertest.Pod, vols []drivertest.InlineVolume) error {
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		wg.Go(func() {
+			attempts, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.Publish(ctx, pod, v) })
+			n.led.add(pod, v, "publish", attempts, err)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s/%s volume %s: %w", pod.Namespace, pod.Name, v.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// deletePod tears pod down as the kubelet does once it is deleted: each
+// volume unpublished on its own goroutine, retried on the kubelet's
+// schedule until it is unpublished or ctx ends, then the pod's directories
+// removed. It records every attempt. A volume that is not published is not
+// sent anything (Kubelet.Unpublish).
+func (n *procNode) deletePod(ctx context.Context, pod *drivertest.Pod, vols []drivertest.InlineVolume) error {
+	errs := make([]error, len(vols)+1)
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		if n.k.State(pod, v.Name) == drivertest.StateNone {
+			continue
+		}
+		wg.Go(func() {
+			attempts, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.Unpublish(ctx, pod, v.Name) })
+			n.led.add(pod, v, "unpublish", attempts, err)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s/%s volume %s: %w", pod.Namespace, pod.Name, v.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	_, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.DeletePod(ctx, pod) })
+	return err
+}
+
+// mounts returns the mounts below dir. It may be called from any goroutine.
+func (n *procNode) mounts(dir string) []mount.MountInfo {
+	infos, err := mount.ReadMountInfo()
+	if err != nil {
+		n.t.Errorf("reading the mount table: %v", err)
+		return nil
+	}
+	return mount.MountsUnder(infos, dir)
+}
+
+// mountedBelow counts the pods of pods that have a mount below their
+// directory, and the mounts.
+func (n *procNode) mountedBelow(pods []*drivertest.Pod) int {
+	infos, err := mount.ReadMountInfo()
+	if err != nil {
+		return 0
+	}
+	count := 0
+	for _, p := range pods {
+		count += len(mount.MountsUnder(infos, n.k.PodDir(p)))
+	}
+	return count
+}
+
+// wantClean fails the test when anything is left on the node: a mount
+// below the kubelet root, a pod directory, a directory a plugin created.
+func (n *procNode) wantClean() {
+	n.t.Helper()
+	if ms := n.mounts(n.root); len(ms) > 0 {
+		var at []string
+		for _, m := range ms {
+			at = append(at, m.MountPoint)
+		}
+		n.t.Errorf("%d mounts left below the kubelet root: %s", len(ms), strings.Join(at[:min(len(at), 5)], ", "))
+	}
+	if pods, _ := os.ReadDir(filepath.Join(n.root, "pods")); len(pods) > 0 {
+		n.t.Errorf("%d pod directories left below the kubelet root (%s, ...)", len(pods), pods[0].Name())
+	}
+	for name, s := range n.specs {
+		if !s.creates() {
+			continue
+		}
+		entries, _ := os.ReadDir(n.shared(name))
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") {
+				n.t.Errorf("plugin %s's directory left: %s", name, e.Name())
+			}
+		}
+	}
+}
+
+// opRecord is one volume's retried operation.
+type opRecord struct {
+	group, op string
+	pod, vol  string // the pod's name, the volume's
+	attempts  []drivertest.Attempt
+	err       error         // nil: done
+	took      time.Duration // from the first attempt's start to the last one's end
+}
+
+// ledger records every retried operation of a test.
+type ledger struct {
+	mu   sync.Mutex
+	recs []opRecord
+}
+
+func (l *ledger) add(pod *drivertest.Pod, v drivertest.InlineVolume, op string, attempts []drivertest.Attempt, err error) {
+	r := opRecord{group: group(v), op: op, pod: pod.Name, vol: v.Name, attempts: attempts, err: err}
+	if len(attempts) > 0 {
+		last := attempts[len(attempts)-1]
+		r.took = last.Start.Add(last.Latency).Sub(attempts[0].Start)
+	}
+	l.mu.Lock()
+	l.recs = append(l.recs, r)
+	l.mu.Unlock()
+}
+
+// mark returns a position in the ledger, for since.
+func (l *ledger) mark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.recs)
+}
+
+// since returns the records of op added after mark that keep selects (all
+// when nil).
+func (l *ledger) since(mark int, op string, keep func(opRecord) bool) []opRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []opRecord
+	for _, r := range l.recs[mark:] {
+		if r.op == op && (keep == nil || keep(r)) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// inGroups keeps the records of the groups.
+func inGroups(groups ...string) func(opRecord) bool {
+	return func(r opRecord) bool { return slices.Contains(groups, r.group) }
+}
+
+// summary is what a set of records shows.
+type summary struct {
+	volumes, done int
+	attempts, ok  int
+	firstOK       int
+	codes         map[codes.Code]int
+	took          []time.Duration // of the volumes done, sorted
+	firstFailure  string          // the message of one failed attempt
+}
+
+func summarize(recs []opRecord) summary {
+	s := summary{codes: map[codes.Code]int{}}
+	for _, r := range recs {
+		s.volumes++
+		if r.err == nil {
+			s.done++
+			s.took = append(s.took, r.took)
+		}
+		for i, a := range r.attempts {
+			s.attempts++
+			s.codes[a.Code]++
+			if a.Err == nil {
+				s.ok++
+				if i == 0 {
+					s.firstOK++
+				}
+			} else if s.firstFailure == "" {
+				s.firstFailure = a.Err.Error()
+			}
+		}
+	}
+	slices.Sort(s.took)
+	return s
+}
+
+// okShare is the share of attempts that succeeded.
+func (s summary) okShare() float64 {
+	if s.attempts == 0 {
+		return 1
+	}
+	return float64(s.ok) / float64(s.attempts)
+}
+
+// pct is the p-th percentile (nearest rank) of the times of the volumes
+// done; 0 when none.
+func (s summary) pct(p float64) time.Duration { return percentile(s.took, p) }
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func (s summary) String() string {
+	var codes []string
+	for c, k := range s.codes {
+		codes = append(codes, fmt.Sprintf("%v %d", c, k))
+	}
+	slices.Sort(codes)
+	str := fmt.Sprintf("%d volumes, %d done; %d attempts, %d OK (%.1f%%), first attempt OK for %d; codes: %s",
+		s.volumes, s.done, s.attempts, s.ok, 100*s.okShare(), s.firstOK, strings.Join(codes, ", "))
+	if len(s.took) > 0 {
+		str += fmt.Sprintf("; time to done p50 %v, p99 %v, max %v", s.pct(50).Round(time.Millisecond), s.pct(99).Round(time.Millisecond), s.took[len(s.took)-1].Round(time.Millisecond))
+	}
+	if s.firstFailure != "" {
+		str += fmt.Sprintf("; e.g. %q", clip(s.firstFailure, 300))
+	}
+	return str
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// bound is the latency a control workload may reach under load: twice its
+// baseline, or the baseline and 100ms, whichever is more.
+func bound(baseline time.Duration) time.Duration {
+	return max(2*baseline, baseline+100*time.Millisecond)
+}
