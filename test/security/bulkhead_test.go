@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/test/internal/hostile"
 )
 
@@ -72,6 +73,43 @@ func (n *procNode) startStorm(ctx context.Context, pods []podVols) (wait func())
 		})
 	}
 	return wg.Wait
+}
+
+// churn runs slots pods of vols(i) named prefix-slot-generation, as a
+// workload whose pods come and go does: each slot publishes a new pod as the
+// kubelet does (retried until it is published or ctx ends), keeps it for
+// hold, deletes it (retried) and starts over, until ctx ends. wait waits for
+// the slots and returns the pods they left (published, or being published,
+// when ctx ended), for a teardown.
+func (n *procNode) churn(ctx context.Context, prefix string, slots int, vols func(int) []drivertest.InlineVolume, hold time.Duration) (wait func() []podVols) {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		left []podVols
+	)
+	for slot := range slots {
+		wg.Add(1)
+		n.goRun(func() {
+			defer wg.Done()
+			for gen := 0; ; gen++ {
+				p := podVols{pod: n.k.NewPod("bulkhead", fmt.Sprintf("%s-%d-%d", prefix, slot, gen)), vols: vols(slot)}
+				err := n.publishPod(ctx, p.pod, p.vols)
+				if err == nil && sleepCtx(ctx, hold) {
+					err = n.deletePod(ctx, p.pod, p.vols)
+				}
+				if err != nil || ctx.Err() != nil {
+					mu.Lock()
+					left = append(left, p)
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	return func() []podVols {
+		wg.Wait()
+		return left
+	}
 }
 
 // deleteAll deletes the pods (deletePod) at once and returns the errors.
@@ -195,6 +233,31 @@ func (n *procNode) sampleMounts(ctx context.Context, pods []podVols) (peak func(
 			case <-ctx.Done():
 			case <-time.After(20 * time.Millisecond):
 			}
+		}
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return most
+	}
+}
+
+// sampleMountsBelow records the most mounts below dir seen, every 20ms
+// until ctx ends; peak reads it.
+func (n *procNode) sampleMountsBelow(ctx context.Context, dir string) (peak func() int) {
+	var (
+		mu   sync.Mutex
+		most int
+	)
+	n.goRun(func() {
+		for ctx.Err() == nil {
+			if infos, err := mount.ReadMountInfo(); err == nil {
+				c := len(mount.MountsUnder(infos, dir))
+				mu.Lock()
+				most = max(most, c)
+				mu.Unlock()
+			}
+			sleepCtx(ctx, 20*time.Millisecond)
 		}
 	})
 	return func() int {

@@ -45,8 +45,11 @@ const (
 	scale          = float64(contentTimeout) / float64(30*time.Second)
 )
 
+// scaled is d scaled.
+func scaled(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+
 // operationTimeout is the driver's default --operation-timeout (90s), scaled.
-var operationTimeout = time.Duration(float64(90*time.Second) * scale)
+var operationTimeout = scaled(90 * time.Second)
 
 // kubeletBackoff is the kubelet's retry schedule, scaled.
 var kubeletBackoff = drivertest.KubeletBackoff(scale)
@@ -165,7 +168,10 @@ func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode 
 		}
 		args = append(args, p)
 	}
-	n.startDriver(bin, append(args, flags...))
+	// EPHEMERA_SECURITY_DRIVER_ARGS adds flags (space-separated), after the
+	// test's own: to run the tests against a driver tuned otherwise.
+	args = append(append(args, flags...), strings.Fields(os.Getenv("EPHEMERA_SECURITY_DRIVER_ARGS"))...)
+	n.startDriver(bin, args)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx = ctx
 	t.Cleanup(func() { // runs first: the test's goroutines end before anything stops
