@@ -4,16 +4,12 @@ package security
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/ephemera-csi/ephemera/framework/drivertest"
-	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/test/internal/hostile"
 )
 
@@ -28,256 +24,6 @@ const (
 	healthyPlugin = "healthy"
 	creator       = "creator"
 )
-
-// podVols is a pod and its volumes.
-type podVols struct {
-	pod  *drivertest.Pod
-	vols []drivertest.InlineVolume
-}
-
-// newPods makes count pods named prefix-i, each with vols(i).
-func (n *procNode) newPods(prefix string, count int, vols func(i int) []drivertest.InlineVolume) []podVols {
-	out := make([]podVols, count)
-	for i := range out {
-		out[i] = podVols{pod: n.k.NewPod("bulkhead", prefix+"-"+strconv.Itoa(i)), vols: vols(i)}
-	}
-	return out
-}
-
-// controlVols are a control pod's volumes: a tmpfs and one of the healthy
-// plugin.
-func controlVols(int) []drivertest.InlineVolume {
-	return []drivertest.InlineVolume{vol("scratch", "tmpfs", "1Mi"), vol("token", healthyPlugin, "1Mi")}
-}
-
-// volsOf returns a function giving count volumes of backend.
-func volsOf(count int, backend, size string) func(int) []drivertest.InlineVolume {
-	return func(int) []drivertest.InlineVolume {
-		vs := make([]drivertest.InlineVolume, count)
-		for i := range vs {
-			vs[i] = vol("v"+strconv.Itoa(i), backend, size)
-		}
-		return vs
-	}
-}
-
-// startStorm publishes the pods as the kubelet does (publishPod) on the
-// node's goroutines until ctx ends; wait waits for them.
-func (n *procNode) startStorm(ctx context.Context, pods []podVols) (wait func()) {
-	var wg sync.WaitGroup
-	for _, p := range pods {
-		wg.Add(1)
-		n.goRun(func() {
-			defer wg.Done()
-			_ = n.publishPod(ctx, p.pod, p.vols)
-		})
-	}
-	return wg.Wait
-}
-
-// churn runs slots pods of vols(i) named prefix-slot-generation, as a
-// workload whose pods come and go does: each slot publishes a new pod as the
-// kubelet does (retried until it is published or ctx ends), keeps it for
-// hold, deletes it (retried) and starts over, until ctx ends. wait waits for
-// the slots and returns the pods they left (published, or being published,
-// when ctx ended), for a teardown.
-func (n *procNode) churn(ctx context.Context, prefix string, slots int, vols func(int) []drivertest.InlineVolume, hold time.Duration) (wait func() []podVols) {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		left []podVols
-	)
-	for slot := range slots {
-		wg.Add(1)
-		n.goRun(func() {
-			defer wg.Done()
-			for gen := 0; ; gen++ {
-				p := podVols{pod: n.k.NewPod("bulkhead", fmt.Sprintf("%s-%d-%d", prefix, slot, gen)), vols: vols(slot)}
-				err := n.publishPod(ctx, p.pod, p.vols)
-				if err == nil && sleepCtx(ctx, hold) {
-					err = n.deletePod(ctx, p.pod, p.vols)
-				}
-				if err != nil || ctx.Err() != nil {
-					mu.Lock()
-					left = append(left, p)
-					mu.Unlock()
-					return
-				}
-			}
-		})
-	}
-	return func() []podVols {
-		wg.Wait()
-		return left
-	}
-}
-
-// deleteAll deletes the pods (deletePod) at once and returns the errors.
-func (n *procNode) deleteAll(ctx context.Context, pods []podVols) error {
-	errs := make([]error, len(pods))
-	var wg sync.WaitGroup
-	for i, p := range pods {
-		wg.Go(func() { errs[i] = n.deletePod(ctx, p.pod, p.vols) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// controlLoad runs the pods, one started every apart (each on its own,
-// whether the one before is done or not): each is published as the kubelet
-// does (its volumes retried) for at most within, kept for hold, and deleted
-// (retried, at most within). It returns when all are deleted or out of
-// time; what happened is in the ledger.
-func (n *procNode) controlLoad(ctx context.Context, pods []podVols, every, hold, within time.Duration) {
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, p := range pods {
-		if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*every))) {
-			break
-		}
-		wg.Go(func() {
-			pctx, cancel := context.WithTimeout(ctx, within)
-			_ = n.publishPod(pctx, p.pod, p.vols)
-			cancel()
-			sleepCtx(ctx, hold)
-			dctx, cancel := context.WithTimeout(ctx, within)
-			_ = n.deletePod(dctx, p.pod, p.vols)
-			cancel()
-		})
-	}
-	wg.Wait()
-}
-
-// oneByOne publishes each pod, deletes it, and waits gap before the next:
-// one pod at a time, for a latency without concurrency of its own.
-func (n *procNode) oneByOne(ctx context.Context, pods []podVols, gap, within time.Duration) {
-	for _, p := range pods {
-		pctx, cancel := context.WithTimeout(ctx, within)
-		_ = n.publishPod(pctx, p.pod, p.vols)
-		_ = n.deletePod(pctx, p.pod, p.vols)
-		cancel()
-		if !sleepCtx(ctx, gap) {
-			return
-		}
-	}
-}
-
-// sleepCtx sleeps for d, or until ctx ends (then false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// staggeredDeletes deletes the pods, one started every apart (each on its
-// own), each given at most within, and returns for each what went wrong:
-// its deletion's error, or a mount or directory of the pod still there.
-func (n *procNode) staggeredDeletes(ctx context.Context, pods []podVols, every, within time.Duration) []error {
-	errs := make([]error, len(pods))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, p := range pods {
-		if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*every))) {
-			break
-		}
-		wg.Go(func() {
-			dctx, cancel := context.WithTimeout(ctx, within)
-			defer cancel()
-			err := n.deletePod(dctx, p.pod, p.vols)
-			if err == nil {
-				if ms := n.mounts(n.k.PodDir(p.pod)); len(ms) > 0 {
-					err = fmt.Errorf("deleted, but %s is still mounted", ms[0].MountPoint)
-				} else if _, serr := os.Stat(n.k.PodDir(p.pod)); serr == nil {
-					err = fmt.Errorf("deleted, but its directory %s is still there", n.k.PodDir(p.pod))
-				}
-			}
-			errs[i] = err
-		})
-	}
-	wg.Wait()
-	return errs
-}
-
-// sampleMounts records the most mounts below the pods' directories seen,
-// every 20ms until ctx ends; peak reads it.
-func (n *procNode) sampleMounts(ctx context.Context, pods []podVols) (peak func() int) {
-	var (
-		mu   sync.Mutex
-		most int
-	)
-	ps := make([]*drivertest.Pod, len(pods))
-	for i, p := range pods {
-		ps[i] = p.pod
-	}
-	n.goRun(func() {
-		for ctx.Err() == nil {
-			if c := n.mountedBelow(ps); c > 0 {
-				mu.Lock()
-				most = max(most, c)
-				mu.Unlock()
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	})
-	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return most
-	}
-}
-
-// sampleMountsBelow records the most mounts below dir seen, every 20ms
-// until ctx ends; peak reads it.
-func (n *procNode) sampleMountsBelow(ctx context.Context, dir string) (peak func() int) {
-	var (
-		mu   sync.Mutex
-		most int
-	)
-	n.goRun(func() {
-		for ctx.Err() == nil {
-			if infos, err := mount.ReadMountInfo(); err == nil {
-				c := len(mount.MountsUnder(infos, dir))
-				mu.Lock()
-				most = max(most, c)
-				mu.Unlock()
-			}
-			sleepCtx(ctx, 20*time.Millisecond)
-		}
-	})
-	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return most
-	}
-}
-
-// waitFor polls cond every 20ms for at most d, and says whether it held.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
-}
 
 // TestHungContentPluginCannotBlockTheNode (issue 32, break 1): a content
 // plugin that is up but never answers cannot take the node's other volume
@@ -314,7 +60,7 @@ func TestHungContentPluginCannotBlockTheNode(t *testing.T) {
 	storm := n.newPods("storm", 20, volsOf(4, hungPlugin, "1Mi"))
 	stormCtx, stopStorm := context.WithCancel(ctx)
 	defer stopStorm()
-	peak := n.sampleMounts(stormCtx, storm)
+	peak := n.samplePeak(stormCtx, n.mountedPods(storm))
 	stormDone := n.startStorm(stormCtx, storm)
 	saturated := waitFor(1500*time.Millisecond, func() bool { return peak() >= 64 })
 	t.Logf("storm: 80 volumes of %s being published; %d of them mounted and waiting for content within %v (saturated: %v)", hungPlugin, peak(), time.Since(start).Round(time.Millisecond), saturated)
@@ -396,7 +142,7 @@ func TestHungContentPluginCannotStallAnother(t *testing.T) {
 	storm := n.newPods("storm", 6, volsOf(1, hungPlugin, "1Mi"))
 	stormCtx, stopStorm := context.WithCancel(ctx)
 	defer stopStorm()
-	peak := n.sampleMounts(stormCtx, storm)
+	peak := n.samplePeak(stormCtx, n.mountedPods(storm))
 	stormDone := n.startStorm(stormCtx, storm)
 	waitFor(time.Second, func() bool { return peak() >= len(storm) })
 

@@ -95,7 +95,7 @@ func TestNoisyNeighbours(t *testing.T) {
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
-	peak := n.sampleMountsBelow(loadCtx, n.root)
+	peak := n.samplePeak(loadCtx, func() int { return len(n.mounts(n.root)) })
 	var churns []func() []podVols
 	for _, m := range hostile.ContentModes {
 		slots, vols, size := 3, 3, "1Mi"

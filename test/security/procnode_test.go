@@ -4,13 +4,10 @@ package security
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,10 +17,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/test/internal/hostile"
@@ -304,68 +299,6 @@ func (n *procNode) stopPlugin(name string) { n.plugins[name].Stop() }
 // goRun runs f on a goroutine of the node, waited for at cleanup.
 func (n *procNode) goRun(f func()) { n.wg.Go(f) }
 
-// vol is an inline volume of backend (a plugin's name, or tmpfs), sized
-// size (none for a plugin that creates directories).
-func vol(name, backend, size string) drivertest.InlineVolume {
-	a := map[string]string{api.ParamBackend: backend}
-	if size != "" {
-		a[api.ParamSize] = size
-	}
-	return drivertest.InlineVolume{Name: name, Attributes: a}
-}
-
-// group is the name under which a volume's operations are counted: its
-// backend.
-func group(v drivertest.InlineVolume) string { return v.Attributes[api.ParamBackend] }
-
-// publishPod publishes the volumes of pod as the kubelet does: each on its
-// own goroutine, retried on the kubelet's schedule until it is published or
-// ctx ends. It records every attempt and returns the errors of the volumes
-// that were not published.
-func (n *procNode) publishPod(ctx context.Context, pod *drivertest.Pod, vols []drivertest.InlineVolume) error {
-	errs := make([]error, len(vols))
-	var wg sync.WaitGroup
-	for i, v := range vols {
-		wg.Go(func() {
-			attempts, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.Publish(ctx, pod, v) })
-			n.led.add(pod, v, "publish", attempts, err)
-			if err != nil {
-				errs[i] = fmt.Errorf("%s/%s volume %s: %w", pod.Namespace, pod.Name, v.Name, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// deletePod tears pod down as the kubelet does once it is deleted: each
-// volume unpublished on its own goroutine, retried on the kubelet's
-// schedule until it is unpublished or ctx ends, then the pod's directories
-// removed. It records every attempt. A volume that is not published is not
-// sent anything (Kubelet.Unpublish).
-func (n *procNode) deletePod(ctx context.Context, pod *drivertest.Pod, vols []drivertest.InlineVolume) error {
-	errs := make([]error, len(vols)+1)
-	var wg sync.WaitGroup
-	for i, v := range vols {
-		if n.k.State(pod, v.Name) == drivertest.StateNone {
-			continue
-		}
-		wg.Go(func() {
-			attempts, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.Unpublish(ctx, pod, v.Name) })
-			n.led.add(pod, v, "unpublish", attempts, err)
-			if err != nil {
-				errs[i] = fmt.Errorf("%s/%s volume %s: %w", pod.Namespace, pod.Name, v.Name, err)
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	_, err := kubeletBackoff.Retry(ctx, func(ctx context.Context) error { return n.k.DeletePod(ctx, pod) })
-	return err
-}
-
 // mounts returns the mounts below dir. It may be called from any goroutine.
 func (n *procNode) mounts(dir string) []mount.MountInfo {
 	infos, err := mount.ReadMountInfo()
@@ -374,20 +307,6 @@ func (n *procNode) mounts(dir string) []mount.MountInfo {
 		return nil
 	}
 	return mount.MountsUnder(infos, dir)
-}
-
-// mountedBelow counts the pods of pods that have a mount below their
-// directory, and the mounts.
-func (n *procNode) mountedBelow(pods []*drivertest.Pod) int {
-	infos, err := mount.ReadMountInfo()
-	if err != nil {
-		return 0
-	}
-	count := 0
-	for _, p := range pods {
-		count += len(mount.MountsUnder(infos, n.k.PodDir(p)))
-	}
-	return count
 }
 
 // wantClean fails the test when anything is left on the node: a mount
@@ -415,141 +334,4 @@ func (n *procNode) wantClean() {
 			}
 		}
 	}
-}
-
-// opRecord is one volume's retried operation.
-type opRecord struct {
-	group, op string
-	pod, vol  string // the pod's name, the volume's
-	attempts  []drivertest.Attempt
-	err       error         // nil: done
-	took      time.Duration // from the first attempt's start to the last one's end
-}
-
-// ledger records every retried operation of a test.
-type ledger struct {
-	mu   sync.Mutex
-	recs []opRecord
-}
-
-func (l *ledger) add(pod *drivertest.Pod, v drivertest.InlineVolume, op string, attempts []drivertest.Attempt, err error) {
-	r := opRecord{group: group(v), op: op, pod: pod.Name, vol: v.Name, attempts: attempts, err: err}
-	if len(attempts) > 0 {
-		last := attempts[len(attempts)-1]
-		r.took = last.Start.Add(last.Latency).Sub(attempts[0].Start)
-	}
-	l.mu.Lock()
-	l.recs = append(l.recs, r)
-	l.mu.Unlock()
-}
-
-// mark returns a position in the ledger, for since.
-func (l *ledger) mark() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.recs)
-}
-
-// since returns the records of op added after mark that keep selects (all
-// when nil).
-func (l *ledger) since(mark int, op string, keep func(opRecord) bool) []opRecord {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []opRecord
-	for _, r := range l.recs[mark:] {
-		if r.op == op && (keep == nil || keep(r)) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// inGroups keeps the records of the groups.
-func inGroups(groups ...string) func(opRecord) bool {
-	return func(r opRecord) bool { return slices.Contains(groups, r.group) }
-}
-
-// summary is what a set of records shows.
-type summary struct {
-	volumes, done int
-	attempts, ok  int
-	firstOK       int
-	codes         map[codes.Code]int
-	took          []time.Duration // of the volumes done, sorted
-	firstFailure  string          // the message of one failed attempt
-}
-
-func summarize(recs []opRecord) summary {
-	s := summary{codes: map[codes.Code]int{}}
-	for _, r := range recs {
-		s.volumes++
-		if r.err == nil {
-			s.done++
-			s.took = append(s.took, r.took)
-		}
-		for i, a := range r.attempts {
-			s.attempts++
-			s.codes[a.Code]++
-			if a.Err == nil {
-				s.ok++
-				if i == 0 {
-					s.firstOK++
-				}
-			} else if s.firstFailure == "" {
-				s.firstFailure = a.Err.Error()
-			}
-		}
-	}
-	slices.Sort(s.took)
-	return s
-}
-
-// okShare is the share of attempts that succeeded.
-func (s summary) okShare() float64 {
-	if s.attempts == 0 {
-		return 1
-	}
-	return float64(s.ok) / float64(s.attempts)
-}
-
-// pct is the p-th percentile (nearest rank) of the times of the volumes
-// done; 0 when none.
-func (s summary) pct(p float64) time.Duration { return percentile(s.took, p) }
-
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func (s summary) String() string {
-	var codes []string
-	for c, k := range s.codes {
-		codes = append(codes, fmt.Sprintf("%v %d", c, k))
-	}
-	slices.Sort(codes)
-	str := fmt.Sprintf("%d volumes, %d done; %d attempts, %d OK (%.1f%%), first attempt OK for %d; codes: %s",
-		s.volumes, s.done, s.attempts, s.ok, 100*s.okShare(), s.firstOK, strings.Join(codes, ", "))
-	if len(s.took) > 0 {
-		str += fmt.Sprintf("; time to done p50 %v, p99 %v, max %v", s.pct(50).Round(time.Millisecond), s.pct(99).Round(time.Millisecond), s.took[len(s.took)-1].Round(time.Millisecond))
-	}
-	if s.firstFailure != "" {
-		str += fmt.Sprintf("; e.g. %q", clip(s.firstFailure, 300))
-	}
-	return str
-}
-
-func clip(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
-
-// bound is the latency a control workload may reach under load: twice its
-// baseline, or the baseline and 100ms, whichever is more.
-func bound(baseline time.Duration) time.Duration {
-	return max(2*baseline, baseline+100*time.Millisecond)
 }
