@@ -99,7 +99,7 @@ func TestHungContentPluginCannotBlockTheNode(t *testing.T) {
 		t.Errorf("(b) %d of %d control volumes published within 3s; want all %d", ctlPub.done, ctlPub.volumes, 2*len(control))
 	}
 	if all := summarize(append(n.led.since(mark, "publish", inGroups("tmpfs", healthyPlugin)), n.led.since(mark, "unpublish", inGroups("tmpfs", healthyPlugin))...)); all.okShare() < 0.99 {
-		t.Errorf("(b) %.1f%% of the control attempts OK (%d of %d); want at least 99%%", 100*all.okShare(), all.ok, all.attempts)
+		t.Errorf("(b) %.2f%% of the control attempts OK (%d of %d); want at least 99%%", 100*all.okShare(), all.ok, all.attempts)
 	}
 
 	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)

@@ -125,7 +125,7 @@ func TestNoisyNeighbours(t *testing.T) {
 		t.Logf("control %s publishes: %v", g, summarize(n.led.since(mark, "publish", inGroups(g))))
 		t.Logf("control %s unpublishes: %v", g, summarize(n.led.since(mark, "unpublish", inGroups(g))))
 	}
-	t.Logf("control, all: %d attempts, %.1f%% OK; publish time p99 %v (bound %v: baseline p99 %v)",
+	t.Logf("control, all: %d attempts, %.2f%% OK; publish time p99 %v (bound %v: baseline p99 %v)",
 		ctlAll.attempts, 100*ctlAll.okShare(), ctlPub.pct(99).Round(time.Millisecond), limit.Round(time.Millisecond), baseline.Round(time.Millisecond))
 	for _, m := range hostile.ContentModes {
 		t.Logf("hostile %s publishes: %v", m, summarize(n.led.since(0, "publish", inGroups(string(m)))))
@@ -143,7 +143,7 @@ func TestNoisyNeighbours(t *testing.T) {
 		t.Errorf("%d of %d control volumes published within %v; want all %d (not: %s)", ctlPub.done, ctlPub.volumes, within, 2*len(control), strings.Join(late, ", "))
 	}
 	if ctlAll.okShare() < 0.99 {
-		t.Errorf("%.1f%% of the control attempts OK (%d of %d); want at least 99%%", 100*ctlAll.okShare(), ctlAll.ok, ctlAll.attempts)
+		t.Errorf("%.2f%% of the control attempts OK (%d of %d); want at least 99%%", 100*ctlAll.okShare(), ctlAll.ok, ctlAll.attempts)
 	}
 	if p99 := ctlPub.pct(99); len(ctlPub.took) == 0 || p99 > limit {
 		t.Errorf("control publish time p99 %v under the hostile load, over the bound of %v (baseline p99 %v)", p99.Round(time.Millisecond), limit.Round(time.Millisecond), baseline.Round(time.Millisecond))

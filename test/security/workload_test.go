@@ -431,7 +431,7 @@ func (s summary) String() string {
 		codes = append(codes, fmt.Sprintf("%v %d", c, k))
 	}
 	slices.Sort(codes)
-	str := fmt.Sprintf("%d volumes, %d done; %d attempts, %d OK (%.1f%%), first attempt OK for %d; codes: %s",
+	str := fmt.Sprintf("%d volumes, %d done; %d attempts, %d OK (%.2f%%), first attempt OK for %d; codes: %s",
 		s.volumes, s.done, s.attempts, s.ok, 100*s.okShare(), s.firstOK, strings.Join(codes, ", "))
 	if len(s.took) > 0 {
 		str += fmt.Sprintf("; time to done p50 %v, p99 %v, max %v", s.pct(50).Round(time.Millisecond), s.pct(99).Round(time.Millisecond), s.took[len(s.took)-1].Round(time.Millisecond))
