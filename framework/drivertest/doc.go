@@ -37,6 +37,20 @@
 // assert on the returned gRPC errors (status.Code) and on [Kubelet.State].
 // It is safe for concurrent use.
 //
+// # Retries
+//
+// A test that wants the kubelet's retries runs an operation through
+// [Backoff.Retry]: after each failure the volume waits 500ms, doubling up to
+// 2m2s, and its retry starts on the next 100ms tick of the reconciler's loop,
+// each attempt bounded by the 2 minute CSI deadline. [KubeletBackoff] scales
+// that schedule, so that a test whose driver has scaled timeouts keeps the
+// kubelet's shape, and Retry records every attempt (start, latency, code):
+//
+//	b := drivertest.KubeletBackoff(2.0 / 30) // a content timeout of 2s, not 30s
+//	attempts, err := b.Retry(ctx, func(ctx context.Context) error {
+//		return k.Publish(ctx, pod, vol)
+//	})
+//
 // A typical test starts the driver in-process with [Start], which serves it on
 // a unix socket, points a Kubelet at that endpoint and the same root directory,
 // and publishes pods:
@@ -110,6 +124,7 @@ package drivertest
 //   - restart.go: Restart, the reconstruction from vol_data.json.
 //   - voldata.go: reading and writing vol_data.json.
 //   - dial.go: one gRPC connection per RPC, as the kubelet dials the plugin.
+//   - backoff.go: the kubelet's retry schedule (Backoff) and Retry.
 //   - mounts_linux.go, mounts_other.go: mount point detection (mountinfo on
 //     Linux, links elsewhere); mounts.go: removing a tree around mount points.
 //   - uuid.go: pod UIDs.
