@@ -26,10 +26,12 @@ import (
 // kubelet's retries are: --content-timeout=2s, --operation-timeout=6s) has
 // its tmpfs, the plugin "healthy" and one hostile content plugin per mode,
 // named after it: hang, trickle (its answers' bytes come at 256 KiB/s),
-// flood (16Mi answers, the default bound, every time), crash (dies
+// flood (answers of its whole bound, every time), crash (dies
 // mid-answer; restarted 0.67s later, a CrashLoopBackOff's first 10s
 // scaled), late (answers just after the deadline) and flap (socket up 0.5s,
-// down 0.5s). Everything is kubelet-shaped: each volume on its own
+// down 0.5s). Every plugin's bound (max-content-bytes) is 4Mi, so that the
+// default --content-bytes-in-flight, 48Mi, holds one answer of each of the
+// seven, as the driver requires. Everything is kubelet-shaped: each volume on its own
 // goroutine, retried on the kubelet's schedule (drivertest.KubeletBackoff).
 //
 // The control workload is pods of a tmpfs volume and a healthy volume, one
@@ -51,7 +53,12 @@ import (
 // to 100-170ms slower in one run of three, 3 pods of 3 at most 63ms in
 // five; six 16Mi flood answers at once made them 100-300ms slower while they
 // lasted (receiving and writing them costs CPU that no bulkhead of the
-// driver's divides), two at once up to 60-85ms.
+// driver's divides), two at once up to 60-85ms. With the bulkheads, a flood
+// of 16Mi answers (the default bound; one in flight at a time, its share
+// of the budget being 24Mi) still made the control publish p99 80-164ms
+// against a baseline of 10-33ms in 9 runs, over the bound in 3: CPU is
+// not partitioned (docs/security.md, "What is not promised"). At 4Mi it
+// was 20-43ms in 5 runs, without flood 19-23ms in 4.
 //
 // Pass criteria, under the hostile load:
 //
@@ -65,9 +72,12 @@ import (
 //
 // It takes about 18s. Run it outside -race (it measures latencies).
 func TestNoisyNeighbours(t *testing.T) {
-	specs := []pluginSpec{{name: healthyPlugin, mode: hostile.Healthy}}
+	const floodBound = 4 << 20
+	// Seven content plugins share the 48Mi budget, one answer of each
+	// reserved: their bound is 4Mi (see above for flood's).
+	specs := []pluginSpec{{name: healthyPlugin, mode: hostile.Healthy, maxBytes: floodBound}}
 	for _, m := range hostile.ContentModes {
-		s := pluginSpec{name: string(m), mode: m}
+		s := pluginSpec{name: string(m), mode: m, maxBytes: floodBound}
 		if m == hostile.Crash {
 			s.restart = scaled(10 * time.Second)
 		}
@@ -100,7 +110,7 @@ func TestNoisyNeighbours(t *testing.T) {
 	for _, m := range hostile.ContentModes {
 		slots, vols, size := 3, 3, "1Mi"
 		if m == hostile.Flood {
-			slots, vols, size = 2, 1, "32Mi" // a 16Mi answer, written: see above
+			slots, vols, size = 2, 1, "8Mi" // a 4Mi answer, written: see above
 		}
 		churns = append(churns, n.churn(loadCtx, string(m), slots, volsOf(vols, string(m), size), hold))
 	}

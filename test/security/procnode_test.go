@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -97,9 +98,10 @@ func removeDriverBinary() {
 // pluginSpec is one plugin of a procNode: --plugin NAME=unix://…/NAME.sock,
 // with dir=<base>/shared/NAME for a plugin that creates directories.
 type pluginSpec struct {
-	name    string
-	mode    hostile.Mode
-	restart time.Duration // after a crash; 0: not restarted
+	name     string
+	mode     hostile.Mode
+	restart  time.Duration // after a crash; 0: not restarted
+	maxBytes int64         // its answers' bound (max-content-bytes); 0: the default, 16Mi
 }
 
 func (s pluginSpec) creates() bool { return s.mode == hostile.Dir || s.mode == hostile.HangDelete }
@@ -161,6 +163,9 @@ func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode 
 		if s.creates() {
 			p += ",dir=" + n.shared(s.name)
 		}
+		if s.maxBytes > 0 {
+			p += ",max-content-bytes=" + strconv.FormatInt(s.maxBytes, 10)
+		}
 		args = append(args, p)
 	}
 	// EPHEMERA_SECURITY_DRIVER_ARGS adds flags (space-separated), after the
@@ -185,7 +190,7 @@ func (n *procNode) shared(name string) string { return filepath.Join(n.base, "sh
 // startPlugin starts the plugin of s (again, after stopPlugin).
 func (n *procNode) startPlugin(s pluginSpec) {
 	n.t.Helper()
-	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock")}
+	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock"), MaxContentBytes: s.maxBytes}
 	if s.creates() {
 		opts.Dir = n.shared(s.name)
 		if err := os.MkdirAll(opts.Dir, 0o750); err != nil {
