@@ -191,21 +191,29 @@ func (n *procNode) deleteAll(ctx context.Context, pods []podVols) error {
 // (retried, at most within). It returns when all are deleted or out of
 // time; what happened is in the ledger.
 func (n *procNode) controlLoad(ctx context.Context, pods []podVols, every, hold, within time.Duration) {
+	staggered(ctx, len(pods), every, func(i int) {
+		p := pods[i]
+		pctx, cancel := context.WithTimeout(ctx, within)
+		_ = n.publishPod(pctx, p.pod, p.vols)
+		cancel()
+		sleepCtx(ctx, hold)
+		dctx, cancel := context.WithTimeout(ctx, within)
+		_ = n.deletePod(dctx, p.pod, p.vols)
+		cancel()
+	})
+}
+
+// staggered calls f(0), ..., f(count-1), each on its own goroutine, one
+// started every apart whether the one before is done or not, until ctx
+// ends, and waits for those it started.
+func staggered(ctx context.Context, count int, every time.Duration, f func(i int)) {
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i, p := range pods {
+	for i := range count {
 		if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*every))) {
 			break
 		}
-		wg.Go(func() {
-			pctx, cancel := context.WithTimeout(ctx, within)
-			_ = n.publishPod(pctx, p.pod, p.vols)
-			cancel()
-			sleepCtx(ctx, hold)
-			dctx, cancel := context.WithTimeout(ctx, within)
-			_ = n.deletePod(dctx, p.pod, p.vols)
-			cancel()
-		})
+		wg.Go(func() { f(i) })
 	}
 	wg.Wait()
 }
@@ -244,27 +252,20 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // its deletion's error, or a mount or directory of the pod still there.
 func (n *procNode) staggeredDeletes(ctx context.Context, pods []podVols, every, within time.Duration) []error {
 	errs := make([]error, len(pods))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, p := range pods {
-		if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*every))) {
-			break
-		}
-		wg.Go(func() {
-			dctx, cancel := context.WithTimeout(ctx, within)
-			defer cancel()
-			err := n.deletePod(dctx, p.pod, p.vols)
-			if err == nil {
-				if ms := n.mounts(n.k.PodDir(p.pod)); len(ms) > 0 {
-					err = fmt.Errorf("deleted, but %s is still mounted", ms[0].MountPoint)
-				} else if _, serr := os.Stat(n.k.PodDir(p.pod)); serr == nil {
-					err = fmt.Errorf("deleted, but its directory %s is still there", n.k.PodDir(p.pod))
-				}
+	staggered(ctx, len(pods), every, func(i int) {
+		p := pods[i]
+		dctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		err := n.deletePod(dctx, p.pod, p.vols)
+		if err == nil {
+			if ms := n.mounts(n.k.PodDir(p.pod)); len(ms) > 0 {
+				err = fmt.Errorf("deleted, but %s is still mounted", ms[0].MountPoint)
+			} else if _, serr := os.Stat(n.k.PodDir(p.pod)); serr == nil {
+				err = fmt.Errorf("deleted, but its directory %s is still there", n.k.PodDir(p.pod))
 			}
-			errs[i] = err
-		})
-	}
-	wg.Wait()
+		}
+		errs[i] = err
+	})
 	return errs
 }
 
