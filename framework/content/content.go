@@ -48,6 +48,12 @@ type Options struct {
 	// Now returns the time used to name the timestamped directory; nil means
 	// time.Now. It is a test hook.
 	Now func() time.Time
+	// Admit, when set, is called once the files are known to differ from
+	// the current content, before anything is written: an error stops the
+	// Write with it, the previous content in place. A Write that swaps
+	// nothing never calls it. The framework reserves the memory the new
+	// files will take here (Charge).
+	Admit func() error
 }
 
 // Write atomically replaces the content of dir with files, keyed by slash-
@@ -99,6 +105,11 @@ func (p *plan) write(r *os.Root, opts Options) error {
 	if cerr != nil || old == "" || !p.matches(r, old) {
 		if err := p.done(); err != nil {
 			return err
+		}
+		if opts.Admit != nil {
+			if err := opts.Admit(); err != nil {
+				return err
+			}
 		}
 		var err error
 		if ts, err = p.writeDir(r, now()); err != nil {
