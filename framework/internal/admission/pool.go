@@ -163,6 +163,30 @@ func (p *Pool) TryAcquire(party string, n int64) (*Grant, error) {
 	return nil, p.refusal(pt, false)
 }
 
+// Force grants n units to party whatever its share and the shared part say,
+// for what exists already and must be counted (a volume's content found at
+// startup): its reserve first, then the shared part, which may go below
+// zero. Until enough is released, nothing more is granted from the shared
+// part. An unknown party without a share for others gets one with no
+// reserve and no maximum of its own.
+func (p *Pool) Force(name string, n int64) *Grant {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pt, err := p.party(name)
+	if err != nil {
+		pt = &party{name: name}
+		p.parties[name] = pt
+		p.order = append(p.order, pt)
+	}
+	n = max(n, 0)
+	fromReserve := min(n, max(pt.share.Reserved-pt.reserved, 0))
+	borrow := n - fromReserve
+	pt.reserved += fromReserve
+	pt.borrowed += borrow
+	p.free -= borrow
+	return &Grant{pool: p, party: pt, reserved: fromReserve, borrowed: borrow}
+}
+
 // Acquire waits for n units for party until ctx ends, and returns ctx's
 // error then. A request larger than the party may ever hold is refused at
 // once with a *Refusal.

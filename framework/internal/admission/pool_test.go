@@ -232,3 +232,32 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not reached in 2s")
 }
+
+// Force counts what exists beyond every bound; the shared part is
+// overdrawn until enough is released, and other parties keep their
+// reserves.
+func TestForceOverdraws(t *testing.T) {
+	p := newPool(t, 10, map[string]Share{"a": {Reserved: 2, Max: 5}, "b": {Reserved: 2, Max: 5}}, nil)
+	big := p.Force("a", 12) // 2 from a's reserve, 10 borrowed from the 6 shared
+	if size, free := p.Shared(); size != 6 || free != -4 {
+		t.Fatalf("shared %d free %d after forcing 12, want 6 and -4", size, free)
+	}
+	if u := p.Usage()["a"]; u.Held != 12 {
+		t.Fatalf("a holds %d, want 12", u.Held)
+	}
+	wantRefused(t, p, "a", 1)
+	b1, b2 := mustTry(t, p, "b", 1), mustTry(t, p, "b", 1) // b's reserve
+	wantRefused(t, p, "b", 1)                              // nothing shared is free
+	x := p.Force("unnamed", 1)
+	big.Release()
+	if size, free := p.Shared(); size != 6 || free != 5 {
+		t.Fatalf("shared %d free %d after the release, want 6 and 5", size, free)
+	}
+	mustTry(t, p, "b", 3).Release()
+	for _, g := range []*Grant{b1, b2, x} {
+		g.Release()
+	}
+	if _, free := p.Shared(); free != 6 {
+		t.Fatalf("free %d after every release, want 6", free)
+	}
+}
