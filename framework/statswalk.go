@@ -34,6 +34,19 @@ type StatsWalkLimits struct {
 	// under its own deadline, not the caller's). Defaults to 5s, well under
 	// the kubelet's stats deadline; at most 1m.
 	Timeout time.Duration
+	// MaxConcurrent caps the walks in progress on the node, whatever the
+	// volumes: a walk waits for one of them before it starts (its Timeout
+	// counts from then), and a caller that goes away stops waiting. Each walk
+	// holds up to about statsWalkMemory of memory, so that the walks of a
+	// node are a fixed part of the driver's memory plan whatever the pods
+	// put in their directories and however many cores walk them. Defaults
+	// to 4.
+	MaxConcurrent int
+	// MaxLinkedFiles caps the files with several hard links one walk
+	// remembers (to count each once, like du): past it the walk stops, its
+	// answer a lower bound. It bounds the memory of a walk (about 40 bytes
+	// each). Defaults to 65,536.
+	MaxLinkedFiles int
 	// CacheTTL is how long a walk's answer is reused for the same volume
 	// (concurrent calls always share one walk). The kubelet asks once a
 	// minute per volume, so a pod's directory costs at most one Timeout of
@@ -48,6 +61,14 @@ const (
 	defaultStatsTimeout    = 5 * time.Second
 	defaultStatsCacheTTL   = time.Minute
 	maxStatsTimeout        = time.Minute
+	defaultStatsWalks      = 4
+	defaultStatsLinked     = 1 << 16
+	// statsWalkMemory is what one walk may hold at most, for the memory
+	// plan: its remembered links (MaxLinkedFiles of about 40 bytes, with
+	// the map's growth), the batches of entries of MaxDepth open
+	// directories (walkBatch each), and the garbage of both. Measured by
+	// test/bench TestDriverContentMemory's walk rows.
+	statsWalkMemory = 8 << 20
 )
 
 func (l *StatsWalkLimits) setDefaults() {
@@ -63,12 +84,21 @@ func (l *StatsWalkLimits) setDefaults() {
 	if l.CacheTTL == 0 {
 		l.CacheTTL = defaultStatsCacheTTL
 	}
+	if l.MaxConcurrent == 0 {
+		l.MaxConcurrent = defaultStatsWalks
+	}
+	if l.MaxLinkedFiles == 0 {
+		l.MaxLinkedFiles = defaultStatsLinked
+	}
 }
 
 func (l StatsWalkLimits) validate() error {
 	var errs []error
 	if l.MaxEntries < 0 || l.MaxDepth < 0 {
 		errs = append(errs, fmt.Errorf("Limits.StatsWalk.MaxEntries %d and Limits.StatsWalk.MaxDepth %d must not be negative", l.MaxEntries, l.MaxDepth))
+	}
+	if l.MaxConcurrent < 0 || l.MaxLinkedFiles < 0 {
+		errs = append(errs, fmt.Errorf("Limits.StatsWalk.MaxConcurrent %d (--stats-max-walks) and Limits.StatsWalk.MaxLinkedFiles %d (--stats-max-linked-files) must not be negative", l.MaxConcurrent, l.MaxLinkedFiles))
 	}
 	if l.Timeout < 0 || l.Timeout > maxStatsTimeout {
 		errs = append(errs, fmt.Errorf("Limits.StatsWalk.Timeout %s must be positive and at most %s", l.Timeout, maxStatsTimeout))
@@ -84,6 +114,7 @@ const (
 	boundDepth                          // a directory at MaxDepth was not listed
 	boundTimeout                        // Timeout reached
 	boundCanceled                       // every caller went away, or the volume was unpublished
+	boundLinks                          // MaxLinkedFiles reached
 )
 
 // boundNames are the values of the result label of ephemera_stats_walks_total.
@@ -95,6 +126,7 @@ var boundNames = []struct {
 	{boundDepth, metrics.StatsWalkMaxDepth},
 	{boundTimeout, metrics.StatsWalkTimeout},
 	{boundCanceled, metrics.StatsWalkCanceled},
+	{boundLinks, metrics.StatsWalkMaxLinkedFiles},
 }
 
 // names lists the bounds in b, or StatsWalkComplete for none.
@@ -205,6 +237,10 @@ func walkTree(ctx context.Context, root walkDir, self walkEntry, lim StatsWalkLi
 			if _, ok := seen[id]; ok {
 				continue
 			}
+			if lim.MaxLinkedFiles > 0 && len(seen) >= lim.MaxLinkedFiles { // 0: walkTree called without defaults (tests)
+				res.stopped |= boundLinks
+				return res
+			}
 			seen[id] = struct{}{}
 		}
 		res.inodes++
@@ -246,6 +282,9 @@ type statsCache struct {
 	// (the metric). Under mu.
 	observe func(walkBound)
 	entries map[string]*statsWalk
+	// slots are the node's walks in progress (MaxConcurrent): a walk sends
+	// before it starts and receives when it ends.
+	slots chan struct{}
 
 	// Tests.
 	walks   atomic.Int64                 // walks started
@@ -272,7 +311,7 @@ type statsWalk struct {
 }
 
 func newStatsCache(lim StatsWalkLimits) *statsCache {
-	return &statsCache{lim: lim, now: time.Now, entries: map[string]*statsWalk{}}
+	return &statsCache{lim: lim, now: time.Now, entries: map[string]*statsWalk{}, slots: make(chan struct{}, max(lim.MaxConcurrent, 1))}
 }
 
 // walkFunc walks one volume's directory under ctx.
@@ -323,10 +362,10 @@ func (c *statsCache) usage(ctx context.Context, id string, key statsKey, walk wa
 }
 
 // startLocked starts a walk of volume id. The walk keeps ctx's values (the
-// logger) but not its cancellation.
+// logger) but not its cancellation. It waits for one of the node's
+// MaxConcurrent walks first; its Timeout counts from when it has one.
 func (c *statsCache) startLocked(ctx context.Context, id string, key statsKey, walk walkFunc) *statsWalk {
-	wctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	wctx, cancelTimeout := context.WithTimeout(wctx, c.lim.Timeout)
+	base, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	w := &statsWalk{key: key, done: make(chan struct{}), cancel: cancel}
 	c.entries[id] = w
 	c.walks.Add(1)
@@ -334,10 +373,26 @@ func (c *statsCache) startLocked(ctx context.Context, id string, key statsKey, w
 	visited, observe := c.visited, c.observe
 	go func() {
 		defer c.running.Done()
-		defer cancelTimeout()
+		var res walkResult
+		var err error
 		start := c.now()
-		res, err := walk(wctx, c.lim, visited)
-		canceled := errors.Is(context.Cause(wctx), errWalkCanceled)
+		turn := false
+		select {
+		case c.slots <- struct{}{}:
+			turn = true
+		case <-base.Done():
+		}
+		if base.Err() != nil {
+			res.stopped = boundCanceled // canceled before its turn
+		} else {
+			wctx, cancelTimeout := context.WithTimeout(base, c.lim.Timeout)
+			res, err = walk(wctx, c.lim, visited)
+			cancelTimeout()
+		}
+		if turn {
+			<-c.slots
+		}
+		canceled := errors.Is(context.Cause(base), errWalkCanceled)
 		// Counted and logged before the answer is handed out, so that a
 		// caller that got it also sees it in the metric.
 		if err == nil && res.stopped != 0 {

@@ -303,7 +303,7 @@ func TestStatsCacheSingleFlightAndCancel(t *testing.T) {
 func TestStatsWalkLimitsValidate(t *testing.T) {
 	var l StatsWalkLimits
 	l.setDefaults()
-	if l != (StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) || l.validate() != nil {
+	if l != (StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, MaxConcurrent: 4, MaxLinkedFiles: 1 << 16, CacheTTL: time.Minute}) || l.validate() != nil {
 		t.Errorf("defaults %+v: %v", l, l.validate())
 	}
 	for _, bad := range []StatsWalkLimits{
@@ -311,9 +311,101 @@ func TestStatsWalkLimitsValidate(t *testing.T) {
 		{MaxEntries: 1, MaxDepth: -1, Timeout: time.Second},
 		{MaxEntries: 1, MaxDepth: 1, Timeout: -time.Second},
 		{MaxEntries: 1, MaxDepth: 1, Timeout: 2 * time.Minute},
+		{MaxEntries: 1, MaxDepth: 1, Timeout: time.Second, MaxConcurrent: -1},
+		{MaxEntries: 1, MaxDepth: 1, Timeout: time.Second, MaxLinkedFiles: -1},
 	} {
 		if bad.validate() == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+// A walk remembers at most MaxLinkedFiles files with several links: past
+// them it stops, what it counted a lower bound.
+func TestWalkTreeBoundsLinkedFiles(t *testing.T) {
+	opened := 0
+	root := &fakeDir{kids: map[string]*fakeDir{}, opened: &opened}
+	for i := range 100 {
+		// 50 files, each with two links in this directory.
+		root.ents = append(root.ents, walkEntry{name: fmt.Sprint("l", i), bytes: 4096, dev: 1, ino: uint64(100 + i/2), links: 2})
+	}
+	opened++
+	rootEntry := walkEntry{dir: true, bytes: 4096, dev: 1, ino: 1}
+	all := walkTree(context.Background(), root, rootEntry, StatsWalkLimits{MaxEntries: 1000, MaxDepth: 10, MaxLinkedFiles: 50}, nil)
+	if all.stopped != 0 || all.inodes != 51 {
+		t.Fatalf("with room for 50 linked files: %+v, want 51 inodes and no bound", all)
+	}
+	root.pos = 0
+	opened = 1
+	short := walkTree(context.Background(), root, rootEntry, StatsWalkLimits{MaxEntries: 1000, MaxDepth: 10, MaxLinkedFiles: 10}, nil)
+	if short.stopped != boundLinks || short.inodes != 11 {
+		t.Fatalf("with room for 10 linked files: %+v, want 11 inodes, stopped at %v", short, boundLinks)
+	}
+	if got := short.stopped.names(); len(got) != 1 || got[0] != "max_linked_files" {
+		t.Errorf("bound names %v", got)
+	}
+}
+
+// At most MaxConcurrent walks run at once on the node, whatever the
+// volumes; the others wait for a turn, and one whose callers all went away
+// never runs.
+func TestStatsCacheMaxConcurrent(t *testing.T) {
+	lim := StatsWalkLimits{MaxConcurrent: 2}
+	lim.setDefaults()
+	c := newStatsCache(lim)
+	var mu sync.Mutex
+	running, most, walks := 0, 0, 0
+	release := make(chan struct{})
+	walk := func(ctx context.Context, _ StatsWalkLimits, _ func(context.Context, int64)) (walkResult, error) {
+		mu.Lock()
+		running++
+		walks++
+		most = max(most, running)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return walkResult{inodes: 1}, nil
+	}
+	key := statsKey{target: "/t"}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			if _, err := c.usage(context.Background(), fmt.Sprint("v", i), key, walk); err != nil {
+				t.Errorf("v%d: %v", i, err)
+			}
+		})
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := running
+		mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d walks running, want 2", n)
+		}
+	}
+	// A fifth volume's caller gives up before its turn.
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan error, 1)
+	go func() {
+		_, err := c.usage(ctx, "v-gone", key, walk)
+		gone <- err
+	}()
+	for c.waiting("v-gone") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that went away got %v", err)
+	}
+	close(release)
+	wg.Wait()
+	c.running.Wait()
+	if most != 2 || walks != 4 {
+		t.Errorf("%d walks at most at once, %d in all; want 2 and 4 (the abandoned one never runs)", most, walks)
 	}
 }

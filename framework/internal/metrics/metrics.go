@@ -33,6 +33,8 @@ const (
 	BuildInfo       = "ephemera_build_info"
 	CSIDriverBad    = "ephemera_csidriver_misconfigured"
 	StatsWalks      = "ephemera_stats_walks_total"
+	ContentHeld     = "ephemera_content_held_bytes"
+	ContentCapacity = "ephemera_content_capacity_bytes"
 )
 
 const (
@@ -102,6 +104,9 @@ const (
 	StatsWalkMaxDepth   = "max_depth"
 	StatsWalkTimeout    = "timeout"
 	StatsWalkCanceled   = "canceled"
+	// StatsWalkMaxLinkedFiles: the walk met more files with several links
+	// than it may remember (StatsWalkLimits.MaxLinkedFiles).
+	StatsWalkMaxLinkedFiles = "max_linked_files"
 )
 
 // durationBuckets covers a fast tmpfs publish (well under a millisecond) up to
@@ -139,6 +144,11 @@ type Config struct {
 	// Inflight reports the volume operations in progress; called at every
 	// scrape. Nil: no inflight gauge.
 	Inflight func() int
+	// ContentHeld reports the memory the content in memory-backed volumes
+	// takes (exported as ContentHeld), against ContentCapacity (exported
+	// when positive). Nil: neither.
+	ContentHeld     func() int64
+	ContentCapacity int64
 }
 
 // Metrics are one driver's Prometheus metrics in their own registry (never the
@@ -233,7 +243,7 @@ func New(c Config) *Metrics {
 	for _, r := range []string{RefreshOK, RefreshFailed} {
 		m.refresh.WithLabelValues(r)
 	}
-	for _, r := range []string{StatsWalkComplete, StatsWalkMaxEntries, StatsWalkMaxDepth, StatsWalkTimeout, StatsWalkCanceled} {
+	for _, r := range []string{StatsWalkComplete, StatsWalkMaxEntries, StatsWalkMaxDepth, StatsWalkTimeout, StatsWalkCanceled, StatsWalkMaxLinkedFiles} {
 		m.statsWalks.WithLabelValues(r)
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -256,6 +266,21 @@ func New(c Config) *Metrics {
 			Name: InflightOps,
 			Help: "NodePublishVolume and NodeUnpublishVolume operations in progress (admitted under MaxInFlight).",
 		}, func() float64 { return float64(inflight()) }))
+	}
+	if c.ContentHeld != nil {
+		held := c.ContentHeld
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: ContentHeld,
+			Help: "Node memory the content the driver wrote into memory-backed (tmpfs) volumes takes while they exist, as the kernel charges it to the driver's memory cgroup (Options.Volumes.ContentCapacity, --content-capacity).",
+		}, func() float64 { return float64(held()) }))
+		if c.ContentCapacity > 0 {
+			capacity := prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: ContentCapacity,
+				Help: "The content capacity (--content-capacity): alert on ephemera_content_held_bytes / ephemera_content_capacity_bytes.",
+			})
+			capacity.Set(float64(c.ContentCapacity))
+			m.reg.MustRegister(capacity)
+		}
 	}
 	return m
 }
