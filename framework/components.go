@@ -164,6 +164,14 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 	}}
 }
 
+// planString is MemoryNeeded for a log: -1 is unbounded.
+func planString(n int64) string {
+	if n < 0 {
+		return "unbounded (--content-capacity=-1)"
+	}
+	return bytes(n)
+}
+
 // setMemoryLimit is debug.SetMemoryLimit, replaced by tests.
 var setMemoryLimit = debug.SetMemoryLimit
 
@@ -183,9 +191,13 @@ func (d *Driver) memoryLimitComponent(log klog.Logger) component {
 				log.V(2).Info("GOMEMLIMIT is set; not deriving Go's memory limit from the container's", logkeys.Limit, env)
 				return nil
 			}
-			goLimit := GoMemoryLimit(limit)
+			if need := d.opts.memoryNeeded(); need < 0 || need > limit {
+				log.Info("The memory limit does not hold the driver's memory plan (docs/operations.md, \"The memory plan\"): the kernel may OOM-kill the driver under the load its bounds admit; raise the limit, or lower --content-capacity, --content-bytes-in-flight or --stats-max-walks",
+					logkeys.ContainerLimit, bytes(limit), logkeys.Limit, planString(need))
+			}
+			goLimit := GoMemoryLimit(limit - d.opts.heldCapacity())
 			prev = setMemoryLimit(goLimit)
-			log.V(2).Info("Set Go's soft memory limit from the container's", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
+			log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
 			return nil
 		},
 		stop: func() error {

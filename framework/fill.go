@@ -10,6 +10,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 )
 
 // This file holds what fills a volume, as the lifecycle calls it
@@ -119,7 +120,9 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 // writeContent swaps files into the volume atomically, owned by the fsGroup,
 // under the limits of a provider that declares them (those its answer was
 // checked against), else the content package's defaults. It stops when ctx
-// is done, the previous content in place.
+// is done, the previous content in place. In a memory-backed volume the new
+// files' charge is reserved from the content capacity before they are
+// written (heldContent), and replaces what the old ones held once they are.
 func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
 	var opts content.Options
 	if !isWindows {
@@ -133,7 +136,33 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 		return fmt.Errorf("writing content: %w", err)
 	}
 	defer r.Close()
+	held := d.lanes.held
+	party := d.contentParty(v.Backend)
+	inMemory, err := memoryBacked(r)
+	if err != nil {
+		return fmt.Errorf("writing content: %w", err)
+	}
+	var charge int64
+	var pending *admission.Grant
+	if inMemory {
+		charge = content.Charge(files, held.page)
+		opts.Admit = func() (err error) {
+			pending, err = held.reserve(v.ID, party, charge, len(files))
+			return err
+		}
+	}
 	err = content.WriteRoot(ctx, r, files, opts)
+	switch {
+	case !inMemory:
+	case err == nil && (pending != nil || !held.holds(v.ID)):
+		held.set(v.ID, pending, charge) // also without a bound: counted
+	case err != nil && pending != nil:
+		// Cut short after the reservation: count what is there now.
+		pending.Release()
+		if n, cerr := content.Charged(r, held.page); cerr == nil {
+			held.adopt(v.ID, party, n)
+		}
+	}
 	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {
 		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, bytes(v.Size))
 	}

@@ -21,8 +21,9 @@ import (
 //
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
-//	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight
-//	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-cache-ttl
+//	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight --content-capacity
+//	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-max-walks
+//	--stats-max-linked-files --stats-cache-ttl
 //	--max-in-flight --max-in-flight-per-backend --in-flight-reserved-per-backend --max-volumes-per-pod
 //	--operation-timeout --content-timeout --memory-limit --keep-binary-pages
 func BindFlags(fs *flag.FlagSet, o *Options) {
@@ -56,11 +57,15 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.BoolVar(&o.GC.DryRun, "gc-dry-run", gc.DryRun, "Only log what the orphan GC would remove.")
 	o.Volumes.ContentBytesInFlight = volumes.ContentBytesInFlight
 	fs.Var(bytesFlag{&o.Volumes.ContentBytesInFlight, false}, "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
+	o.Volumes.ContentCapacity = volumes.ContentCapacity
+	fs.Var(capacityFlag{&o.Volumes.ContentCapacity}, "content-capacity", "Node memory the content the driver writes into tmpfs volumes may take while they exist, e.g. 64Mi: its data in whole pages and 1Ki per file, directory and link, charged by the kernel to the driver's memory cgroup, not the pod's. A publish past it is refused (ResourceExhausted). Part of the memory plan: keep the container's memory limit at least this plus what --content-bytes-in-flight and --stats-max-walks need (docs/operations.md, \"The memory plan\"). -1: no bound.")
 	fs.Var((*mountOptionsFlag)(&o.Volumes.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
 	fs.Float64Var(&o.GC.MaxOrphanShare, "gc-max-orphan-share", gc.MaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none when the driver does not ask the API server).")
 	fs.Int64Var(&o.Limits.StatsWalk.MaxEntries, "stats-max-entries", limits.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
 	fs.IntVar(&o.Limits.StatsWalk.MaxDepth, "stats-max-depth", limits.StatsWalk.MaxDepth, "Levels below a directory volume's root one volume-stats walk enters at most; deeper entries are not counted.")
 	fs.DurationVar(&o.Limits.StatsWalk.Timeout, "stats-timeout", limits.StatsWalk.Timeout, "Wall time of one volume-stats walk of a directory volume at most (up to 1m); past it the usage reported is a lower bound.")
+	fs.IntVar(&o.Limits.StatsWalk.MaxConcurrent, "stats-max-walks", limits.StatsWalk.MaxConcurrent, "Volume-stats walks of directory volumes in progress on the node at most (each holds up to 8Mi); others wait for a turn.")
+	fs.IntVar(&o.Limits.StatsWalk.MaxLinkedFiles, "stats-max-linked-files", limits.StatsWalk.MaxLinkedFiles, "Files with several hard links one volume-stats walk remembers to count once at most; past it the usage reported is a lower bound.")
 	fs.DurationVar(&o.Limits.StatsWalk.CacheTTL, "stats-cache-ttl", limits.StatsWalk.CacheTTL, "How long the usage of a directory volume is reused before it is walked again. Negative: not reused (concurrent calls still share one walk).")
 	o.Limits.MemoryLimit = limits.MemoryLimit
 	fs.IntVar(&o.Limits.MaxInFlight, "max-in-flight", limits.MaxInFlight, "Volume publishes in flight on this node at most, across all backends; past it a publish gets ResourceExhausted and the kubelet retries.")
@@ -99,6 +104,27 @@ func (b bytesFlag) Set(v string) error {
 	}
 	*b.n = q.Value()
 	return nil
+}
+
+// capacityFlag is a quantity of bytes, as 64Mi, into n, or -1 for no bound.
+type capacityFlag struct{ n *int64 }
+
+func (c capacityFlag) String() string {
+	if c.n == nil {
+		return "0"
+	}
+	if *c.n < 0 {
+		return "-1"
+	}
+	return bytes(*c.n)
+}
+
+func (c capacityFlag) Set(v string) error {
+	if v == "-1" {
+		*c.n = NoContentCapacity
+		return nil
+	}
+	return bytesFlag{c.n, false}.Set(v)
 }
 
 // mountOptionsFlag is the repeatable --mount-options BACKEND=opt[,opt...].

@@ -18,15 +18,15 @@ func TestBindFlags(t *testing.T) {
 	if o.Node.ID != "node-7" || o.Node.KubeletRootDir != defaultKubeletRoot || o.GC.Interval != time.Minute || o.Observability.VolumesEndpoint == nil || !*o.Observability.VolumesEndpoint {
 		t.Fatalf("defaults: %+v", o)
 	}
-	if want := (StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}); o.Limits.StatsWalk != want {
+	if want := (StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, MaxConcurrent: 4, MaxLinkedFiles: 1 << 16, CacheTTL: time.Minute}); o.Limits.StatsWalk != want {
 		t.Fatalf("stats walk defaults: %+v, want %+v", o.Limits.StatsWalk, want)
 	}
 	if err := fs.Parse([]string{"--endpoint=unix:///run/x.sock", "--register", "--gc-interval=-1s", "--metrics-address=:9809", "--volumes-endpoint=false",
-		"--stats-max-entries=5000", "--stats-max-depth=16", "--stats-timeout=2s", "--stats-cache-ttl=-1s",
+		"--stats-max-entries=5000", "--stats-max-depth=16", "--stats-timeout=2s", "--stats-cache-ttl=-1s", "--stats-max-walks=2", "--stats-max-linked-files=1000", "--content-capacity=-1",
 		"--memory-limit=268435456", "--keep-binary-pages", "--max-in-flight=16", "--max-in-flight-per-backend=6", "--in-flight-reserved-per-backend=2", "--max-volumes-per-pod=-1", "--operation-timeout=5s", "--content-timeout=2s"}); err != nil {
 		t.Fatal(err)
 	}
-	if want := (StatsWalkLimits{MaxEntries: 5000, MaxDepth: 16, Timeout: 2 * time.Second, CacheTTL: -time.Second}); o.Limits.StatsWalk != want {
+	if want := (StatsWalkLimits{MaxEntries: 5000, MaxDepth: 16, Timeout: 2 * time.Second, MaxConcurrent: 2, MaxLinkedFiles: 1000, CacheTTL: -time.Second}); o.Limits.StatsWalk != want {
 		t.Fatalf("stats walk parsed: %+v, want %+v", o.Limits.StatsWalk, want)
 	}
 	if o.Limits.MaxInFlightPerBackend != 6 || o.Limits.InFlightReservedPerBackend != 2 || o.Limits.MaxVolumesPerPod != NoMaxVolumesPerPod {
@@ -34,6 +34,9 @@ func TestBindFlags(t *testing.T) {
 	}
 	if o.Limits.MaxInFlight != 16 || o.Limits.OperationTimeout != 5*time.Second || o.Volumes.ContentTimeout != 2*time.Second {
 		t.Fatalf("in flight, timeouts parsed: %d, %v, %v", o.Limits.MaxInFlight, o.Limits.OperationTimeout, o.Volumes.ContentTimeout)
+	}
+	if o.Volumes.ContentCapacity != NoContentCapacity {
+		t.Fatalf("--content-capacity=-1 parsed as %d", o.Volumes.ContentCapacity)
 	}
 	if o.Limits.MemoryLimit != 256<<20 || !o.Limits.KeepBinaryPages {
 		t.Fatalf("memory limit, binary pages parsed: %d, %v", o.Limits.MemoryLimit, o.Limits.KeepBinaryPages)
@@ -62,6 +65,17 @@ func TestMemoryLimitFlag(t *testing.T) {
 		BindFlags(fs, &o)
 		if err := fs.Parse([]string{"--content-bytes-in-flight=" + in}); (err != nil) != wantErr {
 			t.Errorf("--content-bytes-in-flight=%s: error %v, want an error: %v", in, err, wantErr)
+		}
+	}
+	// --content-capacity takes a positive quantity, or -1.
+	for in, want := range map[string]int64{"64Mi": 64 << 20, "-1": NoContentCapacity, "0": 0, "-2": 0} {
+		var o Options
+		fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		BindFlags(fs, &o)
+		err := fs.Parse([]string{"--content-capacity=" + in})
+		if (err != nil) != (want == 0) || (err == nil && o.Volumes.ContentCapacity != want) {
+			t.Errorf("--content-capacity=%s: %d, %v; want %d (0: an error)", in, o.Volumes.ContentCapacity, err, want)
 		}
 	}
 	for _, bad := range []string{"-1", "lots", "256MB!"} {

@@ -31,12 +31,16 @@ import (
 //     round-robin between providers.
 //   - refresh: content refreshes in flight; Volumes.RefreshConcurrency per
 //     content provider, one of them reserved.
+//   - held: Volumes.ContentCapacity, the memory of the content written into
+//     memory-backed volumes while they exist (heldcontent.go), by content
+//     provider.
 type lanes struct {
 	locks     admission.Locks
 	publishes *admission.Pool
 	teardowns *admission.Pool
 	content   *budget
 	refresh   *admission.Pool
+	held      *heldContent
 }
 
 // noRecord is the teardown party of an unpublish that finds no record.
@@ -84,6 +88,9 @@ func newLanes(o *Options) (*lanes, error) {
 	l.content = &budget{size: o.Volumes.ContentBytesInFlight, pool: pool}
 	refreshTotal := max(int64(o.Volumes.RefreshConcurrency), int64(len(providers)))
 	if l.refresh, err = admission.NewPool(refreshTotal, rshares, &admission.Share{Max: int64(o.Volumes.RefreshConcurrency)}); err != nil {
+		return nil, err
+	}
+	if l.held, err = newHeldContent(o); err != nil {
 		return nil, err
 	}
 	return l, nil

@@ -33,7 +33,8 @@ import (
 //   - the backend: createStorage, deleteStorage, findStorage,
 //     refuseIfMounted (storage.go);
 //   - the mounter: d.mounter;
-//   - capacity: d.capacity (capacity.go);
+//   - capacity: d.capacity (capacity.go), the content capacity
+//     d.lanes.held (heldcontent.go) and countHeldContent;
 //   - content: fill, refreshContent (fill.go), the refresher's credentials
 //     (refresh.go);
 //   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
@@ -587,6 +588,7 @@ func (d *Driver) reconcile(ctx context.Context) error {
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
+	d.countHeldContent(ctx, log)
 	return nil
 }
 
@@ -1110,6 +1112,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.release(rec.Backend, rec.Pod.UID, rec.Size)
+	d.lanes.held.release(rec.VolumeID)
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil

@@ -281,7 +281,14 @@ func TestOptionsValidation(t *testing.T) {
 			o.Backends["y"], o.Volumes.DefaultBackend = framework.BackendFuncs{}, "x"
 			o.Limits.MaxInFlight, o.Limits.InFlightReservedPerBackend = 8, 5
 		},
-		"negative per-pod cap": func(o *framework.Options) { o.Limits.MaxVolumesPerPod = -2 },
+		"negative per-pod cap":      func(o *framework.Options) { o.Limits.MaxVolumesPerPod = -2 },
+		"negative content capacity": func(o *framework.Options) { o.Volumes.ContentCapacity = -2 },
+		"negative stats walks":      func(o *framework.Options) { o.Limits.StatsWalk.MaxConcurrent = -1 },
+		"negative linked files":     func(o *framework.Options) { o.Limits.StatsWalk.MaxLinkedFiles = -1 },
+		"memory limit all content": func(o *framework.Options) {
+			o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) { return nil, nil })
+			o.Limits.MemoryLimit, o.Volumes.ContentCapacity = 96<<20, 80<<20
+		},
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -302,7 +309,8 @@ func TestOptionsValidation(t *testing.T) {
 		got.Node.Endpoint != "unix:///var/lib/kubelet/plugins/a.b/csi.sock" || got.Volumes.DefaultBackend != "x" || got.Limits.MaxInFlight != 64 ||
 		got.Limits.MaxVolumeSize != framework.DefaultMaxVolumeSize || got.Limits.MaxInFlightPerBackend != 64 ||
 		got.Limits.InFlightReservedPerBackend != 4 || got.Limits.MaxVolumesPerPod != 16 ||
-		got.Limits.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, CacheTTL: time.Minute}) {
+		got.Limits.StatsWalk != (framework.StatsWalkLimits{MaxEntries: 1_000_000, MaxDepth: 128, Timeout: 5 * time.Second, MaxConcurrent: 4, MaxLinkedFiles: 1 << 16, CacheTTL: time.Minute}) ||
+		got.Volumes.ContentCapacity != framework.DefaultContentCapacity {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 }

@@ -46,7 +46,7 @@ func (d *Driver) initObservability() {
 			methods = append(methods, "/"+sd.name+"/"+m)
 		}
 	}
-	d.metrics = metrics.New(metrics.Config{
+	cfg := metrics.Config{
 		DriverName: d.opts.DriverName,
 		Version:    d.opts.Node.Version,
 		Backends:   backendNames(d.opts.Backends),
@@ -54,7 +54,11 @@ func (d *Driver) initObservability() {
 		Methods:    methods,
 		Usage:      d.capacity.usage,
 		Inflight:   d.inFlight,
-	})
+	}
+	if d.anyContent() {
+		cfg.ContentHeld, cfg.ContentCapacity = d.lanes.held.inUse, d.opts.Volumes.ContentCapacity
+	}
+	d.metrics = metrics.New(cfg)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())
 	mux.HandleFunc("GET /healthz", d.serveHealthz)

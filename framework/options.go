@@ -159,6 +159,21 @@ type VolumeOptions struct {
 	// TestDriverContentMemory), under the DaemonSet's 256Mi limit. New refuses a provider whose bound
 	// exceeds the budget. Default DefaultContentBytesInFlight.
 	ContentBytesInFlight int64
+	// ContentCapacity bounds the node memory that the content the driver
+	// writes into memory-backed volumes (tmpfs) takes while they exist: the
+	// data in whole pages and content.InodeCharge per file, directory and
+	// link (content.Charge), which the kernel charges to the driver's memory
+	// cgroup, not to the pod's. A publish or refresh whose content would pass
+	// it is refused (ResourceExhausted; InvalidArgument for content larger
+	// than its provider may ever hold), and a driver restarted with volumes
+	// in place counts their content again. With several content providers,
+	// each has ContentCapacity/(2×providers) to itself and holds at most
+	// half. It is part of the driver's memory plan (docs/operations.md):
+	// keep it under the container's memory limit with the rest, and Go's
+	// soft memory limit (Limits.MemoryLimit) leaves it out. Content on disk
+	// (loop devices, directories) does not count. Default
+	// DefaultContentCapacity; NoContentCapacity for no bound.
+	ContentCapacity int64
 	// RefreshInterval, when set, refreshes the content of every volume this often
 	// (each volume at a random offset within the interval, so refreshes spread
 	// out). Defaults to 0: content is refreshed on republish and on Refresh calls.
@@ -224,6 +239,9 @@ func (v *VolumeOptions) setDefaults(backends map[string]Backend) {
 	}
 	if v.RefreshConcurrency == 0 {
 		v.RefreshConcurrency = defaultRefreshConcurrency
+	}
+	if v.ContentCapacity == 0 {
+		v.ContentCapacity = DefaultContentCapacity
 	}
 	if v.WindowsMode == "" {
 		v.WindowsMode = WindowsHostProcess
@@ -332,10 +350,53 @@ const (
 // GoMemoryLimit is the Go runtime's soft memory limit Run sets for a
 // container memory limit (LimitOptions.MemoryLimit): three quarters of it,
 // and at least 32 MiB below it; 0 or less when the container limit leaves
-// nothing for Go.
+// nothing for Go. Run gives it the container limit less
+// VolumeOptions.ContentCapacity: the content in memory-backed volumes is
+// charged to the container, not to Go's heap.
 func GoMemoryLimit(containerLimit int64) int64 {
-	const reserve = 32 << 20 // the binary's pages, state.db's, what Go does not allocate
-	return min(containerLimit-containerLimit/4, containerLimit-reserve)
+	return min(containerLimit-containerLimit/4, containerLimit-goReserve)
+}
+
+// goReserve is what GoMemoryLimit leaves at least: the binary's pages,
+// state.db's, what Go does not allocate.
+const goReserve = 32 << 20
+
+// MemoryNeeded is the least container memory limit that holds the driver's
+// memory plan (docs/operations.md, "The memory plan"): Go's soft limit
+// (GoMemoryLimit of the container limit less contentCapacity) must hold the
+// content answers in flight at their peak, three times contentBytesInFlight,
+// and statsWalks walks of directory volumes at their bound; the content in
+// memory-backed volumes (contentCapacity) comes on top. NoContentCapacity
+// has no bound, so no limit holds it: MemoryNeeded returns -1.
+func MemoryNeeded(contentBytesInFlight, contentCapacity int64, statsWalks int) int64 {
+	if contentCapacity < 0 {
+		return -1
+	}
+	goNeeds := 3*contentBytesInFlight + int64(statsWalks)*statsWalkMemory
+	return contentCapacity + max((goNeeds*4+2)/3, goNeeds+goReserve)
+}
+
+// memoryNeeded is MemoryNeeded of o after defaults: without a content
+// provider, no content is in flight or held; on Windows none is held.
+func (o *Options) memoryNeeded() int64 {
+	switch {
+	case len(contentProviders(o)) == 0:
+		return MemoryNeeded(0, 0, o.Limits.StatsWalk.MaxConcurrent)
+	case o.Volumes.ContentCapacity == NoContentCapacity && !isWindows:
+		return -1
+	}
+	return MemoryNeeded(o.Volumes.ContentBytesInFlight, o.heldCapacity(), o.Limits.StatsWalk.MaxConcurrent)
+}
+
+// heldCapacity is the content capacity Go's memory limit leaves out: none
+// without a content provider, on Windows (no volume is memory-backed), or
+// without a bound (NoContentCapacity: then MemoryNeeded says no limit holds
+// the plan, and Go's limit leaves nothing out).
+func (o *Options) heldCapacity() int64 {
+	if len(contentProviders(o)) == 0 || isWindows {
+		return 0
+	}
+	return max(o.Volumes.ContentCapacity, 0)
 }
 
 // setDefaults fills the zero fields.
@@ -480,6 +541,16 @@ func (ob *ObservabilityOptions) setDefaults() {
 // three plugin answers of plugin.DefaultMaxContentBytes at once.
 const DefaultContentBytesInFlight int64 = 48 << 20
 
+// DefaultContentCapacity is VolumeOptions.ContentCapacity's default: room for
+// the content of thousands of volumes of secrets and tokens (a few files of
+// a few KiB take a few tens of KiB each), or one answer of the largest
+// content the default plugin bounds allow (16MiB of 10,000 small files takes
+// 49MiB of tmpfs), within the DaemonSet's memory plan (docs/operations.md).
+const DefaultContentCapacity int64 = 64 << 20
+
+// NoContentCapacity is VolumeOptions.ContentCapacity for no bound.
+const NoContentCapacity int64 = -1
+
 // DefaultStateDir is NodeOptions.StateDir's default for a driver:
 // /var/lib/ephemera/<driverName> (C:\var\lib\ephemera\<driverName> on Windows). A
 // driver that places backend data under its state dir before New uses it too.
@@ -557,6 +628,9 @@ func (o *Options) validate() error {
 	}
 	if o.Limits.MemoryLimit < 0 || (o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit) <= 0) {
 		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %d is too small for the driver: give the container more than 32 MiB, or 0 to leave Go's memory limit alone", o.Limits.MemoryLimit))
+	} else if held := o.heldCapacity(); o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit-held) <= 0 {
+		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %s (--memory-limit) leaves the driver nothing beside Volumes.ContentCapacity %s (--content-capacity), the content its volumes may hold in memory: raise the one or lower the other",
+			bytes(o.Limits.MemoryLimit), bytes(held)))
 	}
 	if o.Limits.MaxVolumeSize < NoMaxVolumeSize {
 		errs = append(errs, fmt.Errorf("Limits.MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.Limits.MaxVolumeSize))
@@ -608,6 +682,9 @@ func (o *Options) validateContentBounds() []error {
 		return []error{fmt.Errorf("Volumes.ContentBytesInFlight %d must be positive", o.Volumes.ContentBytesInFlight)}
 	}
 	var errs []error
+	if o.Volumes.ContentCapacity < NoContentCapacity {
+		errs = append(errs, fmt.Errorf("Volumes.ContentCapacity %d (--content-capacity) must be positive, or NoContentCapacity (-1) for no bound", o.Volumes.ContentCapacity))
+	}
 	check := func(what string, x any) {
 		// Static: a plugin's handshake, which says whether it provides content,
 		// is not known yet.

@@ -172,3 +172,24 @@ func TestGoMemoryLimit(t *testing.T) {
 		}
 	}
 }
+
+// The memory plan of the defaults: the DaemonSet's 320Mi holds it, the
+// 256Mi of before does not (the content capacity came on top), and Go's
+// soft limit, which leaves the content capacity out, still holds the
+// answers in flight and the walks at their peak.
+func TestMemoryNeeded(t *testing.T) {
+	need := MemoryNeeded(DefaultContentBytesInFlight, DefaultContentCapacity, defaultStatsWalks)
+	if need <= 256<<20 || need > 320<<20 {
+		t.Errorf("MemoryNeeded of the defaults = %s, want more than 256Mi and at most the DaemonSet's 320Mi", bytes(need))
+	}
+	goNeeds := 3*DefaultContentBytesInFlight + defaultStatsWalks*statsWalkMemory
+	if got := GoMemoryLimit(need - DefaultContentCapacity); got < goNeeds {
+		t.Errorf("Go's soft limit at the plan's limit = %s, less than the %s it must hold", bytes(got), bytes(goNeeds))
+	}
+	if got := GoMemoryLimit(need - 1<<20 - DefaultContentCapacity); got >= goNeeds && need-1<<20 >= DefaultContentCapacity+goNeeds+goReserve {
+		t.Errorf("MemoryNeeded is not the least limit: 1Mi less still holds the plan")
+	}
+	if MemoryNeeded(DefaultContentBytesInFlight, NoContentCapacity, 4) != -1 {
+		t.Error("an unbounded content capacity fits a limit")
+	}
+}

@@ -172,3 +172,19 @@ func statxFd(fd int, st *unix.Statx_t) error {
 		}
 	}
 }
+
+// memoryBacked reports whether the volume r is on a filesystem whose pages
+// are memory (tmpfs, ramfs): what is written there is charged to the
+// writer's memory cgroup until it is removed.
+func memoryBacked(r *os.Root) (bool, error) {
+	f, err := r.Open(".")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return false, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
+	}
+	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
+}

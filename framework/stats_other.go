@@ -21,3 +21,7 @@ func ownFilesystem(string) bool { return false }
 func walkUsage(context.Context, *os.Root, string, StatsWalkLimits, func(context.Context, int64)) (walkResult, error) {
 	return walkResult{}, mount.ErrNotSupported
 }
+
+// memoryBacked reports whether the volume r is on a filesystem whose pages
+// are memory: not known here.
+func memoryBacked(*os.Root) (bool, error) { return false, nil }

@@ -129,3 +129,7 @@ func isVolumeRoot(dir string) bool {
 	root := windows.UTF16ToString(buf)
 	return strings.EqualFold(strings.TrimRight(root, `\`), strings.TrimRight(filepath.Clean(dir), `\`))
 }
+
+// memoryBacked reports whether the volume r is on a filesystem whose pages
+// are memory: never on Windows.
+func memoryBacked(*os.Root) (bool, error) { return false, nil }

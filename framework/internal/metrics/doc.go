@@ -24,6 +24,8 @@
 //   - ephemera_reconcile_total{result}, ephemera_gc_total{result},
 //     ephemera_refresh_total{result} counters, ephemera_state_recoveries_total.
 //   - ephemera_inflight_operations gauge, ephemera_build_info{driver,version}.
+//   - ephemera_content_held_bytes and ephemera_content_capacity_bytes gauges,
+//     for drivers with content.
 //   - ephemera_csidriver_misconfigured{check} gauge: the startup check of the
 //     CSIDriver object.
 //   - ephemera_stats_walks_total{result} counter: walks of directory volumes
