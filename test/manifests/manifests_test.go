@@ -161,10 +161,10 @@ func TestDaemonSet(t *testing.T) {
 		}
 		ds := r.driverDaemonSet(t)
 		if r.windows() {
-			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds); checkMemoryLimit(t, ds) })
+			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds); checkMemoryLimit(t, ds); checkMemoryPlan(t, ds, true) })
 			continue
 		}
-		t.Run(r.Name, func(t *testing.T) { checkDaemonSet(t, r, ds); checkMemoryLimit(t, ds) })
+		t.Run(r.Name, func(t *testing.T) { checkDaemonSet(t, r, ds); checkMemoryLimit(t, ds); checkMemoryPlan(t, ds, false) })
 	}
 }
 

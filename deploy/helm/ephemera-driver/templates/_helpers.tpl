@@ -99,3 +99,32 @@ and every plugin's name (an operator who deploys a plugin means pods to use it).
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/*
+The driver container's memory limit in MiB: at least the memory plan of
+memoryPlan (docs/operations.md, "The memory plan"; framework.MemoryNeeded):
+contentCapacityMi + 4/3 x (3 x contentBytesInFlightMi + 8 x statsWalks), and at
+least 32Mi above what Go needs, rounded up to 32Mi. A limit set in
+resources.limits.memory (320Mi, 1Gi) is kept when it holds the plan, refused
+otherwise.
+*/}}
+{{- define "ephemera-driver.memoryLimit" -}}
+{{- $p := .Values.memoryPlan -}}
+{{- $go := add (mul 3 ($p.contentBytesInFlightMi | int64)) (mul 8 ($p.statsWalks | int64)) -}}
+{{- $need := add ($p.contentCapacityMi | int64) (max (div (add (mul $go 4) 2) 3) (add $go 32)) -}}
+{{- $set := (.Values.resources.limits | default dict).memory -}}
+{{- if $set -}}
+{{- $s := toString $set -}}
+{{- if not (regexMatch "^[0-9]+(Mi|Gi)$" $s) -}}
+{{- fail (printf "resources.limits.memory %q: give it in Mi or Gi (e.g. 320Mi), so that the chart can check it against the memory plan" $s) -}}
+{{- end -}}
+{{- $mi := regexFind "^[0-9]+" $s | int64 -}}
+{{- if hasSuffix "Gi" $s }}{{ $mi = mul $mi 1024 }}{{ end -}}
+{{- if lt $mi $need -}}
+{{- fail (printf "resources.limits.memory %s does not hold the driver's memory plan, %dMi: memoryPlan.contentCapacityMi %d + 4/3 x (3 x memoryPlan.contentBytesInFlightMi %d + 8 x memoryPlan.statsWalks %d) (docs/operations.md, \"The memory plan\"); raise the limit, leave it unset to have it computed, or lower the plan" $s $need ($p.contentCapacityMi | int64) ($p.contentBytesInFlightMi | int64) ($p.statsWalks | int64)) -}}
+{{- end -}}
+{{- $s -}}
+{{- else -}}
+{{- printf "%dMi" (mul (div (add $need 31) 32) 32) -}}
+{{- end -}}
+{{- end -}}
