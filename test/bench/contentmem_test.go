@@ -287,7 +287,29 @@ func checkWorstContent(dir string, want map[string]api.File) error {
 
 // memCgroup is a memory cgroup of one process (v1, or v2 with memory.peak),
 // removed at cleanup; dir is empty without one.
-type memCgroup struct{ dir, peak, current string }
+type memCgroup struct{ dir, peak, current, limit string }
+
+// setLimit limits the cgroup's memory to n bytes, as a container's limit.
+func (c *memCgroup) setLimit(t *testing.T, n int64) {
+	t.Helper()
+	if c.dir == "" {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, c.limit), []byte(strconv.FormatInt(n, 10)), 0o644); err != nil {
+		t.Fatalf("limiting %s to %d bytes: %v", c.dir, n, err)
+	}
+}
+
+// add moves pid into the cgroup too (a driver restarted in its container).
+func (c *memCgroup) add(t *testing.T, pid int) {
+	t.Helper()
+	if c.dir == "" {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatalf("moving %d into %s: %v", pid, c.dir, err)
+	}
+}
 
 // newMemCgroup moves pid into a memory cgroup of its own, if the machine
 // lets it; otherwise the readings are -1.
@@ -296,9 +318,9 @@ func newMemCgroup(t *testing.T, pid int) *memCgroup {
 	name := fmt.Sprintf("ephemera-rss-%d", pid)
 	var cg *memCgroup
 	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err == nil {
-		cg = &memCgroup{dir: "/sys/fs/cgroup/memory/" + name, peak: "memory.max_usage_in_bytes", current: "memory.usage_in_bytes"}
+		cg = &memCgroup{dir: "/sys/fs/cgroup/memory/" + name, peak: "memory.max_usage_in_bytes", current: "memory.usage_in_bytes", limit: "memory.limit_in_bytes"}
 	} else if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control"); err == nil && bytes.Contains(b, []byte("memory")) {
-		cg = &memCgroup{dir: "/sys/fs/cgroup/" + name, peak: "memory.peak", current: "memory.current"}
+		cg = &memCgroup{dir: "/sys/fs/cgroup/" + name, peak: "memory.peak", current: "memory.current", limit: "memory.max"}
 	} else {
 		t.Logf("no memory cgroup to measure in: %v", err)
 		return &memCgroup{}
