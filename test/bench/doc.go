@@ -32,6 +32,15 @@
 //
 //	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverContentMemory -v
 //
+// TestDriverHeldMemory (heldmem_test.go, make bench-memory) runs it in a
+// memory cgroup limited like the DaemonSet's container, with content held in
+// tmpfs volumes, answers in flight and volume-stats walks at once, then
+// restarts it in the same cgroup; the cgroup's peak must stay under the
+// limit:
+//
+//	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverHeldMemory -v
+//
 // The measurements are Linux-only (bench_test.go, contentmem_test.go,
-// load_test.go, memory_test.go, plugin_test.go, process_test.go) and need root.
+// heldmem_test.go, load_test.go, memory_test.go, plugin_test.go,
+// process_test.go) and need root.
 package bench

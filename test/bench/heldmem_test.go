@@ -121,8 +121,13 @@ func TestDriverHeldMemory(t *testing.T) {
 	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "phase\tcontent volumes held\theld (metric)\tpublishes refused\tstats calls\tVmHWM\tVmRSS\tcgroup peak\tcgroup now\tof it tmpfs\twall s")
 	row := func(phase string, held int, refused, stats int64, began time.Time) {
-		st := procStatus(t, pid)
 		peak, now, shmem := cg.read(t)
+		if !alive(pid) {
+			fmt.Fprintf(tw, "%s\t%d\tkilled\t%d\t%d\t-\t-\t%s\t%s\t%s\t%.1f\n", phase, held,
+				refused, stats, cgroupString(peak), cgroupString(now), cgroupString(shmem), time.Since(began).Seconds())
+			return
+		}
+		st := procStatus(t, pid)
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%.1f MiB\t%.1f MiB\t%s\t%s\t%s\t%.1f\n", phase, held, sizeString(int64(metricValue(t, metricsAddr, "ephemera_content_held_bytes"))),
 			refused, stats, mib(st["VmHWM"]), mib(st["VmRSS"]), cgroupString(peak), cgroupString(now), cgroupString(shmem), time.Since(began).Seconds())
 		if bounded && peak >= heldLimit {
@@ -155,8 +160,12 @@ func TestDriverHeldMemory(t *testing.T) {
 			refused.Add(1)
 			break
 		}
-		if err != nil {
+		if err != nil && alive(pid) {
 			t.Fatalf("content volume %d: %v", i, err)
+		}
+		if err != nil {
+			t.Logf("content volume %d: %v", i, err)
+			break
 		}
 		held++
 		if !alive(pid) {
