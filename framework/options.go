@@ -156,7 +156,8 @@ type VolumeOptions struct {
 	// bound in memory (the message received, the files decoded, the garbage
 	// collector's headroom): with the default, the worst answers the default
 	// plugin bounds allow peaked at 231MiB for 16 pods at once (make bench,
-	// TestDriverContentMemory), under the DaemonSet's 256Mi limit. New refuses a provider whose bound
+	// TestDriverContentMemory), within the DaemonSet's memory plan (see
+	// MemoryNeeded). New refuses a provider whose bound
 	// exceeds the budget. Default DefaultContentBytesInFlight.
 	ContentBytesInFlight int64
 	// ContentCapacity bounds the node memory that the content the driver
