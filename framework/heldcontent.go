@@ -161,7 +161,8 @@ func (h *heldContent) inUse() int64 {
 // an earlier run, it is still charged to the memory cgroup that wrote it.
 // It is counted whatever the capacity says; a volume whose content cannot
 // be read is logged and counted by its next write.
-func (d *Driver) countHeldContent(ctx context.Context, log klog.Logger) {
+func (d *Driver) countHeldContent(ctx context.Context) {
+	log := klog.FromContext(ctx)
 	if !d.anyContent() {
 		return
 	}

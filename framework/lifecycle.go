@@ -588,7 +588,7 @@ func (d *Driver) reconcile(ctx context.Context) error {
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
-	d.countHeldContent(ctx, log)
+	d.countHeldContent(klog.NewContext(ctx, log))
 	return nil
 }
 
