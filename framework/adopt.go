@@ -15,6 +15,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -177,8 +178,8 @@ func (d *Driver) unrecordedMounts(ctx context.Context, known map[string]bool) ([
 		}
 		if rec.Source != nil && !rec.Source.IsDir() {
 			if r, err := d.mounter.OpenTarget(root, t); err == nil {
-				if u, err := filesystemUsage(r, t); err == nil {
-					rec.Size = u.bytesTotal
+				if u, err := stats.Filesystem(r, t); err == nil {
+					rec.Size = u.BytesTotal
 				}
 				r.Close()
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -32,7 +33,7 @@ type Driver struct {
 	capacity  *capacity
 	refresher *refresher
 	orphans   orphans
-	stats     *statsCache // walks of directory volumes (statswalk.go)
+	stats     *stats.Cache // walks of directory volumes (internal/stats)
 	ready     atomic.Bool
 	running   atomic.Bool
 
@@ -84,9 +85,9 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("invalid driver options: %w", err)
 	}
 	d.lanes = lanes
-	d.stats = newStatsCache(opts.Limits.StatsWalk)
+	d.stats = stats.NewCache(stats.Limits(opts.Limits.StatsWalk))
 	d.initObservability()
-	d.stats.observe = func(b walkBound) { d.metrics.StatsWalked(b.names()...) } // before Run: no lock needed
+	d.stats.Observe = func(b stats.Bound) { d.metrics.StatsWalked(b.Names()...) } // before Run: no lock needed
 	return d, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 )
 
 // This file holds what fills a volume, as the lifecycle calls it
@@ -138,7 +139,7 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	defer r.Close()
 	held := d.lanes.held
 	party := d.contentParty(v.Backend)
-	inMemory, err := memoryBacked(r)
+	inMemory, err := stats.MemoryBacked(r)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}

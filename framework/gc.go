@@ -172,7 +172,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 						return
 					}
 					d.orphans.clear(rec.VolumeID)
-					d.stats.forget(rec.VolumeID)
+					d.stats.Forget(rec.VolumeID)
 					vlog.Info("Removed orphaned volume (pod directory gone)")
 					locked(rec, gcRemoved)
 				})

@@ -14,6 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -201,7 +202,7 @@ func (d *Driver) chargedContent(target string) (int64, error) {
 		return 0, err
 	}
 	defer r.Close()
-	if mem, err := memoryBacked(r); err != nil || !mem {
+	if mem, err := stats.MemoryBacked(r); err != nil || !mem {
 		return 0, err
 	}
 	return content.Charged(r, d.lanes.held.page)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -373,7 +374,7 @@ func MemoryNeeded(contentBytesInFlight, contentCapacity int64, statsWalks int) i
 	if contentCapacity < 0 {
 		return -1
 	}
-	goNeeds := 3*contentBytesInFlight + int64(statsWalks)*statsWalkMemory
+	goNeeds := 3*contentBytesInFlight + int64(statsWalks)*stats.WalkMemory
 	return contentCapacity + max((goNeeds*4+2)/3, goNeeds+goReserve)
 }
 

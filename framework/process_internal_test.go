@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
 
@@ -182,7 +183,7 @@ func TestMemoryNeeded(t *testing.T) {
 	if need <= 256<<20 || need > 320<<20 {
 		t.Errorf("MemoryNeeded of the defaults = %s, want more than 256Mi and at most the DaemonSet's 320Mi", bytes(need))
 	}
-	goNeeds := 3*DefaultContentBytesInFlight + defaultStatsWalks*statsWalkMemory
+	goNeeds := 3*DefaultContentBytesInFlight + defaultStatsWalks*stats.WalkMemory
 	if got := GoMemoryLimit(need - DefaultContentCapacity); got < goNeeds {
 		t.Errorf("Go's soft limit at the plan's limit = %s, less than the %s it must hold", bytes(got), bytes(goNeeds))
 	}

@@ -60,10 +60,10 @@ func (s nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishV
 // and after the unpublish: a volume published again under the same ID is
 // walked afresh.
 func (s nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	s.d.stats.forget(req.GetVolumeId())
+	s.d.stats.Forget(req.GetVolumeId())
 	resp, err := s.d.nodeUnpublishVolume(ctx, req)
 	if err == nil {
-		s.d.stats.forget(req.GetVolumeId())
+		s.d.stats.Forget(req.GetVolumeId())
 	}
 	return resp, err
 }

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -102,13 +101,13 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}
 	resp := &csi.NodeGetVolumeStatsResponse{}
 	if h.ok() {
-		var u fsUsage
+		var u stats.Usage
 		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, rec.TargetPath)
 		if err == nil {
-			u, err = filesystemUsage(r, rec.TargetPath)
+			u, err = stats.Filesystem(r, rec.TargetPath)
 			r.Close()
 		}
-		if err == nil && rec.Source != nil && rec.Source.IsDir() && !ownFilesystem(rec.TargetPath) {
+		if err == nil && rec.Source != nil && rec.Source.IsDir() && !stats.OwnFilesystem(rec.TargetPath) {
 			u, err = d.directoryUsage(ctx, rec, u)
 		}
 		switch {
@@ -120,8 +119,8 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 			h = health{csi.VolumeHealthErrorType_INACCESSIBLE, "StatFailed", fmt.Sprintf("reading usage: %v", err)}
 		default:
 			resp.Usage = []*csi.VolumeUsage{
-				{Unit: csi.VolumeUsage_BYTES, Total: u.bytesTotal, Available: u.bytesAvail, Used: u.bytesUsed},
-				{Unit: csi.VolumeUsage_INODES, Total: u.inodesTotal, Available: u.inodesFree, Used: u.inodesUsed},
+				{Unit: csi.VolumeUsage_BYTES, Total: u.BytesTotal, Available: u.BytesAvail, Used: u.BytesUsed},
+				{Unit: csi.VolumeUsage_INODES, Total: u.InodesTotal, Available: u.InodesFree, Used: u.InodesUsed},
 			}
 		}
 	}
@@ -135,20 +134,20 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // Options.Limits.StatsWalk. A walk stopped by a bound gives what it counted, a lower
 // bound. It returns ctx's error as soon as ctx ends; the walk then goes on
 // for the other callers, if any, within its own bounds.
-func (d *Driver) directoryUsage(ctx context.Context, rec *store.Record, u fsUsage) (fsUsage, error) {
-	key := statsKey{target: rec.TargetPath, created: rec.Created}
-	w, err := d.stats.usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
-		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, key.target)
+func (d *Driver) directoryUsage(ctx context.Context, rec *store.Record, u stats.Usage) (stats.Usage, error) {
+	key := stats.Key{Target: rec.TargetPath, Created: rec.Created}
+	w, err := d.stats.Usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim stats.Limits, visited func(context.Context, int64)) (stats.Result, error) {
+		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, key.Target)
 		if err != nil {
-			return walkResult{}, err
+			return stats.Result{}, err
 		}
 		defer r.Close()
-		return walkUsage(ctx, r, key.target, lim, visited)
+		return stats.Walk(ctx, r, key.Target, lim, visited)
 	})
 	if err != nil {
-		return fsUsage{}, err
+		return stats.Usage{}, err
 	}
-	u.bytesUsed, u.inodesUsed = w.bytes, w.inodes
+	u.BytesUsed, u.InodesUsed = w.Bytes, w.Inodes
 	return u, nil
 }
 
@@ -185,50 +184,4 @@ func (d *Driver) nodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 		vh.HealthStatuses = []*csi.VolumeHealth_VolumeHealthEntry{{Status: h.status, Reason: h.reason, Message: h.message}}
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: vh}, nil
-}
-
-// Saturating arithmetic for the filesystem figures of NodeGetVolumeStats: a
-// filesystem can be larger than int64 bytes (a tmpfs of 8EiB), and a sum of
-// sparse file sizes can exceed it. A figure is then reported as
-// math.MaxInt64, never wrapped negative.
-
-// mulSat returns n*size, or math.MaxInt64 when that is larger; a size <= 0
-// gives 0.
-func mulSat(n uint64, size int64) int64 {
-	if size <= 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(n, uint64(size))
-	if hi != 0 || lo > math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(lo)
-}
-
-// addSat returns a+b for a >= 0, or math.MaxInt64 when that is larger; a
-// negative b counts as 0.
-func addSat(a, b int64) int64 {
-	if b <= 0 {
-		return a
-	}
-	if b > math.MaxInt64-a {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-// clampInt64 returns n, or math.MaxInt64 when n is larger.
-func clampInt64(n uint64) int64 {
-	if n > math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(n)
-}
-
-// subFloor returns a-b, or 0 when b > a (free space counted while it changed).
-func subFloor(a, b uint64) uint64 {
-	if b > a {
-		return 0
-	}
-	return a - b
 }

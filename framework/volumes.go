@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -58,7 +59,7 @@ func describeMount(v *api.VolumeInfo, rec *store.Record, kubeletRoot string, m m
 		return
 	}
 	defer r.Close()
-	u, err := filesystemUsage(r, rec.TargetPath)
+	u, err := stats.Filesystem(r, rec.TargetPath)
 	if err != nil {
 		if !errors.Is(err, mount.ErrNotSupported) {
 			v.Error = fmt.Sprintf("reading usage: %v", err)
@@ -66,8 +67,8 @@ func describeMount(v *api.VolumeInfo, rec *store.Record, kubeletRoot string, m m
 		return
 	}
 	v.Usage = &api.VolumeUsage{
-		BytesTotal: u.bytesTotal, BytesUsed: u.bytesUsed, BytesAvail: u.bytesAvail,
-		InodesTotal: u.inodesTotal, InodesUsed: u.inodesUsed,
+		BytesTotal: u.BytesTotal, BytesUsed: u.BytesUsed, BytesAvail: u.BytesAvail,
+		InodesTotal: u.InodesTotal, InodesUsed: u.InodesUsed,
 	}
 }
 

@@ -1,6 +1,6 @@
 //go:build linux
 
-package framework
+package stats
 
 import (
 	"context"
@@ -12,23 +12,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fsUsage is what NodeGetVolumeStats reports for one volume.
-type fsUsage struct {
-	bytesTotal, bytesAvail, bytesUsed   int64
-	inodesTotal, inodesFree, inodesUsed int64
+// Usage is what NodeGetVolumeStats reports for one volume.
+type Usage struct {
+	BytesTotal, BytesAvail, BytesUsed   int64
+	InodesTotal, InodesFree, InodesUsed int64
 }
 
-// filesystemUsage reads the filesystem of the published volume r (tmpfs, a loop
+// Filesystem reads the filesystem of the published volume r (tmpfs, a loop
 // device): fstatfs is exact and O(1). path is for messages.
-func filesystemUsage(r *os.Root, path string) (fsUsage, error) {
+func Filesystem(r *os.Root, path string) (Usage, error) {
 	f, err := r.Open(".")
 	if err != nil {
-		return fsUsage{}, err
+		return Usage{}, err
 	}
 	defer f.Close()
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return fsUsage{}, &fs.PathError{Op: "fstatfs", Path: path, Err: err}
+		return Usage{}, &fs.PathError{Op: "fstatfs", Path: path, Err: err}
 	}
 	return statfsUsage(uint64(st.Blocks), uint64(st.Bfree), uint64(st.Bavail), uint64(st.Files), uint64(st.Ffree), int64(st.Bsize)), nil
 }
@@ -36,23 +36,23 @@ func filesystemUsage(r *os.Root, path string) (fsUsage, error) {
 // statfsUsage converts statfs counts to bytes and inodes, saturating at
 // math.MaxInt64: a tmpfs of the largest size a pod can ask for (2^63-2 bytes,
 // rounded up to pages) has 2^51 blocks of 4KiB, 2^63 bytes.
-func statfsUsage(blocks, bfree, bavail, files, ffree uint64, bsize int64) fsUsage {
-	return fsUsage{
-		bytesTotal:  mulSat(blocks, bsize),
-		bytesAvail:  mulSat(bavail, bsize),
-		bytesUsed:   mulSat(subFloor(blocks, bfree), bsize),
-		inodesTotal: clampInt64(files),
-		inodesFree:  clampInt64(ffree),
-		inodesUsed:  clampInt64(subFloor(files, ffree)),
+func statfsUsage(blocks, bfree, bavail, files, ffree uint64, bsize int64) Usage {
+	return Usage{
+		BytesTotal:  mulSat(blocks, bsize),
+		BytesAvail:  mulSat(bavail, bsize),
+		BytesUsed:   mulSat(subFloor(blocks, bfree), bsize),
+		InodesTotal: clampInt64(files),
+		InodesFree:  clampInt64(ffree),
+		InodesUsed:  clampInt64(subFloor(files, ffree)),
 	}
 }
 
-// ownFilesystem reports whether the directory at path is the root of a
+// OwnFilesystem reports whether the directory at path is the root of a
 // filesystem of its own, whose statfs figures are then exact: never for a
 // directory volume on Linux, which is a bind mount of a directory.
-func ownFilesystem(string) bool { return false }
+func OwnFilesystem(string) bool { return false }
 
-// walkUsage counts a bind-mounted directory's own usage like du -x (see
+// Walk counts a bind-mounted directory's own usage like du -x (see
 // walkTree): allocated blocks, one inode per entry, hard links once. It walks
 // by file descriptor, each directory opened relative to its parent
 // (openat(2) with O_NOFOLLOW|O_DIRECTORY) and each entry stat'ed relative to
@@ -61,20 +61,20 @@ func ownFilesystem(string) bool { return false }
 // never leaves r; it does not enter another mount (another device or mount
 // ID). The directories open are the ancestors of the one being read, at most
 // lim.MaxDepth. path is for messages.
-func walkUsage(ctx context.Context, r *os.Root, path string, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
+func Walk(ctx context.Context, r *os.Root, path string, lim Limits, visited func(context.Context, int64)) (Result, error) {
 	f, err := r.Open(".")
 	if err != nil {
-		return walkResult{}, err
+		return Result{}, err
 	}
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	f.Close()
 	if err != nil {
-		return walkResult{}, &fs.PathError{Op: "dup", Path: path, Err: err}
+		return Result{}, &fs.PathError{Op: "dup", Path: path, Err: err}
 	}
 	var st unix.Statx_t
 	if err := statxFd(fd, &st); err != nil {
 		unix.Close(fd)
-		return walkResult{}, &fs.PathError{Op: "statx", Path: path, Err: err}
+		return Result{}, &fs.PathError{Op: "statx", Path: path, Err: err}
 	}
 	self := walkEntry{dir: true, bytes: mulSat(st.Blocks, 512), dev: unix.Mkdev(st.Dev_major, st.Dev_minor), ino: st.Ino}
 	root := &linuxDir{fd: fd, buf: make([]byte, 8<<10), mnt: st.Mnt_id, hasMnt: st.Mask&unix.STATX_MNT_ID != 0}
@@ -173,10 +173,10 @@ func statxFd(fd int, st *unix.Statx_t) error {
 	}
 }
 
-// memoryBacked reports whether the volume r is on a filesystem whose pages
+// MemoryBacked reports whether the volume r is on a filesystem whose pages
 // are memory (tmpfs, ramfs): what is written there is charged to the
 // writer's memory cgroup until it is removed.
-func memoryBacked(r *os.Root) (bool, error) {
+func MemoryBacked(r *os.Root) (bool, error) {
 	f, err := r.Open(".")
 	if err != nil {
 		return false, err

@@ -1,4 +1,4 @@
-package framework
+package stats
 
 import (
 	"math"

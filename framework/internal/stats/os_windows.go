@@ -1,6 +1,6 @@
 //go:build windows
 
-package framework
+package stats
 
 import (
 	"context"
@@ -13,40 +13,40 @@ import (
 	"golang.org/x/sys/windows"
 )
 
-// fsUsage is what NodeGetVolumeStats reports for one volume. Windows has no
-// inode counts: inodesUsed is the number of files and directories walked, the
+// Usage is what NodeGetVolumeStats reports for one volume. Windows has no
+// inode counts: InodesUsed is the number of files and directories walked, the
 // totals are 0.
-type fsUsage struct {
-	bytesTotal, bytesAvail, bytesUsed   int64
-	inodesTotal, inodesFree, inodesUsed int64
+type Usage struct {
+	BytesTotal, BytesAvail, BytesUsed   int64
+	InodesTotal, InodesFree, InodesUsed int64
 }
 
 // withSep returns p with one trailing backslash, which GetDiskFreeSpaceEx and
 // GetVolumePathName want for a directory.
 func withSep(p string) string { return strings.TrimRight(p, `\/`) + `\` }
 
-// filesystemUsage reads the volume that holds path (GetDiskFreeSpaceEx follows
+// Filesystem reads the volume that holds path (GetDiskFreeSpaceEx follows
 // the link at a target to the directory, and a folder mount point to its
 // volume): capacity, space available to the caller (quotas applied) and space
 // in use.
-func filesystemUsage(_ *os.Root, path string) (fsUsage, error) {
+func Filesystem(_ *os.Root, path string) (Usage, error) {
 	p, err := windows.UTF16PtrFromString(withSep(path))
 	if err != nil {
-		return fsUsage{}, err
+		return Usage{}, err
 	}
 	var avail, total, free uint64
 	if err := windows.GetDiskFreeSpaceEx(p, &avail, &total, &free); err != nil {
-		return fsUsage{}, &fs.PathError{Op: "GetDiskFreeSpaceEx", Path: path, Err: err}
+		return Usage{}, &fs.PathError{Op: "GetDiskFreeSpaceEx", Path: path, Err: err}
 	}
-	return fsUsage{bytesTotal: clampInt64(total), bytesAvail: clampInt64(avail), bytesUsed: clampInt64(subFloor(total, free))}, nil
+	return Usage{BytesTotal: clampInt64(total), BytesAvail: clampInt64(avail), BytesUsed: clampInt64(subFloor(total, free))}, nil
 }
 
-// ownFilesystem reports whether the linked directory at path is the root of
+// OwnFilesystem reports whether the linked directory at path is the root of
 // a volume of its own (a VHDX mounted in a folder): the whole volume is then
 // the pod's, the filesystem figures are exact, and no walk is needed.
 // Otherwise the capacity and free space are the host volume's and the usage
-// is a walk of the directory (walkUsage).
-func ownFilesystem(path string) bool {
+// is a walk of the directory (Walk).
+func OwnFilesystem(path string) bool {
 	dir := path
 	if d, err := filepath.EvalSymlinks(path); err == nil {
 		dir = d
@@ -54,15 +54,15 @@ func ownFilesystem(path string) bool {
 	return isVolumeRoot(dir)
 }
 
-// walkUsage counts a linked directory's own usage (see walkTree): logical
+// Walk counts a linked directory's own usage (see walkTree): logical
 // file sizes (not cluster-rounded; a file's hard links are counted once per
 // link), one inode per entry. Each directory is opened relative to its parent
 // as an os.Root, so the walk never leaves r; links and junctions (reparse
 // points) are listed, never entered. path is for messages.
-func walkUsage(ctx context.Context, r *os.Root, path string, lim StatsWalkLimits, visited func(context.Context, int64)) (walkResult, error) {
+func Walk(ctx context.Context, r *os.Root, path string, lim Limits, visited func(context.Context, int64)) (Result, error) {
 	root, err := openWindowsDir(r, ".")
 	if err != nil {
-		return walkResult{}, err
+		return Result{}, err
 	}
 	return walkTree(ctx, root, walkEntry{dir: true}, lim, visited), nil
 }
@@ -130,6 +130,6 @@ func isVolumeRoot(dir string) bool {
 	return strings.EqualFold(strings.TrimRight(root, `\`), strings.TrimRight(filepath.Clean(dir), `\`))
 }
 
-// memoryBacked reports whether the volume r is on a filesystem whose pages
+// MemoryBacked reports whether the volume r is on a filesystem whose pages
 // are memory: never on Windows.
-func memoryBacked(*os.Root) (bool, error) { return false, nil }
+func MemoryBacked(*os.Root) (bool, error) { return false, nil }
