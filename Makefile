@@ -264,7 +264,7 @@ bench-memory: build-static
 ## bench-fleet: the fleet simulation (test/fleet): a real kube-apiserver and etcd (the e2e's build) with
 ## priority and fairness and RBAC, EPHEMERA_FLEET_NODES simulated nodes (default 200) of
 ## EPHEMERA_FLEET_PODS pods (30) running the driver's API components beside kubelet-like watchers; phases
-## of EPHEMERA_FLEET_PHASE (60s), an API server outage of EPHEMERA_FLEET_OUTAGE (2m). About 15 minutes on
+## of EPHEMERA_FLEET_PHASE (60s), an API server outage of EPHEMERA_FLEET_OUTAGE (2m). About 10 minutes on
 ## 2 cores; the report goes to _output/bench-fleet.md (docs/operations.md, "At fleet scale")
 bench-fleet:
 	@mkdir -p $(OUT)
