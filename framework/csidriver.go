@@ -102,16 +102,10 @@ func listOrUnset(l []string, unset string) string {
 }
 
 // csiDriverCheckTimeout bounds the startup check's API call (with retries).
-// csiDriverStartJitter bounds the random delay before its first read: a
-// fleet whose drivers all restart at once (a rollout, an API server back
-// from an outage) spreads the reads over it instead of sending them in step.
-var (
-	csiDriverCheckTimeout = time.Minute
-	csiDriverStartJitter  = 10 * time.Second
-)
+var csiDriverCheckTimeout = time.Minute
 
 // checkCSIDriverObject runs the startup check of the CSIDriver object: after
-// a random delay of up to csiDriverStartJitter it reads it through
+// a random delay of up to Options.Observability.CSIDriverCheckJitter it reads it through
 // Options.Observability.CSIDrivers (retrying transient errors with jittered
 // backoff for up to a minute), logs each problem as an error with what to fix, exports
 // ephemera_csidriver_misconfigured for every check and posts the problems as
@@ -119,7 +113,7 @@ var (
 // the object breaks fails with its own message anyway.
 func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 	log := klog.FromContext(ctx)
-	if !sleepCtx(ctx, randDuration(csiDriverStartJitter)) {
+	if !sleepCtx(ctx, randDuration(d.opts.Observability.CSIDriverCheckJitter)) {
 		return // the driver is stopping
 	}
 	ctx, cancel := context.WithTimeout(ctx, csiDriverCheckTimeout)

@@ -6,11 +6,6 @@ import (
 	"time"
 )
 
-func init() {
-	// The tests of the startup check do not wait for the fleet's start jitter.
-	csiDriverStartJitter = 0
-}
-
 func TestJitter(t *testing.T) {
 	seen := map[time.Duration]bool{}
 	for range 100 {
