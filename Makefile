@@ -217,6 +217,7 @@ proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
 	$(LINTENV) $(TOOLS)/staticcheck $(PKGS)
 	$(LINTENV) $(TOOLS)/staticcheck $(call tags,e2e) ./test/e2e/...
+	$(LINTENV) $(TOOLS)/staticcheck $(call tags,fleet) ./test/fleet/...
 	$(LINTENV) $(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
 	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go' ':!:*.pb.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 
