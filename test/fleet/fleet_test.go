@@ -172,6 +172,7 @@ func TestFleet(t *testing.T) {
 		_ = r
 	}
 	storm(before, false)
+	storm(before, true)
 	storm(mode{name: "list, then watch, no jitter"}, false)
 	storm(after, false)
 	storm(after, true)
