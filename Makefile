@@ -43,7 +43,7 @@ NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
 .PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench bench-memory clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
+        vet cross fmt verify bench bench-memory bench-fleet clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
 
@@ -217,6 +217,7 @@ proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
 	$(LINTENV) $(TOOLS)/staticcheck $(PKGS)
 	$(LINTENV) $(TOOLS)/staticcheck $(call tags,e2e) ./test/e2e/...
+	$(LINTENV) $(TOOLS)/staticcheck $(call tags,fleet) ./test/fleet/...
 	$(LINTENV) $(TOOLS)/logcheck -check-contextual -check-key=false -check-parameters=false -config .ci/logcheck.conf $(PKGS)
 	@out=$$($(TOOLS)/goimports -local $(LOCAL_PREFIX) -l $$(git ls-files '*.go' ':!:*.pb.go')); if [ -n "$$out" ]; then echo "imports not grouped (goimports -local $(LOCAL_PREFIX) -w):"; echo "$$out"; exit 1; fi
 
@@ -262,6 +263,16 @@ bench: build-static
 ## first calls after a start (root)
 bench-memory: build-static
 	EPHEMERA_BENCH=1 EPHEMERA_BENCH_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch $(GO) test -count=1 $(GOBUILDFLAGS) -run 'TestDriverMemory|TestDriverContentMemory|TestDriverHeldMemory|TestFirstPublishAfterStart' -v ./test/bench/
+
+## bench-fleet: the fleet simulation (test/fleet): a real kube-apiserver and etcd (the e2e's build) with
+## priority and fairness and RBAC, EPHEMERA_FLEET_NODES simulated nodes (default 200) of
+## EPHEMERA_FLEET_PODS pods (30) running the driver's API components beside kubelet-like watchers; phases
+## of EPHEMERA_FLEET_PHASE (60s), an API server outage of EPHEMERA_FLEET_OUTAGE (2m). About 10 minutes on
+## 2 cores; the report goes to _output/bench-fleet.md (docs/operations.md, "At fleet scale")
+bench-fleet:
+	@mkdir -p $(OUT)
+	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$(CURDIR)/$(OUT)/bench-fleet.md \
+	  $(GO) test -tags fleet -count=1 -timeout 60m -run TestFleet -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
 ## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -103,14 +104,18 @@ func listOrUnset(l []string, unset string) string {
 // csiDriverCheckTimeout bounds the startup check's API call (with retries).
 var csiDriverCheckTimeout = time.Minute
 
-// checkCSIDriverObject runs the startup check of the CSIDriver object: it
-// reads it through Options.Observability.CSIDrivers (retrying transient errors for up to a
-// minute), logs each problem as an error with what to fix, exports
+// checkCSIDriverObject runs the startup check of the CSIDriver object: after
+// a random delay of up to Options.Observability.CSIDriverCheckJitter it reads it through
+// Options.Observability.CSIDrivers (retrying transient errors with jittered
+// backoff for up to a minute), logs each problem as an error with what to fix, exports
 // ephemera_csidriver_misconfigured for every check and posts the problems as
 // one Warning event on the object. It never stops the driver: a publish that
 // the object breaks fails with its own message anyway.
 func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 	log := klog.FromContext(ctx)
+	if !sleepCtx(ctx, randDuration(d.opts.Observability.CSIDriverCheckJitter)) {
+		return // the driver is stopping
+	}
 	ctx, cancel := context.WithTimeout(ctx, csiDriverCheckTimeout)
 	defer cancel()
 	name := d.opts.DriverName
@@ -130,7 +135,7 @@ func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 			}
 			log.Error(err, "Cannot read the CSIDriver object to check it; the driver serves without the check (RBAC: get on csidrivers.storage.k8s.io)", logkeys.CSIDriver, name)
 			return
-		case <-time.After(wait):
+		case <-time.After(jitter(wait)):
 		}
 	}
 	if errors.Is(err, api.ErrNotFound) {
@@ -160,5 +165,34 @@ func (d *Driver) checkCSIDriverObject(ctx context.Context) {
 			ref.UID = obj.UID
 		}
 		sink.CSIDriverEvent(ref, EventTypeWarning, ReasonCSIDriverMisconfigured, strings.Join(msgs, "; "))
+	}
+}
+
+// randDuration is a random duration in [0, d); 0 for d <= 0.
+func randDuration(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d)
+}
+
+// jitter is d spread to half to one and a half times d, so that retries of
+// many nodes do not fall in step.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + randDuration(d)
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

@@ -242,8 +242,11 @@ const (
 
 // Reasons of the events the framework emits.
 const (
-	// ReasonProvisioningFailed (Warning): a first publish failed and was rolled
-	// back; the message is the error the kubelet got.
+	// ReasonProvisioningFailed was the reason of an event on a failed first
+	// publish.
+	//
+	// Deprecated: the framework no longer posts it: the kubelet's FailedMount
+	// event on the pod carries the same message.
 	ReasonProvisioningFailed = "ProvisioningFailed"
 	// ReasonRefreshFailed (Warning): refreshing a live volume's content failed;
 	// the volume keeps its last good content and the refresh is retried.

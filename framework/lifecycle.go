@@ -336,15 +336,11 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 
 // publish is the publish event: the first publish of a volume without a
 // record. Every Authorizer approves it first; then the target decides the
-// case. A failure is reported to the pod's events with the message the
-// kubelet gets.
+// case. A failure posts no event: the kubelet's FailedMount event on the pod
+// carries the same message (the gRPC error it got), and a second event per
+// attempt would double the API writes of a failing fleet.
 func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
 	v := pr.vol
-	defer func() {
-		if err != nil {
-			d.provisioningFailed(v, err) // after the rollback settled err
-		}
-	}()
 	for _, a := range d.authorizers(v.Backend) {
 		if err := a.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {

@@ -12,7 +12,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -208,13 +207,6 @@ func (d *Driver) event(pod api.Pod, eventType, reason, message string) {
 		return
 	}
 	d.opts.Observability.Events.Event(pod, eventType, reason, message)
-}
-
-// provisioningFailed reports a failed first publish to the pod's events with
-// the message the kubelet gets.
-func (d *Driver) provisioningFailed(v *api.Volume, err error) {
-	d.event(v.Pod, EventTypeWarning, ReasonProvisioningFailed,
-		fmt.Sprintf("volume %q: %s", v.Name, status.Convert(toStatus(err)).Message()))
 }
 
 // refreshed counts a content refresh of a live volume and reports a failure to

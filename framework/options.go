@@ -527,7 +527,16 @@ type ObservabilityOptions struct {
 	// its service account needs get on csidrivers.storage.k8s.io. Defaults to
 	// nil: not checked (the log says so at startup).
 	CSIDrivers CSIDriverGetter
+	// CSIDriverCheckJitter is the longest random delay before that check's
+	// first read, so that the drivers of a fleet restarting at once (a
+	// rollout, the API server back from an outage) spread their reads.
+	// Defaults to DefaultCSIDriverCheckJitter when zero; negative: none.
+	CSIDriverCheckJitter time.Duration
 }
+
+// DefaultCSIDriverCheckJitter is ObservabilityOptions.CSIDriverCheckJitter's
+// default.
+const DefaultCSIDriverCheckJitter = 10 * time.Second
 
 // setDefaults fills the zero fields.
 func (ob *ObservabilityOptions) setDefaults() {
@@ -536,6 +545,9 @@ func (ob *ObservabilityOptions) setDefaults() {
 	}
 	if ob.VolumesEndpoint == nil {
 		ob.VolumesEndpoint = new(true)
+	}
+	if ob.CSIDriverCheckJitter == 0 {
+		ob.CSIDriverCheckJitter = DefaultCSIDriverCheckJitter
 	}
 }
 

@@ -46,6 +46,8 @@ type Harness struct {
 // so the driver's log shows beside the test that produced it. What the driver
 // logs after the test ended goes to klog's global logger instead.
 // Limits.KeepBinaryPages is always set: the test process keeps its pages.
+// Observability.CSIDriverCheckJitter left zero becomes none: the startup
+// check of the CSIDriver object reads at once.
 //
 // When opts.Mounter is a *mount.Fake, whose directories exist only in memory,
 // the directories the Kubelet creates (a pod's, the parent of a target) are
@@ -61,6 +63,10 @@ func Start(t testing.TB, opts framework.Options) *Harness {
 	}
 	if opts.Node.ID == "" {
 		opts.Node.ID = "node-1"
+	}
+	if opts.Observability.CSIDriverCheckJitter == 0 {
+		// One driver, not a fleet: the startup check reads at once.
+		opts.Observability.CSIDriverCheckJitter = -1
 	}
 	if opts.Node.KubeletRootDir == "" {
 		opts.Node.KubeletRootDir = filepath.Join(t.TempDir(), "kubelet")

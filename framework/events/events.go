@@ -34,10 +34,19 @@
 // A pod whose volume keeps failing is retried by the kubelet with backoff, and
 // each attempt would be an event. Events about one pod (whatever their type or
 // reason) are written at Options.PerPodPerMinute (DefaultPerPodPerMinute) per
-// minute after a burst of as many; the rest are dropped. An event identical to
-// one written in the last 10 minutes (same pod, type, reason and message) is
-// merged into it: its count and last timestamp are patched, as kubectl shows
-// them.
+// minute after a burst of as many; the rest are dropped. All events of the
+// node together are written at Options.PerNodePerMinute
+// (DefaultPerNodePerMinute) per minute after a burst of as many: on a fleet
+// where every node fails the same way at once (a content backend down), the
+// API server gets at most that many writes per node. An event like one
+// written in the last 10 minutes (same object, type and reason, and the same
+// message but for its numbers: "3 of 10 MiB in use" repeats "4 of 10 MiB in
+// use") is merged into it: its count, last timestamp and message are patched,
+// as kubectl shows them.
+//
+// A write the API server refuses for now (429, 5xx, a timeout) is retried
+// after a jittered delay, or the delay the server asks for (Retry-After) if
+// longer: the nodes of a fleet do not retry in step.
 //
 // # When events are written
 //
@@ -54,8 +63,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -75,6 +86,12 @@ import (
 // (Options.PerPodPerMinute).
 const DefaultPerPodPerMinute = 5
 
+// DefaultPerNodePerMinute is the default rate limit of all the events of one
+// node (Options.PerNodePerMinute): at most one write every 6 s once its burst
+// is spent, 834 per second from 5,000 nodes failing at once. The kubelet
+// allows itself 50 per second (eventRecordQPS).
+const DefaultPerNodePerMinute = 10
+
 // maxMessage is the longest event message the API server stores in full.
 const maxMessage = 1024
 
@@ -93,7 +110,8 @@ const (
 	maxTracked      = 4096
 )
 
-// attempts and retryDelay: each write is tried this often, this far apart.
+// attempts and retryDelay: each write is tried this often, about this far
+// apart (jittered: half to one and a half times).
 var (
 	attempts   = 3
 	retryDelay = time.Second
@@ -123,6 +141,11 @@ type Options struct {
 	// after a burst of as many. Defaults to DefaultPerPodPerMinute when zero;
 	// negative is an error.
 	PerPodPerMinute int
+	// PerNodePerMinute is how many events of any object this Recorder (one
+	// per node) writes per minute, after a burst of as many; a merged repeat
+	// counts as a write. Defaults to DefaultPerNodePerMinute when zero;
+	// negative is an error.
+	PerNodePerMinute int
 	// Logger logs events that cannot be written or are dropped. Defaults to
 	// klog.Background().
 	Logger klog.Logger
@@ -148,6 +171,9 @@ func (o *Options) validate() error {
 	if o.PerPodPerMinute < 0 {
 		errs = append(errs, fmt.Errorf("PerPodPerMinute %d must not be negative (0 takes the default, %d)", o.PerPodPerMinute, DefaultPerPodPerMinute))
 	}
+	if o.PerNodePerMinute < 0 {
+		errs = append(errs, fmt.Errorf("PerNodePerMinute %d must not be negative (0 takes the default, %d)", o.PerNodePerMinute, DefaultPerNodePerMinute))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("events: invalid options: %w", err)
 	}
@@ -157,6 +183,9 @@ func (o *Options) validate() error {
 func (o *Options) setDefaults() {
 	if o.PerPodPerMinute == 0 {
 		o.PerPodPerMinute = DefaultPerPodPerMinute
+	}
+	if o.PerNodePerMinute == 0 {
+		o.PerNodePerMinute = DefaultPerNodePerMinute
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = klog.Background()
@@ -182,6 +211,7 @@ type Recorder struct {
 
 	// Used by Run's goroutine only.
 	buckets map[string]*bucket  // rate limit per pod
+	node    *bucket             // rate limit of the node, nil until the first event
 	written map[string]*written // aggregation per event
 	seq     uint64              // events created, for unique names
 }
@@ -346,9 +376,16 @@ func (r *Recorder) write(ctx context.Context, e event) {
 		log.V(4).Info("Dropping an event: its object is over its rate (PerPodPerMinute)", logkeys.PerMinute, r.opts.PerPodPerMinute)
 		return
 	}
-	key := string(e.ref.UID) + "\x00" + e.ref.Kind + "\x00" + e.ref.Namespace + "\x00" + e.ref.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + e.message
+	if r.node == nil {
+		r.node = &bucket{tokens: float64(r.opts.PerNodePerMinute), last: now}
+	}
+	if !r.node.take(now, float64(r.opts.PerNodePerMinute)) {
+		log.V(4).Info("Dropping an event: the node is over its rate (PerNodePerMinute)", logkeys.PerMinute, r.opts.PerNodePerMinute)
+		return
+	}
+	key := string(e.ref.UID) + "\x00" + e.ref.Kind + "\x00" + e.ref.Namespace + "\x00" + e.ref.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + normalize(e.message)
 	if w := r.written[key]; w != nil && now.Sub(w.last) < aggregateWindow {
-		patch, _ := json.Marshal(map[string]any{"count": w.count + 1, "lastTimestamp": metav1.NewTime(now)})
+		patch, _ := json.Marshal(map[string]any{"count": w.count + 1, "lastTimestamp": metav1.NewTime(now), "message": e.message})
 		err := r.retry(ctx, func() error {
 			_, err := r.opts.Client.Patch(ctx, w.namespace, w.name, patch)
 			return err
@@ -397,9 +434,10 @@ func (r *Recorder) write(ctx context.Context, e event) {
 	r.written[key] = &written{namespace: ev.Namespace, name: ev.Name, count: 1, last: now}
 }
 
-// retry calls f up to attempts times, retryDelay apart, until it succeeds, ctx
-// ends, or the error is one a retry cannot change (the API server refused the
-// event itself, or it no longer exists).
+// retry calls f up to attempts times, about retryDelay apart (jittered, or as
+// long as the API server asks if longer), until it succeeds, ctx ends, or the
+// error is one a retry cannot change (the API server refused the event
+// itself, or it no longer exists).
 func (r *Recorder) retry(ctx context.Context, f func() error) error {
 	var err error
 	for i := range attempts {
@@ -413,10 +451,45 @@ func (r *Recorder) retry(ctx context.Context, f func() error) error {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(retryDelay):
+		case <-time.After(retryWait(err)):
 		}
 	}
 	return err
+}
+
+// retryWait is how long to wait before retrying after err: retryDelay
+// jittered to half to one and a half times, or the delay the API server
+// suggested (Retry-After of a 429 or 5xx) if longer.
+func retryWait(err error) time.Duration {
+	d := time.Duration(float64(retryDelay) * (0.5 + rand.Float64()))
+	if s, ok := apierrors.SuggestsClientDelay(err); ok {
+		d = max(d, time.Duration(s)*time.Second)
+	}
+	return d
+}
+
+// normalize is message as the aggregation key holds it: each run of digits
+// (with the separators within a number) becomes "#", so that a message that
+// differs only in numbers (sizes, counts, durations) is a repeat.
+func normalize(message string) string {
+	var b strings.Builder
+	inNumber := false
+	for i := 0; i < len(message); i++ {
+		c := message[i]
+		switch {
+		case c >= '0' && c <= '9':
+			if !inNumber {
+				b.WriteByte('#')
+				inNumber = true
+			}
+		case inNumber && (c == '.' || c == ',') && i+1 < len(message) && message[i+1] >= '0' && message[i+1] <= '9':
+			// within a number: 1.5, 10,000
+		default:
+			inNumber = false
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // allow takes a token of the object's bucket: PerPodPerMinute per minute
@@ -432,8 +505,14 @@ func (r *Recorder) allow(ref corev1.ObjectReference, now time.Time) bool {
 		b = &bucket{tokens: burst, last: now}
 		r.buckets[key] = b
 	}
+	return b.take(now, burst)
+}
+
+// take refills b at perMinute per minute up to a burst of as many and takes
+// a token if there is one.
+func (b *bucket) take(now time.Time, perMinute float64) bool {
 	if d := now.Sub(b.last); d > 0 {
-		b.tokens = min(burst, b.tokens+d.Minutes()*burst)
+		b.tokens = min(perMinute, b.tokens+d.Minutes()*perMinute)
 		b.last = now
 	}
 	if b.tokens < 1 {

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -223,6 +224,8 @@ func TestNewValidates(t *testing.T) {
 		{name: "no client", opts: Options{DriverName: "d", NodeName: "n"}, want: []string{"Client is required"}},
 		{name: "negative rate", opts: Options{Client: sink(client), DriverName: "d", NodeName: "n", PerPodPerMinute: -1},
 			want: []string{"PerPodPerMinute -1 must not be negative"}},
+		{name: "negative node rate", opts: Options{Client: sink(client), DriverName: "d", NodeName: "n", PerNodePerMinute: -2},
+			want: []string{"PerNodePerMinute -2 must not be negative"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r, err := New(c.opts)
@@ -395,5 +398,102 @@ func TestRepeatsAreCounted(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("%d Events with the repeated message after the window, want a new one (2)", n)
+	}
+}
+
+// All events of the node together are limited per minute: many pods, each
+// within its own budget, get PerNodePerMinute writes in all; the budget
+// refills with time.
+func TestRateLimitPerNode(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	r, client := newRecorder(t, nil, Options{PerPodPerMinute: 5, PerNodePerMinute: 4, clock: clk})
+	start(t, r)
+	for i := range 20 {
+		r.Event(api.Pod{Namespace: "ns", Name: fmt.Sprint("p", i), UID: fmt.Sprint("u", i)}, corev1.EventTypeWarning, "RefreshFailed", "backend down")
+	}
+	time.Sleep(100 * time.Millisecond) // nothing to wait for: the dropped events leave no trace
+	waitWrites := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n := 0
+			for _, a := range client.Actions() {
+				if a.GetVerb() == "create" || a.GetVerb() == "patch" {
+					n++
+				}
+			}
+			if n == want {
+				return
+			}
+			if n > want || time.Now().After(deadline) {
+				t.Fatalf("%d event writes, want %d", n, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitWrites(4)
+	clk.Step(30 * time.Second) // half a minute: 2 tokens
+	for i := range 5 {
+		r.Event(api.Pod{Namespace: "ns", Name: fmt.Sprint("q", i), UID: fmt.Sprint("v", i)}, corev1.EventTypeWarning, "RefreshFailed", "backend down")
+	}
+	waitWrites(6)
+	time.Sleep(100 * time.Millisecond)
+	waitWrites(6)
+}
+
+// Messages that differ only in their numbers are repeats: merged into one
+// Event whose message is the latest.
+func TestRepeatsWithNumbersAggregate(t *testing.T) {
+	r, client := newRecorder(t, nil, Options{PerPodPerMinute: 100, PerNodePerMinute: 100, clock: clocktesting.NewFakeClock(time.Now())})
+	start(t, r)
+	pod := api.Pod{Namespace: "ns", Name: "web", UID: "u1"}
+	for i := range 4 {
+		r.Event(pod, corev1.EventTypeWarning, "RefreshFailed", fmt.Sprintf("content of 1,%03d.5 MiB over the budget of %d MiB after %dms", i*7, 16+i, 100*i))
+	}
+	r.Event(api.Pod{Namespace: "ns", Name: "s", UID: "s"}, corev1.EventTypeNormal, "Sentinel", "")
+	evs := waitFor(t, client, "ns", "Sentinel")
+	var got []corev1.Event
+	for _, e := range evs {
+		if e.Reason == "RefreshFailed" {
+			got = append(got, e)
+		}
+	}
+	if len(got) != 1 || got[0].Count != 4 || got[0].Message != "content of 1,021.5 MiB over the budget of 19 MiB after 300ms" {
+		t.Fatalf("events %+v, want one with count 4 and the last message", got)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                          "",
+		"no numbers":                "no numbers",
+		"3 of 10 MiB in use":        "# of # MiB in use",
+		"1,024.5 bytes, then 7.":    "# bytes, then #.",
+		`volume "v2": size 8Gi`:     `volume "v#": size #Gi`,
+		"uid 5d6c0b3e-0001 removed": "uid #d#c#b#e-# removed",
+	} {
+		if got := normalize(in); got != want {
+			t.Errorf("normalize(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Retries are jittered (the nodes of a fleet do not retry in step) and wait
+// at least as long as the API server asks.
+func TestRetryWait(t *testing.T) {
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		d := retryWait(errors.New("connection refused"))
+		if d < retryDelay/2 || d > retryDelay*3/2 {
+			t.Fatalf("retryWait %s, want within [%s, %s]", d, retryDelay/2, retryDelay*3/2)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 10 {
+		t.Errorf("%d distinct waits in 50, want jitter", len(seen))
+	}
+	busy := apierrors.NewTooManyRequests("slow down", 7)
+	if d := retryWait(busy); d != 7*time.Second {
+		t.Errorf("retryWait after a 429 with Retry-After 7: %s, want 7s", d)
 	}
 }

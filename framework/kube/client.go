@@ -24,11 +24,11 @@ import (
 // PodsClient lists and watches pods: what Pods needs of the API server.
 // Client.Pods is one; so is client-go's typed client, clientset.CoreV1().Pods("").
 //
-// Pods's informer asks for the initial list as a stream of watch events
-// (client-go's WatchListClient, on by default) unless the client has a method
-// IsWatchListSemanticsUnSupported() bool that returns true, as client-go's fake
-// clientset has: wrap the fake's pods client with that method in tests, or the
-// informer never syncs.
+// Pods's informer lists, then watches: it never asks for the initial list as
+// a stream of watch events (client-go's WatchListClient), whose cost on the
+// API server grows with the cluster's pods rather than the node's (see
+// NewPods). A client needs no IsWatchListSemanticsUnSupported method for
+// that, client-go's fake clientset included.
 type PodsClient interface {
 	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
@@ -46,6 +46,10 @@ type PodsClient interface {
 // eventstest.Client{C: clientset} an events.Client.
 type Client struct {
 	rest rest.Interface
+	// events writes events through its own rate limiter (cfg's QPS and
+	// Burst, a bucket of its own): a burst of events never delays the pod
+	// informer's relist, nor the informer an event.
+	events rest.Interface
 }
 
 // coreCodecs encode and decode the core/v1 types (with the meta/v1 list and
@@ -62,7 +66,10 @@ var coreCodecs = sync.OnceValue(func() serializer.CodecFactory {
 // NewClient returns a Client of the API server cfg points to (a kubeconfig's,
 // clientcmd.BuildConfigFromFlags, or the pod's service account,
 // rest.InClusterConfig). It makes no API call. cfg's rate limits apply (by
-// default 5 requests per second, bursts of 10), as with client-go's clients.
+// default 5 requests per second, bursts of 10), as with client-go's clients,
+// twice: once to the pods and the CSIDriver read, once to the events, which
+// have a limiter of their own (unless cfg.RateLimiter is set: then it is
+// shared).
 func NewClient(cfg *rest.Config) (*Client, error) {
 	c := rest.CopyConfig(cfg)
 	c.APIPath = "/api"
@@ -75,7 +82,13 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: %w", err)
 	}
-	return &Client{rest: rc}, nil
+	// RESTClientFor builds a token bucket from QPS and Burst for each client
+	// when cfg has no RateLimiter.
+	ec, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("kube: %w", err)
+	}
+	return &Client{rest: rc, events: ec}, nil
 }
 
 // Pods returns the client of the pods of all namespaces, for
@@ -84,7 +97,8 @@ func (c *Client) Pods() PodsClient { return podsClient{c.rest} }
 
 // Events returns the client of events, each written in its own namespace, for
 // events.Options.Client.
-func (c *Client) Events() *EventsClient { return &EventsClient{c.rest} }
+// They go through a rate limiter of their own, not the pods'.
+func (c *Client) Events() *EventsClient { return &EventsClient{c.events} }
 
 // podsClient lists and watches pods' metadata only: the API server sends each
 // pod as a meta.k8s.io/v1 PartialObjectMetadata (as client-go's metadata
@@ -227,8 +241,13 @@ type csiDriverJSON struct {
 // JSON: a framework.CSIDriverGetter (Options.Observability.CSIDrivers). A missing object is
 // an error wrapping api.ErrNotFound. The service account needs get on
 // csidrivers.storage.k8s.io.
+//
+// It reads with resourceVersion "0": the API server answers from its watch
+// cache, not from etcd (a startup check of 5,000 restarting drivers is 5,000
+// reads; the object changes rarely, and a stale answer is corrected by the
+// next start).
 func (c *Client) GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver, error) {
-	body, err := c.rest.Get().AbsPath(csiDriverPath, name).DoRaw(ctx)
+	body, err := c.rest.Get().AbsPath(csiDriverPath, name).Param("resourceVersion", "0").DoRaw(ctx)
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("%w: CSIDriver %q", api.ErrNotFound, name)
 	}

@@ -1,7 +1,9 @@
 package kube
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -173,5 +176,35 @@ func TestMetadataDecoder(t *testing.T) {
 	}
 	if _, _, err := d.Decode(); err != io.EOF {
 		t.Errorf("end of stream: %v, want io.EOF", err)
+	}
+}
+
+// Events have a rate limiter of their own: with the pods' budget spent (a
+// relist), an event is written at once, and the other way round.
+func TestClientEventsOwnRateLimiter(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodGet {
+			fmt.Fprint(w, `{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+			return
+		}
+		fmt.Fprint(w, `{"kind":"Event","apiVersion":"v1","metadata":{"name":"e","namespace":"ns"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	// One request, then one per 1,000 s.
+	c, err := NewClient(&rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Pods().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Events().Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e", Namespace: "ns"}}); err != nil {
+		t.Fatalf("event after the pods' budget was spent: %v, want it written at once", err)
+	}
+	if _, err := c.Events().Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e", Namespace: "ns"}}); err == nil {
+		t.Fatal("second event within the events' budget of one: written, want the limiter to hold it past the deadline")
 	}
 }

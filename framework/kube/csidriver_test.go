@@ -34,7 +34,7 @@ const forbiddenStatus = `{"kind":"Status","apiVersion":"v1","metadata":{},"statu
 func TestGetCSIDriver(t *testing.T) {
 	var paths []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		paths = append(paths, r.Method+" "+r.URL.Path+" "+r.Header.Get("Accept"))
+		paths = append(paths, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get("Accept"))
 		w.Header().Set("Content-Type", "application/json")
 		switch r.URL.Path {
 		case "/apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev":
@@ -63,7 +63,7 @@ func TestGetCSIDriver(t *testing.T) {
 		got.FSGroupPolicy == nil || *got.FSGroupPolicy != "File" || got.RequiresRepublish == nil || *got.RequiresRepublish {
 		t.Errorf("GetCSIDriver = %+v", got)
 	}
-	if want := "GET /apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev application/json, */*"; paths[0] != want {
+	if want := "GET /apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev?resourceVersion=0 application/json, */*"; paths[0] != want {
 		t.Errorf("request %q, want %q", paths[0], want)
 	}
 

@@ -34,6 +34,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,9 @@ const uidIndex = "uid"
 // defaultSyncTimeout is PodsOptions.SyncTimeout's default.
 const defaultSyncTimeout = time.Minute
 
+// DefaultStartJitter is PodsOptions.StartJitter's default.
+const DefaultStartJitter = 5 * time.Second
+
 // PodsOptions configure Pods.
 type PodsOptions struct {
 	// Client lists and watches the pods of all namespaces: Client.Pods, or
@@ -71,8 +75,20 @@ type PodsOptions struct {
 	// the sync, which the orphan GC takes as "unknown": it keeps the volumes.
 	// Defaults to one minute. Negative is an error.
 	SyncTimeout time.Duration
+	// StartJitter is the longest random delay Run waits before the first
+	// list: when every driver of a fleet restarts at once (a rollout, a node
+	// image update, the API server back from an outage), their lists reach
+	// the API server spread over this time, not in one burst. The orphan GC
+	// keeps every orphan until the informer synced, so a delay costs nothing
+	// but a later first GC pass. Defaults to DefaultStartJitter when zero;
+	// negative means no delay.
+	StartJitter time.Duration
 	// Logger logs the sync. Defaults to klog.Background().
 	Logger klog.Logger
+
+	// delay picks the delay before the first list from [0, StartJitter).
+	// Defaults to a uniformly random one; tests set it.
+	delay func(max time.Duration) time.Duration
 }
 
 func (o *PodsOptions) validate() error {
@@ -98,6 +114,12 @@ func (o *PodsOptions) validate() error {
 func (o *PodsOptions) setDefaults() {
 	if o.SyncTimeout == 0 {
 		o.SyncTimeout = defaultSyncTimeout
+	}
+	if o.StartJitter == 0 {
+		o.StartJitter = DefaultStartJitter
+	}
+	if o.delay == nil {
+		o.delay = func(max time.Duration) time.Duration { return rand.N(max) }
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = klog.Background()
@@ -134,9 +156,7 @@ func NewPods(opts PodsOptions) (*Pods, error) {
 			return pods.Watch(ctx, o)
 		},
 	}
-	// As client-go's informer factory does: the client may say it cannot
-	// stream the initial list in a watch (see PodsClient).
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, opts.Client), &corev1.Pod{}, opts.Resync,
+	inf := cache.NewSharedIndexInformer(listThenWatch{lw}, &corev1.Pod{}, opts.Resync,
 		cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 			if p, ok := obj.(*corev1.Pod); ok {
 				return []string{string(p.UID)}, nil
@@ -151,6 +171,23 @@ func NewPods(opts PodsOptions) (*Pods, error) {
 	return &Pods{opts: opts, informer: inf}, nil
 }
 
+// listThenWatch is the informer's ListerWatcher: it tells the reflector that
+// it cannot stream the initial list in a watch (client-go's WatchListClient,
+// on by default since v0.35), so the reflector LISTs, then watches from the
+// list's resource version.
+//
+// The reason is the API server's cost of a driver's (re)start. A LIST of the
+// pods with spec.nodeName=NODE at resourceVersion 0 is served from the watch
+// cache through its spec.nodeName index: O(pods of the node). A watch-list
+// (sendInitialEvents=true) builds its initial events by walking every pod of
+// the cluster in the watch cache and filtering each: O(pods of the cluster),
+// paid by every driver that starts, all 5,000 of them when a fleet restarts
+// at once (docs/operations.md, "At fleet scale").
+type listThenWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported makes the reflector list, then watch.
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
+
 // podIdentity is the informer's transform: a pod becomes its namespace, name,
 // UID and resource version.
 func podIdentity(obj any) (any, error) {
@@ -163,7 +200,8 @@ func podIdentity(obj any) (any, error) {
 	}}, nil
 }
 
-// Run starts the informer, waits up to SyncTimeout for its first sync and
+// Run waits a random part of StartJitter, starts the informer, waits up to
+// SyncTimeout for its first sync and
 // blocks until ctx ends; it then stops the informer, waits for its goroutines
 // and returns nil. A sync that takes longer is logged as an error, not
 // returned: the driver keeps serving while PodExists fails, and Run logs
@@ -174,6 +212,17 @@ func (p *Pods) Run(ctx context.Context) error {
 		return errors.New("kube: Pods has already run")
 	}
 	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
+	if p.opts.StartJitter > 0 {
+		d := p.opts.delay(p.opts.StartJitter)
+		log.V(4).Info("Waiting before the first list of the node's pods (StartJitter)", logkeys.Duration, d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { p.informer.RunWithContext(ctx) })
 	defer wg.Wait() // after ctx ended: waits for the informer's goroutines

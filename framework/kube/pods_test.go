@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/textlogger"
 
@@ -29,21 +28,10 @@ var (
 	_ framework.Runnable   = (*Pods)(nil)
 )
 
-// fakePods is the pods client of a fake clientset. Like the clientset, it
-// says that it cannot stream the initial list in a watch (the fake's watch
-// would never end that list), so the informer lists, then watches.
-func fakePods(c *fake.Clientset) PodsClient {
-	return fakePodsClient{c.CoreV1().Pods(metav1.NamespaceAll), c}
-}
-
-type fakePodsClient struct {
-	typedcorev1.PodInterface
-	clientset *fake.Clientset
-}
-
-func (f fakePodsClient) IsWatchListSemanticsUnSupported() bool {
-	return f.clientset.IsWatchListSemanticsUnSupported()
-}
+// fakePods is the pods client of a fake clientset, as is: Pods needs no
+// IsWatchListSemanticsUnSupported method of its client (the fake's watch
+// would never end a streamed initial list), it always lists, then watches.
+func fakePods(c *fake.Clientset) PodsClient { return c.CoreV1().Pods(metav1.NamespaceAll) }
 
 // run runs p until the returned stop is called (or the test ends); stop
 // returns Run's error, and fails the test if Run does not return promptly.
@@ -85,7 +73,7 @@ func TestPodsExists(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: types.UID("uid-1"), Labels: map[string]string{"app": "web"}},
 		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
 	client := fake.NewClientset(pod)
-	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1"})
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", StartJitter: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +178,7 @@ func TestRunSyncTimeout(t *testing.T) {
 		return down.Load(), nil, unreachable
 	})
 	var log syncBuffer
-	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", SyncTimeout: 100 * time.Millisecond,
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", SyncTimeout: 100 * time.Millisecond, StartJitter: -1,
 		Logger: textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log)))})
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +204,7 @@ func TestRunStopsBeforeSync(t *testing.T) {
 	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1"})
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", StartJitter: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,5 +212,81 @@ func TestRunStopsBeforeSync(t *testing.T) {
 	eventually(t, "a list is attempted", func() bool { return len(client.Actions()) > 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The informer lists the node's pods (the API server's indexed path), then
+// watches from the list's resource version: it never asks for a streamed
+// initial list (sendInitialEvents), whose cost grows with the cluster.
+func TestPodsListThenWatch(t *testing.T) {
+	client := fake.NewClientset()
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", StartJitter: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, p)
+	eventually(t, "the informer syncs", p.HasSynced)
+	eventually(t, "the watch starts", func() bool {
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "watch" {
+				return true
+			}
+		}
+		return false
+	})
+	var verbs []string
+	for _, a := range client.Actions() {
+		verbs = append(verbs, a.GetVerb())
+		var fs string
+		switch a := a.(type) {
+		case k8stesting.ListAction:
+			fs = a.GetListRestrictions().Fields.String()
+		case k8stesting.WatchAction:
+			fs = a.GetWatchRestrictions().Fields.String()
+			if rv := a.GetWatchRestrictions().ResourceVersion; rv == "" {
+				t.Errorf("watch without a resource version: a streamed initial list")
+			}
+		}
+		if fs != "spec.nodeName=node-1" {
+			t.Errorf("%s with field selector %q, want spec.nodeName=node-1", a.GetVerb(), fs)
+		}
+	}
+	if len(verbs) < 2 || verbs[0] != "list" || verbs[1] != "watch" {
+		t.Errorf("API calls %q, want a list, then a watch", verbs)
+	}
+}
+
+// Run waits the start jitter before its first list, and returns at once when
+// its context ends meanwhile; the delay is drawn below StartJitter.
+func TestPodsStartJitter(t *testing.T) {
+	client := fake.NewClientset()
+	var asked atomic.Int64
+	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", StartJitter: time.Hour,
+		delay: func(max time.Duration) time.Duration { asked.Store(int64(max)); return max }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, p)
+	eventually(t, "the delay is drawn", func() bool { return asked.Load() != 0 })
+	time.Sleep(50 * time.Millisecond)
+	if n := len(client.Actions()); n != 0 || p.HasSynced() {
+		t.Errorf("%d API calls during the start jitter, want none", n)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(asked.Load()); got != time.Hour {
+		t.Errorf("delay drawn below %s, want below StartJitter (1h)", got)
+	}
+
+	// The default draws below DefaultStartJitter.
+	q, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if d := q.opts.delay(q.opts.StartJitter); q.opts.StartJitter != DefaultStartJitter || d < 0 || d >= DefaultStartJitter {
+			t.Fatalf("default StartJitter %s, delay %s", q.opts.StartJitter, d)
+		}
 	}
 }

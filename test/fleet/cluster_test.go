@@ -1,0 +1,319 @@
+//go:build fleet
+
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Identities of the static token file.
+const (
+	driverSA   = "system:serviceaccount:kube-system:ephemera-scratch-node"
+	kubeSysSA  = "system:serviceaccount:kube-system:coredns"
+	adminUser  = "admin"
+	nodePrefix = "fleet-node-"
+)
+
+// apiServer is etcd and kube-apiserver under one temporary root, with a
+// static token per identity.
+type apiServer struct {
+	t       testing.TB
+	root    string
+	binDir  string
+	url     string
+	caFile  string
+	tokens  map[string]string // user -> token
+	apiArgs []string
+	etcd    *exec.Cmd
+	api     *exec.Cmd
+	hc      *http.Client
+}
+
+func findBinaries(t testing.TB, repo string) string {
+	if d := os.Getenv("EPHEMERA_E2E_K8S_BIN"); d != "" {
+		return d
+	}
+	cmd := exec.Command("bash", filepath.Join(repo, "test/e2e/build-k8s.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("test/e2e/build-k8s.sh: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func token() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startAPIServer writes the PKI and token file, starts etcd and
+// kube-apiserver (priority and fairness on, RBAC and Node authorization) and
+// waits for /readyz.
+func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
+	root := t.TempDir()
+	s := &apiServer{t: t, root: root, binDir: binDir, tokens: map[string]string{}}
+	// CA and serving certificate.
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fleet-ca"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srvTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(24 * time.Hour), DNSNames: []string{"localhost", "kubernetes.default"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.caFile = filepath.Join(root, "ca.crt")
+	writePEM(t, s.caFile, "CERTIFICATE", caDER)
+	writePEM(t, filepath.Join(root, "apiserver.crt"), "CERTIFICATE", srvDER)
+	kb, _ := x509.MarshalECPrivateKey(srvKey)
+	writePEM(t, filepath.Join(root, "apiserver.key"), "EC PRIVATE KEY", kb)
+	saKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	kb, _ = x509.MarshalECPrivateKey(saKey)
+	writePEM(t, filepath.Join(root, "sa.key"), "EC PRIVATE KEY", kb)
+	pub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	writePEM(t, filepath.Join(root, "sa.pub"), "PUBLIC KEY", pub)
+
+	// Static tokens: the admin, the drivers' service account, a kube-system
+	// client, and a kubelet per node.
+	var tf strings.Builder
+	add := func(user, groups string) {
+		tok := token()
+		s.tokens[user] = tok
+		fmt.Fprintf(&tf, "%s,%s,%s,\"%s\"\n", tok, user, user, groups)
+	}
+	add(adminUser, "system:masters")
+	add(driverSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
+	add(kubeSysSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
+	for i := range nodes {
+		add(nodeUser(i), "system:nodes,system:authenticated")
+	}
+	tokenFile := filepath.Join(root, "tokens.csv")
+	if err := os.WriteFile(tokenFile, []byte(tf.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
+	client := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	s.etcd = s.start("etcd", filepath.Join(binDir, "etcd"), "--name=fleet", "--data-dir="+filepath.Join(root, "etcd"),
+		"--listen-client-urls="+client, "--advertise-client-urls="+client, "--listen-peer-urls="+peer,
+		"--initial-advertise-peer-urls="+peer, "--initial-cluster=fleet="+peer, "--unsafe-no-fsync", "--log-level=warn",
+		"--quota-backend-bytes=4294967296")
+	s.url = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	s.apiArgs = []string{
+		"--etcd-servers=" + client, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort),
+		"--cert-dir=" + filepath.Join(root, "certs"),
+		"--tls-cert-file=" + filepath.Join(root, "apiserver.crt"), "--tls-private-key-file=" + filepath.Join(root, "apiserver.key"),
+		"--client-ca-file=" + s.caFile, "--token-auth-file=" + tokenFile,
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + filepath.Join(root, "sa.pub"),
+		"--service-account-signing-key-file=" + filepath.Join(root, "sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
+		"--enable-priority-and-fairness=true",
+		// As a small control plane's: 400 + 200 seats in all.
+		"--max-requests-inflight=400", "--max-mutating-requests-inflight=200",
+		"--disable-admission-plugins=ServiceAccount", "--profiling=false", "--event-ttl=30m", "--v=0",
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	s.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	s.waitHTTP(client+"/health", "", 30*time.Second)
+	s.startAPI()
+	t.Cleanup(s.stopAll)
+	return s
+}
+
+func nodeUser(i int) string { return "system:node:" + nodeName(i) }
+func nodeName(i int) string { return fmt.Sprintf("%s%04d", nodePrefix, i) }
+
+func (s *apiServer) start(name, bin string, args ...string) *exec.Cmd {
+	log, err := os.OpenFile(filepath.Join(s.root, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = append(os.Environ(), "ETCD_UNSUPPORTED_ARCH="+goarch())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); log.Close() }()
+	return cmd
+}
+
+// startAPI starts kube-apiserver and waits for /readyz.
+func (s *apiServer) startAPI() {
+	s.api = s.start("kube-apiserver", filepath.Join(s.binDir, "kube-apiserver"), s.apiArgs...)
+	s.waitHTTP(s.url+"/readyz", s.tokens[adminUser], 90*time.Second)
+}
+
+// stopAPI kills kube-apiserver and waits until it is gone.
+func (s *apiServer) stopAPI() {
+	if s.api == nil || s.api.Process == nil {
+		return
+	}
+	_ = s.api.Process.Signal(syscall.SIGTERM)
+	pid := s.api.Process.Pid
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil {
+			break
+		}
+	}
+	_ = s.api.Process.Kill()
+	s.api = nil
+}
+
+func (s *apiServer) stopAll() {
+	s.stopAPI()
+	if s.etcd != nil && s.etcd.Process != nil {
+		_ = s.etcd.Process.Kill()
+	}
+	time.Sleep(200 * time.Millisecond)
+}
+
+func (s *apiServer) waitHTTP(url, tok string, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := s.hc.Do(req)
+		if err == nil {
+			ok := resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+			if ok {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(s.root, "kube-apiserver.log"))
+			s.t.Fatalf("%s not ready after %s: %v\n%s", url, d, err, tail(b, 3000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// config is a rest.Config of user (a key of the token file).
+func (s *apiServer) config(user string, qps float32, burst int) *rest.Config {
+	return &rest.Config{Host: s.url, BearerToken: s.tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.caFile},
+		QPS: qps, Burst: burst, UserAgent: "fleet-sim/" + strings.ReplaceAll(user, ":", "-")}
+}
+
+func (s *apiServer) admin() kubernetes.Interface {
+	cs, err := kubernetes.NewForConfig(s.config(adminUser, 500, 1000))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return cs
+}
+
+// kubectl runs kubectl as the admin.
+func (s *apiServer) kubectl(ctx context.Context, args ...string) error {
+	kc := filepath.Join(s.root, "admin.kubeconfig")
+	if _, err := os.Stat(kc); err != nil {
+		cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: fleet, cluster: {server: %q, certificate-authority: %q}}]
+users: [{name: admin, user: {token: %q}}]
+contexts: [{name: fleet, context: {cluster: fleet, user: admin}}]
+current-context: fleet
+`, s.url, s.caFile, s.tokens[adminUser])
+		if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+			return err
+		}
+	}
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", kc}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// metrics returns the API server's /metrics text.
+func (s *apiServer) metrics() (string, error) {
+	req, _ := http.NewRequest(http.MethodGet, s.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+s.tokens[adminUser])
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, err = io.Copy(&b, resp.Body)
+	return b.String(), err
+}
+
+// cpuSeconds is kube-apiserver's user+system CPU time, from /proc.
+func (s *apiServer) cpuSeconds() float64 {
+	if s.api == nil || s.api.Process == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.api.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	var ut, st float64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return (ut + st) / 100 // USER_HZ
+}

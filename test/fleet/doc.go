@@ -1,0 +1,19 @@
+// Package fleet is the fleet simulation of make bench-fleet (build tag fleet):
+// a real etcd and kube-apiserver (the e2e's build, test/e2e/build-k8s.sh) with
+// priority and fairness and RBAC on, the RBAC and FlowSchema of deploy/base,
+// pods created through the API with a controller's and a kubelet's managed
+// fields, and N simulated nodes in one process, each running the driver's API
+// components (framework/kube's pod informer, the CSIDriver read of the startup
+// check, framework/events' Recorder) beside a kubelet-like watcher of the
+// node's pods (full objects, as the kubelet's) as the baseline.
+//
+// Phases: steady, churn (a pod lifecycle per node every 10 s), a restart of
+// every driver at once (with the informer of main 14ea1a6, which streamed its
+// initial list as a watch-list, and with today's list-then-watch; with and
+// without the FlowSchema, while a kube-system client measures its latency),
+// the API server stopped and resumed, and a burst of failures posting events.
+// Each phase is measured from the API server's /metrics and /proc; the report
+// goes to stdout and EPHEMERA_FLEET_REPORT.
+//
+// docs/operations.md, "At fleet scale", has the numbers and the extrapolation.
+package fleet

@@ -1,0 +1,565 @@
+//go:build fleet
+
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/events"
+	"github.com/ephemera-csi/ephemera/framework/kube"
+)
+
+const driverName = "scratch.csi.ephemera.dev"
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envDur(k string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// fleet is the simulated nodes of one API server.
+type fleet struct {
+	t     *testing.T
+	s     *apiServer
+	admin kubernetes.Interface
+	nodes int
+	pods  int // per node at steady state
+	ns    []string
+
+	mu      sync.Mutex
+	drivers []*driverSim
+	seq     atomic.Int64
+	// csiDriverErrors counts failed CSIDriver reads (during the outage).
+	csiDriverErrors atomic.Int64
+}
+
+// driverSim is one node's driver: its API components, run until cancel.
+type driverSim struct {
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	synced func() bool
+	rec    *events.Recorder
+}
+
+// mode is how a driver (re)starts.
+type mode struct {
+	name string
+	// watchList: the pod informer of main 14ea1a6, which let client-go
+	// stream its initial list as a watch-list (sendInitialEvents); the CSIDriver
+	// read from etcd; no start jitter.
+	watchList bool
+	jitter    time.Duration
+}
+
+func TestFleet(t *testing.T) {
+	if os.Getenv("EPHEMERA_FLEET") == "" {
+		t.Skip("the fleet simulation: make bench-fleet (EPHEMERA_FLEET=1)")
+	}
+	repo, _ := filepath.Abs("../..")
+	nodes := envInt("EPHEMERA_FLEET_NODES", 100)
+	perNode := envInt("EPHEMERA_FLEET_PODS", 30)
+	phase := envDur("EPHEMERA_FLEET_PHASE", time.Minute)
+	outage := envDur("EPHEMERA_FLEET_OUTAGE", 2*time.Minute)
+	began := time.Now()
+
+	s := startAPIServer(t, findBinaries(t, repo), nodes)
+	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode}
+	ctx := t.Context()
+	// CoreDNS's read of namespaces, for the kube-system client that measures
+	// its latency.
+	if err := s.kubectl(ctx, "create", "clusterrole", "fleet-coredns", "--verb=list,watch", "--resource=namespaces"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.kubectl(ctx, "create", "clusterrolebinding", "fleet-coredns", "--clusterrole=fleet-coredns", "--serviceaccount=kube-system:coredns"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.kubectl(ctx, "apply", "-n", "kube-system",
+		"-f", filepath.Join(repo, "deploy/base/serviceaccount.yaml"), "-f", filepath.Join(repo, "deploy/base/rbac.yaml"),
+		"-f", filepath.Join(repo, "deploy/base/csidriver.yaml"), "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		ns := fmt.Sprintf("team-%d", i)
+		f.ns = append(f.ns, ns)
+		if _, err := f.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	f.createPods(ctx)
+	t.Logf("created %d pods in %s", nodes*perNode, time.Since(t0).Round(time.Second))
+
+	var results []phaseResult
+	measure := func(name string, d time.Duration, during func()) phaseResult {
+		before := f.snap()
+		if during != nil {
+			during()
+		}
+		if d > 0 {
+			time.Sleep(d)
+		}
+		r := diff(name, nodes, before, f.snap())
+		results = append(results, r)
+		t.Logf("\n%s", r)
+		return r
+	}
+
+	kubelets := f.startKubelets(ctx)
+	time.Sleep(5 * time.Second)
+	measure("baseline: kubelet-like watchers only, steady", phase, nil)
+
+	after := mode{name: "list, then watch (this branch)", jitter: kube.DefaultStartJitter}
+	before := mode{name: "watch-list (main 14ea1a6)", watchList: true}
+	measure("drivers start (list, then watch; jittered)", 0, func() { f.startDrivers(ctx, after); f.waitSynced(2 * time.Minute) })
+	measure("steady: kubelet-like watchers and drivers", phase, nil)
+	measure("churn: a pod lifecycle per node every 10 s", 0, func() { f.churn(ctx, phase) })
+
+	storm := func(m mode, flowSchema bool) {
+		if !flowSchema {
+			_ = s.kubectl(ctx, "delete", "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml"))
+		} else {
+			_ = s.kubectl(ctx, "apply", "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml"))
+		}
+		time.Sleep(3 * time.Second) // the API server's APF config controller
+		fs := "without FlowSchema"
+		if flowSchema {
+			fs = "with FlowSchema"
+		}
+		var lat string
+		r := measure("restart storm: "+m.name+", "+fs, 0, func() {
+			stop := f.probeKubeSystem(ctx)
+			f.stopDrivers()
+			t1 := time.Now()
+			f.startDrivers(ctx, m)
+			f.waitSynced(5 * time.Minute)
+			synced := time.Since(t1)
+			time.Sleep(2 * time.Second)
+			lat = stop() + fmt.Sprintf("; every driver synced after %s", synced.Round(100*time.Millisecond))
+		})
+		results[len(results)-1].latency = lat
+		_ = r
+	}
+	storm(before, false)
+	storm(before, true)
+	storm(mode{name: "list, then watch, no jitter"}, false)
+	storm(after, false)
+	storm(after, true)
+
+	// The API server stopped for the outage: drivers and watchers retry
+	// (client-go's jittered backoff). A new process: its counters start at
+	// zero, measured from its start until a phase (at least a minute: the
+	// reflectors' backoff reaches 30 s) after it is ready.
+	s.stopAPI()
+	time.Sleep(outage)
+	startRes := snapshot{series: map[string]float64{}, at: time.Now()}
+	s.startAPI()
+	time.Sleep(max(phase, time.Minute))
+	r := diff(fmt.Sprintf("API server resumed after %s stopped: from its start to %s after ready", outage, max(phase, time.Minute)), nodes, startRes, f.snap())
+	results = append(results, r)
+	t.Logf("\n%s", r)
+
+	measure("failure burst: every volume of every node fails its refresh, 3 rounds", phase, func() { f.failBurst() })
+
+	if p := os.Getenv("EPHEMERA_FLEET_REPORT"); p != "" {
+		text, _ := s.metrics()
+		_ = os.WriteFile(strings.TrimSuffix(p, ".md")+"-metrics.txt", []byte(text), 0o644)
+	}
+	f.stopDrivers()
+	kubelets()
+	report := fmt.Sprintf("## bench-fleet: %d nodes, %d pods per node (%d pods), phases of %s, outage %s; run time %s\n\n",
+		nodes, perNode, nodes*perNode, phase, outage, time.Since(began).Round(time.Second))
+	for _, r := range results {
+		report += r.String()
+	}
+	fmt.Println(report)
+	if p := os.Getenv("EPHEMERA_FLEET_REPORT"); p != "" {
+		if err := os.WriteFile(p, []byte(report), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	// The change this bench is for: a restarting driver's list takes the
+	// spec.nodeName index, not a walk of the whole cluster's pods.
+	var wl, lw phaseResult
+	for _, r := range results {
+		switch {
+		case strings.HasPrefix(r.name, "restart storm: watch-list"):
+			wl = r
+		case strings.HasPrefix(r.name, "restart storm: list, then watch, no jitter"):
+			lw = r
+		}
+	}
+	if lw.values["pod list objects fetched"] > float64(2*nodes*perNode) {
+		t.Errorf("restart storm, list then watch: %.0f pod objects scanned for %d drivers' lists, want about their %d pods (the index)",
+			lw.values["pod list objects fetched"], nodes, nodes*perNode)
+	}
+	t.Logf("restart storm CPU seconds: watch-list %.2f, list then watch %.2f", wl.values["CPU seconds"], lw.values["CPU seconds"])
+}
+
+func (f *fleet) snap() snapshot {
+	text, err := f.s.metrics()
+	if err != nil {
+		f.t.Logf("scraping /metrics: %v", err)
+	}
+	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), at: time.Now()}
+}
+
+// pod is a pod as a ReplicaSet's controller creates it for node i.
+func (f *fleet) pod(i int) *corev1.Pod {
+	n := f.seq.Add(1)
+	rs := fmt.Sprintf("web-%d-7d4b9c8f6", n%50)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("%s-%s", rs, strconv.FormatInt(n, 36)), Namespace: f.ns[int(n)%len(f.ns)],
+			Labels:      map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": rs, "pod-template-hash": "7d4b9c8f6"},
+			Annotations: map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-12-01T10:00:00Z"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs,
+				UID: types.UID(fmt.Sprintf("0d3c5b2e-%04d-4a7e-9c51-2f1f4f6f0a01", n%50)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}},
+		},
+		Spec: corev1.PodSpec{
+			NodeName: nodeName(i),
+			Containers: []corev1.Container{{Name: "web", Image: "registry.example.com/team/web:v1.4.2",
+				Ports:        []corev1.ContainerPort{{ContainerPort: 8080, Name: "http"}},
+				Env:          []corev1.EnvVar{{Name: "LOG_LEVEL", Value: "info"}, {Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+				Resources:    corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
+			}},
+			Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+				Driver: driverName, VolumeAttributes: map[string]string{"size": "64Mi"}}}}},
+			Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr(int64(300))}},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// running is what the kubelet writes into a pod's status (with its field
+// manager).
+func running(p *corev1.Pod) {
+	now := metav1.Now()
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, HostIP: "10.1.0.1", PodIP: "10.2.0.1", StartTime: &now,
+		PodIPs: []corev1.PodIP{{IP: "10.2.0.1"}}, QOSClass: corev1.PodQOSBurstable,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, Image: "registry.example.com/team/web:v1.4.2",
+			ImageID: "registry.example.com/team/web@sha256:9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0", ContainerID: "containerd://" + strings.Repeat("ab", 32),
+			Started: ptr(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
+	}
+}
+
+// createPod creates a pod of node i as a controller, then marks it running
+// as a kubelet: two managedFields entries, as in a real cluster.
+func (f *fleet) createPod(ctx context.Context, i int) (*corev1.Pod, error) {
+	pp := f.pod(i)
+	p, err := f.admin.CoreV1().Pods(pp.Namespace).Create(ctx, pp, metav1.CreateOptions{FieldManager: "kube-controller-manager"})
+	if err != nil {
+		return nil, err
+	}
+	running(p)
+	return f.admin.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{FieldManager: "kubelet"})
+}
+
+func (f *fleet) createPods(ctx context.Context) {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				if _, err := f.createPod(ctx, i); err != nil {
+					if failed.Add(1) == 1 {
+						f.t.Errorf("creating a pod: %v", err)
+					}
+				}
+			}
+		})
+	}
+	for range f.pods {
+		for i := range f.nodes {
+			work <- i
+		}
+	}
+	close(work)
+	wg.Wait()
+	if failed.Load() > 0 {
+		f.t.Fatalf("%d pods not created", failed.Load())
+	}
+}
+
+// startKubelets starts a kubelet-like watcher per node: an informer of the
+// node's whole pods (protobuf, the node's identity), as the kubelet's.
+func (f *fleet) startKubelets(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range f.nodes {
+		cfg := f.s.config(nodeUser(i), 50, 100)
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		sel := fields.OneTermEqualSelector("spec.nodeName", nodeName(i)).String()
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.FieldSelector = sel
+				return cs.CoreV1().Pods("").List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.FieldSelector = sel
+				return cs.CoreV1().Pods("").Watch(ctx, o)
+			},
+		}
+		// The kubelet's pod source is a reflector of its own (config/apiserver.go).
+		inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, cs.CoreV1().Pods("")), &corev1.Pod{}, 0, cache.Indexers{})
+		wg.Go(func() { inf.RunWithContext(ctx) })
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// startDrivers starts every node's driver components in mode m.
+func (f *fleet) startDrivers(ctx context.Context, m mode) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.nodes {
+		d := f.startDriver(ctx, i, m)
+		f.drivers = append(f.drivers, d)
+	}
+}
+
+func (f *fleet) stopDrivers() {
+	f.mu.Lock()
+	ds := f.drivers
+	f.drivers = nil
+	f.mu.Unlock()
+	for _, d := range ds {
+		d.cancel()
+	}
+	for _, d := range ds {
+		d.done.Wait()
+	}
+}
+
+func (f *fleet) waitSynced(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		f.mu.Lock()
+		n := 0
+		for _, dr := range f.drivers {
+			if dr.synced() {
+				n++
+			}
+		}
+		all := len(f.drivers)
+		f.mu.Unlock()
+		if n == all {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%d of %d drivers synced after %s", n, all, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startDriver runs node i's driver components: the pod informer, the startup
+// read of the CSIDriver object, and the event recorder, with the driver's
+// service account and client (kube.NewClient: 5 QPS, bursts of 10).
+func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
+	cfg := f.s.config(driverSA, 5, 10)
+	client, err := kube.NewClient(cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	d := &driverSim{cancel: cancel}
+	rec, err := events.New(events.Options{Client: client.Events(), DriverName: driverName, NodeName: nodeName(i)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	d.rec = rec
+	d.done.Go(func() { _ = rec.Run(ctx) })
+	if m.watchList {
+		// main 14ea1a6's NewPods: client-go streams the initial list.
+		pc := client.Pods()
+		sel := fields.OneTermEqualSelector("spec.nodeName", nodeName(i)).String()
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.FieldSelector = sel
+				return pc.List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.FieldSelector = sel
+				return pc.Watch(ctx, o)
+			},
+		}
+		inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, pc), &corev1.Pod{}, 0, cache.Indexers{})
+		d.synced = inf.HasSynced
+		d.done.Go(func() { inf.RunWithContext(ctx) })
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		d.done.Go(func() { _, _ = cs.StorageV1().CSIDrivers().Get(ctx, driverName, metav1.GetOptions{}) }) // from etcd
+		return d
+	}
+	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: nodeName(i), StartJitter: orNone(m.jitter)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	d.synced = pods.HasSynced
+	d.done.Go(func() { _ = pods.Run(ctx) })
+	// The startup check's read: jittered, from the watch cache (as
+	// framework's checkCSIDriverObject does, whose jitter is 10 s).
+	d.done.Go(func() {
+		if m.jitter > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(rand.N(2 * m.jitter)):
+			}
+		}
+		obj, err := client.GetCSIDriver(ctx, driverName)
+		if err == nil && len(framework.CheckCSIDriver(driverName, obj)) != 0 {
+			f.t.Errorf("deploy/base/csidriver.yaml does not fit the driver: %v", framework.CheckCSIDriver(driverName, obj))
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
+			// The framework retries (jittered); here a read that fell
+			// into the outage is counted only.
+			f.csiDriverErrors.Add(1)
+		}
+	})
+	return d
+}
+
+func orNone(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// churn runs, on every node, a pod lifecycle every 10 s for d: create (as a
+// controller), running (as the kubelet), delete.
+func (f *fleet) churn(ctx context.Context, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range f.nodes {
+		wg.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(rand.N(10 * time.Second)):
+			}
+			tick := time.NewTicker(10 * time.Second)
+			defer tick.Stop()
+			for {
+				p, err := f.createPod(ctx, i)
+				if err == nil {
+					_ = f.admin.CoreV1().Pods(p.Namespace).Delete(context.WithoutCancel(ctx), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// probeKubeSystem lists namespaces as a kube-system service account every
+// 50 ms (CoreDNS's cluster-wide reads fall in the same bootstrap flow as the
+// drivers' without their FlowSchema) until the returned stop, which reports
+// the latencies.
+func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
+	cs, err := kubernetes.NewForConfig(f.s.config(kubeSysSA, 100, 100))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var lat []time.Duration
+	var errs int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			t0 := time.Now()
+			_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				errs++
+			}
+			lat = append(lat, time.Since(t0))
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return func() string {
+		cancel()
+		<-done
+		if len(lat) == 0 {
+			return "no request"
+		}
+		slices.Sort(lat)
+		q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(100 * time.Microsecond) }
+		return fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond))
+	}
+}
+
+// failBurst makes every volume of every node fail its content refresh three
+// times, a second apart, with messages that differ in their numbers: a
+// content backend down fleet-wide. (A failed first publish posts no event
+// any more: the kubelet's FailedMount carries it.)
+func (f *fleet) failBurst() {
+	f.mu.Lock()
+	ds := slices.Clone(f.drivers)
+	f.mu.Unlock()
+	for round := range 3 {
+		for i, d := range ds {
+			for p := range f.pods {
+				d.rec.Event(api.Pod{Namespace: f.ns[p%len(f.ns)], Name: fmt.Sprintf("web-%d-%d", i, p), UID: fmt.Sprintf("uid-%d-%d", i, p)},
+					framework.EventTypeWarning, framework.ReasonRefreshFailed,
+					fmt.Sprintf("volume %q keeps its last good content; refresh failed: backend unreachable after %d ms (attempt %d)", "scratch", 1000+rand.IntN(500), round+1))
+			}
+		}
+		time.Sleep(time.Second)
+	}
+}

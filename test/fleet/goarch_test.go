@@ -1,0 +1,7 @@
+//go:build fleet
+
+package fleet
+
+import "runtime"
+
+func goarch() string { return runtime.GOARCH }
