@@ -207,13 +207,22 @@ func checkRollout(t *testing.T, ds Object) {
 	if ds.Get("metadata", "namespace") != Namespace {
 		t.Errorf("namespace %v, want %s", ds.Get("metadata", "namespace"), Namespace)
 	}
-	ru := fmt.Sprint(ds.Get("spec", "updateStrategy", "type"), " surge=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxSurge"),
-		" unavailable=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxUnavailable"))
-	if ru != "RollingUpdate surge=0 unavailable=1" {
-		t.Errorf("updateStrategy %s, want RollingUpdate surge=0 unavailable=1 (never two drivers on one node's state)", ru)
-	}
+	checkStrategy(t, ds, "10%")
 	if got := ds.Get("spec", "template", "spec", "priorityClassName"); got != "system-node-critical" {
 		t.Errorf("priorityClassName %v", got)
+	}
+}
+
+// checkStrategy: the rendered rollout of a node DaemonSet is RollingUpdate with
+// maxUnavailable exactly unavailable (a string "N%" or an int, as the API
+// server reads it) and maxSurge 0: never two drivers on one node's state.
+func checkStrategy(t *testing.T, ds Object, unavailable any) {
+	t.Helper()
+	ru := ds.Get("spec", "updateStrategy", "rollingUpdate")
+	got := fmt.Sprintf("%v surge=%#v unavailable=%#v", ds.Get("spec", "updateStrategy", "type"),
+		ds.Get("spec", "updateStrategy", "rollingUpdate", "maxSurge"), ds.Get("spec", "updateStrategy", "rollingUpdate", "maxUnavailable"))
+	if want := fmt.Sprintf("RollingUpdate surge=0 unavailable=%#v", unavailable); got != want {
+		t.Errorf("%s: updateStrategy %s (%v), want %s (never two drivers on one node's state)", ds.Name(), got, ru, want)
 	}
 }
 
