@@ -186,7 +186,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
-	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
+	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
 }
 
 // validate checks what needs the final values of several flags, once all

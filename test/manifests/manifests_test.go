@@ -361,7 +361,7 @@ func TestRBAC(t *testing.T) {
 		if cd := r.find("CSIDriver"); len(cd) == 1 {
 			name = cd[0].Name()
 		}
-		want := []string{"[] [pods] [get list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]"}
+		want := []string{"[] [pods] [list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]"}
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: ClusterRole rules %q, want exactly %q", r.Name, got, want)
 		}
