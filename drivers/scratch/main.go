@@ -166,6 +166,11 @@ type apiFlags struct {
 	startupTaint string
 }
 
+// startupTaintEnv is --startup-taint's default: deploy/components/startup-taint
+// sets it on the driver container by name, which kustomize can patch in any
+// overlay (a flag would need the container's index).
+const startupTaintEnv = "EPHEMERA_STARTUP_TAINT"
+
 // enabled: some flag needs the API server.
 func (f apiFlags) enabled() bool { return f.events || f.gcConfirm || f.startupTaint != "" }
 
@@ -192,7 +197,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
-	fs.StringVar(&c.api.startupTaint, "startup-taint", "", "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Empty: none.")
+	fs.StringVar(&c.api.startupTaint, "startup-taint", os.Getenv(startupTaintEnv), "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Defaults to $EPHEMERA_STARTUP_TAINT; empty: none.")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
 }
 

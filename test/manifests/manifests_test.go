@@ -293,7 +293,11 @@ func checkDaemonSet(t *testing.T, r rendered, ds Object) {
 	if got := strings.Contains(argSet, "--register"); got != r.embedded() {
 		t.Errorf("--register in args = %v, want %v", got, r.embedded())
 	}
-	if driver.Get("env", 0, "name") != "NODE_NAME" || driver.Get("env", 0, "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
+	envs, _ := driver.Get("env").([]any)
+	if !slices.ContainsFunc(envs, func(e any) bool {
+		eo := Object(e.(map[string]any))
+		return eo.Name2() == "NODE_NAME" && eo.Get("valueFrom", "fieldRef", "fieldPath") == "spec.nodeName"
+	}) {
 		t.Errorf("env NODE_NAME from spec.nodeName missing: %v", driver.Get("env"))
 	}
 	if driver.Get("livenessProbe", "httpGet", "path") != "/healthz" || driver.Get("readinessProbe", "httpGet", "path") != "/readyz" {

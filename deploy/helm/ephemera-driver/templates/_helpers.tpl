@@ -99,3 +99,9 @@ and every plugin's name (an operator who deploys a plugin means pods to use it).
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/* The startup taint's key: startupTaint.key, or ephemera.dev/<first label of driver.name>-not-ready. */}}
+{{- define "ephemera-driver.startupTaintKey" -}}
+{{- $first := regexReplaceAll "\\..*$" .Values.driver.name "" -}}
+{{- .Values.startupTaint.key | default (printf "ephemera.dev/%s-not-ready" $first) -}}
+{{- end -}}
