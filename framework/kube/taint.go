@@ -98,7 +98,7 @@ func NewStartupTaint(opts StartupTaintOptions) (*StartupTaint, error) {
 		errs = append(errs, errors.New("DriverName is required"))
 	}
 	if msgs := validation.IsQualifiedName(opts.Key); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("Key %q is not a taint key: %v", opts.Key, msgs))
+		errs = append(errs, fmt.Errorf("option Key %q is not a taint key: %v", opts.Key, msgs))
 	}
 	if opts.InitialBackoff < 0 || opts.MaxBackoff < 0 {
 		errs = append(errs, fmt.Errorf("InitialBackoff %s and MaxBackoff %s must not be negative (0 takes the defaults)", opts.InitialBackoff, opts.MaxBackoff))
@@ -140,10 +140,11 @@ func jitter(d time.Duration) time.Duration {
 // reason), and the driver serves either way.
 func (s *StartupTaint) Run(ctx context.Context) error {
 	log := s.opts.Logger.WithValues(logkeys.Node, s.opts.NodeName, logkeys.Taint, s.opts.Key)
+	ctx = klog.NewContext(ctx, log)
 	step := s.opts.InitialBackoff
 	cached := true
 	for try := 1; ; try++ {
-		done, err := s.try(ctx, log, cached)
+		done, err := s.try(ctx, cached)
 		if done {
 			break
 		}
@@ -170,7 +171,8 @@ func (s *StartupTaint) Run(ctx context.Context) error {
 
 // try makes one attempt: done when the node has no taint with the key (any
 // more). A nil error with done false: the driver is not registered yet.
-func (s *StartupTaint) try(ctx context.Context, log klog.Logger, cached bool) (done bool, err error) {
+func (s *StartupTaint) try(ctx context.Context, cached bool) (done bool, err error) {
+	log := klog.FromContext(ctx)
 	c, name := s.opts.Client, s.opts.NodeName
 	node, err := c.GetNode(ctx, name, cached)
 	if err != nil {
