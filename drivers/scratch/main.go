@@ -93,7 +93,7 @@ func main() {
 		klog.ErrorS(err, "Invalid flags")
 		os.Exit(2)
 	}
-	if c.api.events || c.api.gcConfirm {
+	if c.api.enabled() {
 		client, err := kubeClient(c.opts.DriverName, c.api.kubeconfig)
 		if err != nil {
 			klog.ErrorS(err, "Cannot reach the API server")
@@ -161,7 +161,18 @@ type apiFlags struct {
 	events     bool   // --events
 	gcConfirm  bool   // --gc-confirm-with-api
 	kubeconfig string // --kubeconfig
+	// startupTaint is --startup-taint: the key of the taint to remove from the
+	// node once the kubelet has registered the driver ("": none).
+	startupTaint string
 }
+
+// startupTaintEnv is --startup-taint's default: deploy/components/startup-taint
+// sets it on the driver container by name, which kustomize can patch in any
+// overlay (a flag would need the container's index).
+const startupTaintEnv = "EPHEMERA_STARTUP_TAINT"
+
+// enabled: some flag needs the API server.
+func (f apiFlags) enabled() bool { return f.events || f.gcConfirm || f.startupTaint != "" }
 
 // bindFlags registers every flag of the driver on fs, writing into c.
 func (c *config) bindFlags(fs *flag.FlagSet) {
@@ -186,7 +197,8 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", logFormatText, "Log format: text (klog's) or json (one JSON object per line: time, level, msg, the key/value pairs, v). --v sets the verbosity of both.")
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
-	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs get/list/watch on pods) that its pod is gone.")
+	fs.StringVar(&c.api.startupTaint, "startup-taint", os.Getenv(startupTaintEnv), "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Defaults to $EPHEMERA_STARTUP_TAINT; empty: none.")
+	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
 }
 
 // validate checks what needs the final values of several flags, once all
@@ -248,6 +260,13 @@ func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error
 		}
 		opts.GC.Pods = pods
 		opts.Runnables = append(opts.Runnables, pods)
+	}
+	if f.startupTaint != "" {
+		st, err := kube.NewStartupTaint(kube.StartupTaintOptions{Client: client.nodes, NodeName: opts.Node.ID, DriverName: opts.DriverName, Key: f.startupTaint})
+		if err != nil {
+			return fmt.Errorf("--startup-taint: %w", err)
+		}
+		opts.Runnables = append(opts.Runnables, st)
 	}
 	return nil
 }
@@ -424,6 +443,7 @@ type apiClient struct {
 	events     events.Client
 	pods       kube.PodsClient
 	csiDrivers framework.CSIDriverGetter
+	nodes      kube.NodesClient
 }
 
 // kubeClient talks to the API server (for --events and --gc-confirm-with-api)
@@ -439,14 +459,14 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return apiClient{}, fmt.Errorf("--events/--gc-confirm-with-api need --kubeconfig or the in-cluster service account: %w", err)
+		return apiClient{}, fmt.Errorf("--events/--gc-confirm-with-api/--startup-taint need --kubeconfig or the in-cluster service account: %w", err)
 	}
 	cfg.UserAgent = driverName + "/" + version
 	c, err := kube.NewClient(cfg)
 	if err != nil {
 		return apiClient{}, err
 	}
-	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c}, nil
+	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c, nodes: c}, nil
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi": each backend once.

@@ -30,7 +30,7 @@ func TestFlags(t *testing.T) {
 		"backend", "backends", "capacity", "content-bytes-in-flight", "content-capacity", "content-timeout", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
 		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "in-flight-reserved-per-backend", "keep-binary-pages", "kubeconfig", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-in-flight", "max-in-flight-per-backend", "max-volume-size", "max-volumes-per-node", "max-volumes-per-pod",
-		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "register", "state-dir", "state-recovery",
+		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "register", "startup-taint", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-max-linked-files", "stats-max-walks", "stats-timeout",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint", "windows-mode",
 	}
@@ -52,7 +52,7 @@ func TestFlags(t *testing.T) {
 
 	if err := fs.Parse([]string{"--backends=dir", "--default-size=64Mi", "--tmpfs-max-inodes=5", "--dir-soft-size",
 		"--loop-fstype=xfs", "--loop-default-size=1Gi", "--loop-preallocate", "--vhdx-default-size=2Gi", "--vhdx-dynamic",
-		"--events", "--gc-confirm-with-api", "--kubeconfig=k", "--max-volume-size=4Gi", "--capacity=tmpfs=1Gi", "--nodeid=n"}); err != nil {
+		"--events", "--gc-confirm-with-api", "--kubeconfig=k", "--startup-taint=ephemera.dev/scratch-not-ready", "--max-volume-size=4Gi", "--capacity=tmpfs=1Gi", "--nodeid=n"}); err != nil {
 		t.Fatal(err)
 	}
 	if c.backends != "dir" || c.maxVolumeSize != "4Gi" || c.capacity != "tmpfs=1Gi" ||
@@ -60,7 +60,7 @@ func TestFlags(t *testing.T) {
 		c.dir != (dirFlags{softSize: true}) ||
 		c.loop != (loopFlags{fsType: "xfs", defaultSize: "1Gi", preallocate: true}) ||
 		c.vhdx != (vhdxFlags{defaultSize: "2Gi", dynamic: true}) ||
-		c.api != (apiFlags{events: true, gcConfirm: true, kubeconfig: "k"}) {
+		c.api != (apiFlags{events: true, gcConfirm: true, kubeconfig: "k", startupTaint: "ephemera.dev/scratch-not-ready"}) {
 		t.Errorf("parsed %+v %+v %+v %+v %+v %q %q %q", c.tmpfs, c.dir, c.loop, c.vhdx, c.api, c.backends, c.maxVolumeSize, c.capacity)
 	}
 	if c.opts.Node.ID != "n" || c.opts.DriverName != DriverName {
@@ -78,6 +78,7 @@ func TestAddComponents(t *testing.T) {
 		events:     eventstest.Client{C: clientset},
 		pods:       clientset.CoreV1().Pods(""),
 		csiDrivers: csiDrivers,
+		nodes:      csiDrivers,
 	}
 	opts := framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
 	if err := (apiFlags{}).addComponents(&opts, client); err != nil || opts.Observability.Events != nil || opts.GC.Pods != nil || opts.Observability.CSIDrivers != nil || len(opts.Runnables) != 0 {
@@ -104,6 +105,24 @@ func TestAddComponents(t *testing.T) {
 	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
 	if err := (apiFlags{events: true}).addComponents(&opts, client); err != nil || opts.Observability.CSIDrivers != csiDrivers {
 		t.Errorf("--events alone: %v, CSIDrivers %v", err, opts.Observability.CSIDrivers)
+	}
+	// --startup-taint alone: API access (not the CSIDriver check), and the
+	// taint's remover among the Runnables.
+	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if !(apiFlags{startupTaint: "ephemera.dev/scratch-not-ready"}).enabled() || (apiFlags{}).enabled() {
+		t.Errorf("--startup-taint does not ask for the API client, or no flag does")
+	}
+	if err := (apiFlags{startupTaint: "ephemera.dev/scratch-not-ready"}).addComponents(&opts, client); err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Runnables) != 1 || opts.Observability.CSIDrivers != nil {
+		t.Fatalf("--startup-taint: Runnables %v, CSIDrivers %v", opts.Runnables, opts.Observability.CSIDrivers)
+	}
+	if _, ok := opts.Runnables[0].(*kube.StartupTaint); !ok {
+		t.Errorf("Runnable %T, want a *kube.StartupTaint", opts.Runnables[0])
+	}
+	if err := (apiFlags{startupTaint: "not a key"}).addComponents(&opts, client); err == nil || !strings.Contains(err.Error(), "--startup-taint") {
+		t.Errorf("--startup-taint='not a key': %v", err)
 	}
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)

@@ -268,3 +268,56 @@ func (c *Client) GetCSIDriver(ctx context.Context, name string) (*api.CSIDriver,
 		RequiresRepublish:    o.Spec.RequiresRepublish,
 	}, nil
 }
+
+// GetNode reads the node called name (core/v1), from the API server's watch
+// cache when cached (resourceVersion=0): a NodesClient. The service account
+// needs get on nodes.
+func (c *Client) GetNode(ctx context.Context, name string, cached bool) (*corev1.Node, error) {
+	req := c.rest.Get().Resource("nodes").Name(name)
+	if cached {
+		req = req.Param("resourceVersion", "0")
+	}
+	out := &corev1.Node{}
+	if err := req.Do(ctx).Into(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PatchNode applies the JSON merge patch data to the node called name. The
+// service account needs patch on nodes.
+func (c *Client) PatchNode(ctx context.Context, name string, data []byte) error {
+	return c.rest.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(data).Do(ctx).Error()
+}
+
+// csiNodePath is where the API server serves CSINode objects.
+const csiNodePath = "/apis/storage.k8s.io/v1/csinodes"
+
+// CSINodeDrivers returns the names of the drivers the CSINode object called
+// name lists (none when there is no CSINode yet), read from the API server's
+// watch cache and decoded with encoding/json, as GetCSIDriver does. The
+// service account needs get on csinodes.storage.k8s.io.
+func (c *Client) CSINodeDrivers(ctx context.Context, name string) ([]string, error) {
+	body, err := c.rest.Get().AbsPath(csiNodePath, name).Param("resourceVersion", "0").DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var o struct {
+		Spec struct {
+			Drivers []struct {
+				Name string `json:"name"`
+			} `json:"drivers"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil {
+		return nil, fmt.Errorf("decoding CSINode %q: %w", name, err)
+	}
+	names := make([]string, 0, len(o.Spec.Drivers))
+	for _, d := range o.Spec.Drivers {
+		names = append(names, d.Name)
+	}
+	return names, nil
+}

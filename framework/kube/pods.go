@@ -27,7 +27,8 @@
 // Client.Pods lists and watches the pods' metadata only (PartialObjectMetadata):
 // no pod spec or status is decoded or kept.
 //
-// The driver's service account needs get, list and watch on pods.
+// The driver's service account needs list and watch on pods (no get: the
+// informer's cache answers every question about a pod).
 package kube
 
 import (

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -65,6 +66,9 @@ type cluster struct {
 	apiURL            string
 
 	etcd, apiserver *proc
+	// authzMode is kube-apiserver's --authorization-mode: "" is AlwaysAllow;
+	// TestStartupTaint restarts it with Node,RBAC (restartAPIServer).
+	authzMode string
 
 	node // the first node
 
@@ -97,8 +101,11 @@ type node struct {
 	kubeletPort, kubeletHealthzPort int
 	cri, kubelet                    *proc
 	kubeletArgs                     []string
-	kubeletRoot, podLogsDir         string
-	criEndpoint                     string
+	// extraKubeletArgs go after the harness's kubelet flags (set before
+	// startKubelet; TestStartupTaint: --register-with-taints).
+	extraKubeletArgs        []string
+	kubeletRoot, podLogsDir string
+	criEndpoint             string
 
 	// containerd mode
 	ctrSock, runcRoot string
@@ -518,7 +525,7 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 		"--tls-cert-file=" + c.pki.ServingCert, "--tls-private-key-file=" + c.pki.ServingKey,
 		"--client-ca-file=" + c.pki.CAFile,
 		"--token-auth-file=" + c.pki.TokenFile,
-		"--authorization-mode=AlwaysAllow",
+		"--authorization-mode=" + cmp.Or(c.authzMode, "AlwaysAllow"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + c.pki.SAPub,
 		"--service-account-signing-key-file=" + c.pki.SAKey,
@@ -710,6 +717,7 @@ func (n *node) startKubelet(ctx context.Context) error {
 		"--config=" + cfg, "--kubeconfig=" + kc, "--root-dir=" + n.kubeletRoot,
 		"--hostname-override=" + n.name, "--v=" + envOr("EPHEMERA_E2E_KUBELET_V", "2"),
 	}
+	n.kubeletArgs = append(n.kubeletArgs, n.extraKubeletArgs...)
 	return n.runKubelet(ctx, true)
 }
 

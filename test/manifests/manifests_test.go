@@ -207,13 +207,22 @@ func checkRollout(t *testing.T, ds Object) {
 	if ds.Get("metadata", "namespace") != Namespace {
 		t.Errorf("namespace %v, want %s", ds.Get("metadata", "namespace"), Namespace)
 	}
-	ru := fmt.Sprint(ds.Get("spec", "updateStrategy", "type"), " surge=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxSurge"),
-		" unavailable=", ds.Get("spec", "updateStrategy", "rollingUpdate", "maxUnavailable"))
-	if ru != "RollingUpdate surge=0 unavailable=1" {
-		t.Errorf("updateStrategy %s, want RollingUpdate surge=0 unavailable=1 (never two drivers on one node's state)", ru)
-	}
+	checkStrategy(t, ds, "10%")
 	if got := ds.Get("spec", "template", "spec", "priorityClassName"); got != "system-node-critical" {
 		t.Errorf("priorityClassName %v", got)
+	}
+}
+
+// checkStrategy: the rendered rollout of a node DaemonSet is RollingUpdate with
+// maxUnavailable exactly unavailable (a string "N%" or an int, as the API
+// server reads it) and maxSurge 0: never two drivers on one node's state.
+func checkStrategy(t *testing.T, ds Object, unavailable any) {
+	t.Helper()
+	ru := ds.Get("spec", "updateStrategy", "rollingUpdate")
+	got := fmt.Sprintf("%v surge=%#v unavailable=%#v", ds.Get("spec", "updateStrategy", "type"),
+		ds.Get("spec", "updateStrategy", "rollingUpdate", "maxSurge"), ds.Get("spec", "updateStrategy", "rollingUpdate", "maxUnavailable"))
+	if want := fmt.Sprintf("RollingUpdate surge=0 unavailable=%#v", unavailable); got != want {
+		t.Errorf("%s: updateStrategy %s (%v), want %s (never two drivers on one node's state)", ds.Name(), got, ru, want)
 	}
 }
 
@@ -284,7 +293,11 @@ func checkDaemonSet(t *testing.T, r rendered, ds Object) {
 	if got := strings.Contains(argSet, "--register"); got != r.embedded() {
 		t.Errorf("--register in args = %v, want %v", got, r.embedded())
 	}
-	if driver.Get("env", 0, "name") != "NODE_NAME" || driver.Get("env", 0, "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
+	envs, _ := driver.Get("env").([]any)
+	if !slices.ContainsFunc(envs, func(e any) bool {
+		eo := Object(e.(map[string]any))
+		return eo.Name2() == "NODE_NAME" && eo.Get("valueFrom", "fieldRef", "fieldPath") == "spec.nodeName"
+	}) {
 		t.Errorf("env NODE_NAME from spec.nodeName missing: %v", driver.Get("env"))
 	}
 	if driver.Get("livenessProbe", "httpGet", "path") != "/healthz" || driver.Get("readinessProbe", "httpGet", "path") != "/readyz" {
@@ -352,7 +365,7 @@ func TestRBAC(t *testing.T) {
 		if cd := r.find("CSIDriver"); len(cd) == 1 {
 			name = cd[0].Name()
 		}
-		want := []string{"[] [pods] [get list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]"}
+		want := []string{"[] [pods] [list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]"}
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: ClusterRole rules %q, want exactly %q", r.Name, got, want)
 		}

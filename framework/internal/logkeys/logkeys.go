@@ -60,4 +60,6 @@ const (
 	ResidentAfter   = "residentAfter"
 	Limit           = "limit"
 	ContainerLimit  = "containerLimit"
+	Taint           = "taint"
+	Attempt         = "attempt"
 )

@@ -127,4 +127,8 @@ otherwise.
 {{- else -}}
 {{- printf "%dMi" (mul (div (add $need 31) 32) 32) -}}
 {{- end -}}
+{{/* The startup taint's key: startupTaint.key, or ephemera.dev/<first label of driver.name>-not-ready. */}}
+{{- define "ephemera-driver.startupTaintKey" -}}
+{{- $first := regexReplaceAll "\\..*$" .Values.driver.name "" -}}
+{{- .Values.startupTaint.key | default (printf "ephemera.dev/%s-not-ready" $first) -}}
 {{- end -}}

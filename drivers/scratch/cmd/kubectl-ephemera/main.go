@@ -6,8 +6,9 @@
 // It finds the driver's pods (label app.kubernetes.io/name=ephemera-scratch in
 // kube-system, on NODE when given) and asks each for GET /volumes on its
 // metrics port through the API server's pod proxy
-// (/api/v1/namespaces/NS/pods/POD:PORT/proxy/volumes). The node proxy cannot
-// be used: it reaches only the kubelet's ports. The caller needs list on pods
+// (/api/v1/namespaces/NS/pods/POD:PORT/proxy/volumes), --concurrency pods at
+// once (default 32), each within --pod-timeout. The node proxy cannot be used:
+// it reaches only the kubelet's ports. The caller needs list on pods
 // and get on pods/proxy in the driver's namespace (docs/operations.md, "What a
 // node holds"). Install: put the binary on PATH as kubectl-ephemera.
 //
@@ -25,6 +26,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -39,8 +41,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 const usage = `usage: kubectl ephemera volumes [flags]
 
 Lists the volumes the Ephemera scratch driver holds, per node, through the API
-server's pod proxy to each driver pod's GET /volumes (RBAC: list pods and get
-pods/proxy in the driver's namespace).
+server's pod proxy to each driver pod's GET /volumes, --concurrency at once
+(RBAC: list pods and get pods/proxy in the driver's namespace).
 
 `
 
@@ -71,7 +73,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	node := fs.String("node", "", "Only this node. Default: every node with a driver pod.")
 	output := fs.String("o", "table", "Output: table or json.")
 	timeout := fs.Duration("timeout", 30*time.Second, "Timeout of the whole command.")
+	podTimeout := fs.Duration("pod-timeout", 10*time.Second, "Timeout of one driver pod's answer (a node that does not answer is reported, the others are listed).")
+	concurrency := fs.Int("concurrency", 32, "Driver pods asked at once (through the API server's pod proxy).")
 	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *concurrency < 1 || *podTimeout <= 0 {
+		fmt.Fprintf(stderr, "--concurrency %d, --pod-timeout %s: want at least 1 and more than 0\n", *concurrency, *podTimeout)
 		return 2
 	}
 	if *output != "table" && *output != "json" {
@@ -106,22 +114,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "no running driver pod (%s in %s) on %s\n", *selector, *namespace, where)
 		return 1
 	}
+	all := c.fanOut(ctx, pods, *namespace, *port, *concurrency, *podTimeout)
 	var (
-		all    []nodeVolumes
 		rows   []volumetable.Row
 		failed bool
 	)
-	for _, p := range pods {
-		list, err := c.volumes(ctx, *namespace, p.name, *port)
-		nv := nodeVolumes{Node: p.node, Pod: p.name, Volumes: list}
-		if err != nil {
+	for _, nv := range all {
+		if nv.Error != "" {
 			failed = true
-			nv.Error = err.Error()
-			fmt.Fprintf(stderr, "node %s: %v\n", p.node, err)
+			fmt.Fprintf(stderr, "node %s: %s\n", nv.Node, nv.Error)
 		} else {
-			rows = append(rows, volumetable.Rows(p.node, list)...)
+			rows = append(rows, volumetable.Rows(nv.Node, nv.Volumes)...)
 		}
-		all = append(all, nv)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
@@ -237,6 +241,39 @@ func (c *client) driverPods(ctx context.Context, ns, selector, node string) ([]p
 		}
 	}
 	return pods, nil
+}
+
+// fanOut asks every pod for its volumes, at most concurrency at once, each
+// within podTimeout (and ctx), and returns the answers in the order of pods.
+// One node that hangs holds one slot until podTimeout, not the whole command.
+func (c *client) fanOut(ctx context.Context, pods []pod, ns string, port, concurrency int, podTimeout time.Duration) []nodeVolumes {
+	out := make([]nodeVolumes, len(pods))
+	sem := make(chan struct{}, concurrency)
+	var wg sync.WaitGroup
+	for i, p := range pods {
+		out[i] = nodeVolumes{Node: p.node, Pod: p.name}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			out[i].Error = fmt.Sprintf("pod %s: not asked: %v", p.name, ctx.Err())
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			pctx, cancel := context.WithTimeout(ctx, podTimeout)
+			defer cancel()
+			list, err := c.volumes(pctx, ns, p.name, port)
+			if err != nil {
+				out[i].Error = err.Error()
+				return
+			}
+			out[i].Volumes = list
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // volumes asks the driver pod for GET /volumes through the pod proxy.

@@ -10,8 +10,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,7 +83,18 @@ func fakeAPIWith(t *testing.T, forbidProxy, volumesOff bool) (kubeconfig string,
 		}
 	}))
 	t.Cleanup(srv.Close)
-	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	kubeconfig = writeKubeconfig(t, srv)
+	return kubeconfig, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), reqs...)
+	}
+}
+
+// writeKubeconfig writes a kubeconfig of srv with the token secret-token.
+func writeKubeconfig(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -103,11 +116,7 @@ current-context: ctx
 	if err := os.WriteFile(kubeconfig, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return kubeconfig, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), reqs...)
-	}
+	return kubeconfig
 }
 
 func TestVolumesThroughThePodProxy(t *testing.T) {
@@ -123,6 +132,7 @@ func TestVolumesThroughThePodProxy(t *testing.T) {
 		t.Errorf("table:\n%s", out.String())
 	}
 	reqs := seen()
+	slices.Sort(reqs[1:]) // the pods are asked concurrently
 	want := []string{
 		"/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io%2Fname%3Dephemera-scratch Bearer secret-token",
 		"/api/v1/namespaces/kube-system/pods/ephemera-scratch-node-0:9809/proxy/volumes? Bearer secret-token",
@@ -178,5 +188,112 @@ func TestUsage(t *testing.T) {
 	}
 	if code := run([]string{"volumes", "-o", "yaml"}, &bytes.Buffer{}, &errb); code != 2 {
 		t.Errorf("-o yaml: %d", code)
+	}
+}
+
+// fleetAPI serves n running driver pods (node-000 ...); proxy answers each
+// pod's /volumes (node is the pod's node).
+func fleetAPI(t *testing.T, n int, proxy func(w http.ResponseWriter, r *http.Request, node string)) string {
+	t.Helper()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/api/v1/namespaces/kube-system/pods" {
+			var items []string
+			for i := range n {
+				items = append(items, fmt.Sprintf(`{"metadata":{"name":"d-%03d"},"spec":{"nodeName":"node-%03d"},"status":{"phase":"Running"}}`, i, i))
+			}
+			fmt.Fprintf(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
+			return
+		}
+		// /api/v1/namespaces/kube-system/pods/d-NNN:9809/proxy/volumes
+		parts := strings.Split(r.URL.Path, "/")
+		if len(parts) != 9 || parts[7] != "proxy" || parts[8] != "volumes" {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		proxy(w, r, "node-"+strings.TrimSuffix(strings.TrimPrefix(parts[6], "d-"), ":9809"))
+	}))
+	t.Cleanup(srv.Close)
+	return writeKubeconfig(t, srv)
+}
+
+func answer(w http.ResponseWriter, node string) {
+	_ = json.NewEncoder(w).Encode(api.VolumeList{Driver: "scratch.csi.ephemera.dev", Node: node, Volumes: []api.VolumeInfo{{
+		VolumeID: "csi-" + node, Pod: api.Pod{Namespace: "team-a", Name: "web", UID: "uid-" + node}, VolumeName: "scratch",
+		Backend: "tmpfs", Size: 64 << 20, Phase: string(store.PhasePublished), Mounted: true, Created: time.Now(),
+	}}})
+}
+
+// The driver pods are asked concurrently, never more than --concurrency at
+// once, and every node is listed in the pods' order.
+func TestVolumesFanOut(t *testing.T) {
+	const pods, limit = 40, 4
+	var inFlight, most atomic.Int32
+	kubeconfig := fleetAPI(t, pods, func(w http.ResponseWriter, r *http.Request, node string) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // a driver pod's answer through the proxy
+		answer(w, node)
+	})
+	var out, errb bytes.Buffer
+	start := time.Now()
+	if code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--concurrency", fmt.Sprint(limit), "-o", "json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	elapsed := time.Since(start)
+	var got []nodeVolumes
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || len(got) != pods {
+		t.Fatalf("json (%v): %d nodes, want %d", err, len(got), pods)
+	}
+	for i, nv := range got {
+		if want := fmt.Sprintf("node-%03d", i); nv.Node != want || nv.Volumes == nil || nv.Volumes.Node != want || nv.Error != "" {
+			t.Errorf("answer %d: %+v, want %s's own", i, nv, want)
+		}
+	}
+	// At most limit at once; and more than one (40 answers of 20ms one by one
+	// would be 800ms: the pods are asked concurrently).
+	if m := most.Load(); m > limit || m < 2 {
+		t.Errorf("at most %d driver pods asked at once, want 2..%d", m, limit)
+	}
+	t.Logf("%d pods, --concurrency %d: at most %d at once, %v", pods, limit, most.Load(), elapsed)
+}
+
+// A driver pod that never answers costs its own --pod-timeout, not the
+// command's: every other node is still listed, and the silent one named.
+func TestVolumesHangingPod(t *testing.T) {
+	kubeconfig := fleetAPI(t, 5, func(w http.ResponseWriter, r *http.Request, node string) {
+		if node == "node-001" {
+			<-r.Context().Done() // until the client gives up
+			return
+		}
+		answer(w, node)
+	})
+	var out, errb bytes.Buffer
+	code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--concurrency", "2", "--pod-timeout", "300ms", "--timeout", "20s"}, &out, &errb)
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (a node did not answer)", code)
+	}
+	if !strings.Contains(errb.String(), "node node-001: pod d-001:") || !strings.Contains(errb.String(), "deadline exceeded") || strings.Count(errb.String(), "node ") != 1 {
+		t.Errorf("stderr %q: want node-001 named (deadline exceeded), and only it", errb.String())
+	}
+	for _, n := range []string{"node-000", "node-002", "node-003", "node-004"} {
+		if !strings.Contains(out.String(), n+" ") {
+			t.Errorf("table lacks %s:\n%s", n, out.String())
+		}
+	}
+}
+
+func TestVolumesBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"volumes", "--concurrency", "0"}, {"volumes", "--pod-timeout", "0s"}} {
+		var errb bytes.Buffer
+		if code := run(args, &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), "want at least 1") {
+			t.Errorf("%v: %d %q", args, code, errb.String())
+		}
 	}
 }
