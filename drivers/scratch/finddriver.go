@@ -190,7 +190,8 @@ type setting struct {
 // resolve fills each setting the flags left unset (set says which they
 // set): from the environment, then the running driver of this executable
 // (the only one, or the one of --driver-name), then `make run`'s layout,
-// then the defaults in s. It returns what it found, for the user.
+// then the defaults in s. It returns a line saying what it found, for the
+// user ("" when it found nothing).
 func (l locator) resolve(s map[string]*setting, set map[string]bool) (string, error) {
 	env := map[string]string{"address": envAddress, "state-dir": envStateDir, "kubelet-root": envKubeletRoot, "driver-name": envDriverName}
 	for name, v := range env {
@@ -222,7 +223,7 @@ func (l locator) resolve(s map[string]*setting, set map[string]bool) (string, er
 			return "", fmt.Errorf("the driver (process %d) serves no --metrics-address, and holds its state file %s while it runs: its volumes can be listed once it runs with --metrics-address (or from the file once it stops)",
 				d.pid, filepath.Join(d.place.stateDir, framework.StateFile))
 		}
-		return fmt.Sprintf("the driver of this binary: process %d (--driver-name %s, --state-dir %s, --metrics-address %s)",
+		return fmt.Sprintf("found the driver of this binary: process %d (--driver-name %s, --state-dir %s, --metrics-address %s)",
 			d.pid, d.place.driverName, d.place.stateDir, d.place.address), nil
 	default:
 		var b bytes.Buffer

@@ -91,7 +91,7 @@ func (l locator) volumesCommand(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if found != "" {
-		fmt.Fprintf(stderr, "found %s\n", found)
+		fmt.Fprintln(stderr, found)
 	}
 	if s["state-dir"].value == "" {
 		s["state-dir"].value = framework.DefaultStateDir(s["driver-name"].value)
