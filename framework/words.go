@@ -24,13 +24,6 @@ func (o *Options) SetFlagName(path, name string) {
 	o.flagNames[path] = name
 }
 
-// FlagName returns what SetFlagName (or BindFlags) recorded for the field at
-// path, and whether anything was.
-func (o *Options) FlagName(path string) (string, bool) {
-	n, ok := o.flagNames[path]
-	return n, ok
-}
-
 // checkFlagNames refuses a recorded path that names no field of Options.
 func (o *Options) checkFlagNames() error {
 	var bad []string
