@@ -179,4 +179,13 @@ func TestNeverFits(t *testing.T) {
 	if got := codeOf(err); got != codes.ResourceExhausted || !errors.Is(err, api.ErrResourceExhausted) || !strings.Contains(err.Error(), "(--capacity)") {
 		t.Fatalf("budget in use: %v %v, want ResourceExhausted naming --capacity", got, err)
 	}
+	// The node's volume limit, as the e2e's kubelet event shows it.
+	c = newCapacity(1, 0, nil).withWords(newWords(map[string]string{"Limits.MaxVolumesPerNode": "--max-volumes-per-node"}))
+	if err := c.reserve("d", "tmpfs", "pod", 1); err != nil {
+		t.Fatal(err)
+	}
+	err = c.reserve("d", "tmpfs", "pod", 1)
+	if got := codeOf(err); got != codes.ResourceExhausted || !strings.Contains(err.Error(), "its maximum (--max-volumes-per-node 1)") {
+		t.Fatalf("volume limit: %v %v, want ResourceExhausted naming --max-volumes-per-node 1", got, err)
+	}
 }
