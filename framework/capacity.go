@@ -41,6 +41,7 @@ type capacity struct {
 	maxVolumes int64
 	maxPerPod  int64            // volumes of one pod; <= 0: no cap
 	budgets    map[string]int64 // backend → bytes; absent: unlimited
+	words      words            // the flags of the limits, for the messages
 
 	mu      sync.Mutex
 	volumes int64
@@ -79,12 +80,18 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 	return s
 }
 
+// withWords makes the messages of c name the flags w knows for its limits.
+func (c *capacity) withWords(w words) *capacity {
+	c.words = w
+	return c
+}
+
 // reserve admits one more volume of size bytes on backend, or returns
-// ResourceExhausted saying which limit is reached, with the numbers. A volume
-// larger than the backend's whole budget is ResourceExhausted too (as
-// Options.Limits.Capacity documents), with a message saying that it never fits. A
-// negative size is InvalidArgument, and so is a volume past the pod's cap
-// (MaxVolumesPerPod): the pod never fits.
+// ResourceExhausted saying which limit is reached, with the numbers. What can
+// never fit is InvalidArgument, saying that retrying does not help: a volume
+// larger than the backend's whole budget (as Options.Limits.Capacity
+// documents), a negative size, and a volume past the pod's cap
+// (MaxVolumesPerPod).
 func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	if size < 0 {
 		return invalidArgf("volume size %d bytes is negative", size)
@@ -92,24 +99,24 @@ func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
-		return kindf(api.ErrResourceExhausted, "node already has %d volumes of %s, its maximum (MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)
+		return kindf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("node already has %d volumes of %s, its maximum (Limits.MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)))
 	}
 	if c.maxPerPod > 0 && c.pods[pod] >= c.maxPerPod {
-		return invalidArgf("the pod already has %d volumes of %s on this node, the most one pod may have (--max-volumes-per-pod %d); retrying does not help: give the pod fewer volumes of this driver",
-			c.pods[pod], driver, c.maxPerPod)
+		return invalidArgf("%s", c.words.say(fmt.Sprintf("the pod already has %d volumes of %s on this node, the most one pod may have (Limits.MaxVolumesPerPod %d); retrying does not help: give the pod fewer volumes of this driver",
+			c.pods[pod], driver, c.maxPerPod)))
 	}
 	if budget, ok := c.budgets[backend]; ok {
 		if size > budget {
-			return kindf(api.ErrResourceExhausted, "backend %s on this node has a capacity budget of %s; a volume of %s is larger than the whole budget and never fits on this node: ask for less, or raise the driver's capacity budget",
-				backend, bytes(budget), bytes(size))
+			return invalidArgf("%s", c.words.say(fmt.Sprintf("backend %s on this node has a capacity budget of %s (Limits.Capacity); a volume of %s is larger than the whole budget and never fits on this node, retrying does not help: ask for less, or raise the budget",
+				backend, bytes(budget), bytes(size))))
 		}
 		// used may exceed the budget after a reset from records admitted under
 		// a larger one; then nothing fits, not even a volume of 0 bytes. Else
 		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
 		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
 			used := s.int64()
-			return kindf(api.ErrResourceExhausted, "backend %s on this node has %s of its %s capacity in use; %s more does not fit (driver capacity budget)",
-				backend, bytes(used), bytes(budget), bytes(size))
+			return kindf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("backend %s on this node has %s of its %s capacity in use; %s more does not fit (Limits.Capacity); the kubelet retries",
+				backend, bytes(used), bytes(budget), bytes(size))))
 		}
 	}
 	c.volumes++
@@ -217,10 +224,10 @@ func bytes(n int64) string {
 func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
 	for name, n := range budgets {
 		if _, ok := backends[name]; !ok {
-			return fmt.Errorf("option Capacity names backend %q, which the driver does not have", name)
+			return fmt.Errorf("Limits.Capacity names backend %q, which the driver does not have", name)
 		}
 		if n <= 0 {
-			return fmt.Errorf("option Capacity for backend %q must be positive, got %d", name, n)
+			return fmt.Errorf("Limits.Capacity for backend %q must be positive, got %d", name, n)
 		}
 	}
 	return nil

@@ -130,6 +130,9 @@ func (m *capacityModel) admits(backend string, size int64) (bool, codes.Code) {
 		return false, codes.ResourceExhausted
 	}
 	if budget, ok := m.budgets[backend]; ok {
+		if size > budget {
+			return false, codes.InvalidArgument // never fits
+		}
 		total := new(big.Int).Add(m.sum(backend), big.NewInt(size))
 		if total.Cmp(big.NewInt(budget)) > 0 {
 			return false, codes.ResourceExhausted

@@ -43,19 +43,19 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 		t.Fatalf("publish of 1Mi within the budget: %v", err)
 	}
 	err := publishFake(t, h, fake, pod, vol("huge", "9.2233720368547E18"))
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("publish of 9.2233720368547E18 bytes: %v, want ResourceExhausted", err)
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("publish of 9.2233720368547E18 bytes: %v, want InvalidArgument", err)
 	}
-	// Like any volume that does not fit (Options.Limits.Capacity documents
-	// ResourceExhausted), but saying that it never can.
-	if !strings.Contains(err.Error(), "larger than the whole budget") {
+	// Larger than the whole budget: it never fits, and the message says that
+	// retrying does not help.
+	if !strings.Contains(err.Error(), "larger than the whole budget") || !strings.Contains(err.Error(), "retrying does not help") {
 		t.Errorf("publish of 9.2233720368547E18 bytes: %v, want a message saying it is larger than the whole budget", err)
 	}
 	gauge("after the huge publish")
 
 	err = publishFake(t, h, fake, pod, vol("gig", "1Gi"))
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("publish of 1Gi over a 10Mi budget: %v, want ResourceExhausted", err)
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("publish of 1Gi over a 10Mi budget: %v, want InvalidArgument (never fits)", err)
 	}
 	gauge("after the 1Gi publish")
 
@@ -84,7 +84,7 @@ func TestCapacityBudgetOverflow(t *testing.T) {
 }
 
 // A pod may have at most MaxVolumesPerPod volumes of the driver on the node:
-// the next is refused with InvalidArgument naming the flag, another pod is
+// the next is refused with InvalidArgument naming the limit, another pod is
 // not affected, and a volume the pod gives back makes room again, also after
 // a restart (the count is rebuilt from the records).
 func TestMaxVolumesPerPod(t *testing.T) {
@@ -102,8 +102,8 @@ func TestMaxVolumesPerPod(t *testing.T) {
 	check := func(step string) {
 		t.Helper()
 		err := h.Kubelet.Publish(ctx, pod, vol("d"))
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-volumes-per-pod 3") {
-			t.Fatalf("%s: a fourth volume of the pod: %v, want InvalidArgument naming --max-volumes-per-pod", step, err)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "Limits.MaxVolumesPerPod 3") {
+			t.Fatalf("%s: a fourth volume of the pod: %v, want InvalidArgument naming Limits.MaxVolumesPerPod (no flags bound)", step, err)
 		}
 	}
 	check("first")

@@ -285,7 +285,7 @@ func (d *Driver) runnablesComponent(log klog.Logger) component {
 		if d.opts.Observability.CSIDrivers != nil {
 			wg.Go(func() { d.checkCSIDriverObject(klog.NewContext(ctx, log)) })
 		} else {
-			log.Info("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers is unset)")
+			log.Info(d.words.say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"))
 		}
 		for _, r := range d.opts.Runnables {
 			wg.Go(func() {

@@ -26,6 +26,7 @@ const StateFile = "state.db"
 // New and serve with Run.
 type Driver struct {
 	opts    Options
+	words   words // the operator's words for opts' fields (words.go)
 	mounter mount.Interface
 	store   store.Store
 
@@ -49,14 +50,16 @@ type Driver struct {
 // Run to serve.
 func New(opts Options) (*Driver, error) {
 	opts.setDefaults()
+	w := newWords(opts.flagNames)
 	if err := opts.validate(); err != nil {
-		return nil, fmt.Errorf("invalid driver options: %w", err)
+		return nil, w.err(fmt.Errorf("invalid driver options: %w", err))
 	}
 	d := &Driver{
 		opts:     opts,
+		words:    w,
 		mounter:  opts.Volumes.Mounter,
 		store:    opts.State.Store,
-		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity),
+		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity).withWords(w),
 		capabilities: &csi.NodeGetCapabilitiesResponse{
 			Capabilities: nodeCapabilities(),
 		},
@@ -82,7 +85,7 @@ func New(opts Options) (*Driver, error) {
 	d.refresher = newRefresher(d)
 	lanes, err := newLanes(&opts)
 	if err != nil {
-		return nil, fmt.Errorf("invalid driver options: %w", err)
+		return nil, w.err(fmt.Errorf("invalid driver options: %w", err))
 	}
 	d.lanes = lanes
 	d.stats = stats.NewCache(stats.Limits(opts.Limits.StatsWalk))

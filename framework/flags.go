@@ -78,6 +78,42 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.Volumes.ContentTimeout, "content-timeout", volumes.ContentTimeout, "Wall time of one call for a volume's content at most, waiting for the content budget included.")
 	fs.Var(bytesFlag{&o.Limits.MemoryLimit, true}, "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")
 	fs.BoolVar(&o.Limits.KeepBinaryPages, "keep-binary-pages", limits.KeepBinaryPages, "Keep resident the pages of the driver's binary that starting up touched, instead of giving them back to the kernel once serving (about 5 MiB of RSS with 1,000 volumes). Linux only.")
+	for field, flag := range boundFlags {
+		o.SetFlagName(field, "--"+flag)
+	}
+}
+
+// boundFlags says which flag of BindFlags sets which field of Options: the
+// driver's messages name the flag (SetFlagName). TestBindFlagsNamesFields
+// checks it against the flags, and each flag against its field.
+var boundFlags = map[string]string{
+	"Node.Endpoint":                     "endpoint",
+	"Node.ID":                           "nodeid",
+	"Node.KubeletRootDir":               "kubelet-root",
+	"Node.StateDir":                     "state-dir",
+	"State.Recovery":                    "state-recovery",
+	"Node.RegisterWithKubelet":          "register",
+	"Limits.MaxVolumesPerNode":          "max-volumes-per-node",
+	"Observability.MetricsAddress":      "metrics-address",
+	"Observability.VolumesEndpoint":     "volumes-endpoint",
+	"GC.Interval":                       "gc-interval",
+	"GC.OrphanGracePeriod":              "orphan-grace-period",
+	"GC.DryRun":                         "gc-dry-run",
+	"Volumes.ContentBytesInFlight":      "content-bytes-in-flight",
+	"Volumes.MountOptions":              "mount-options",
+	"GC.MaxOrphanShare":                 "gc-max-orphan-share",
+	"Limits.StatsWalk.MaxEntries":       "stats-max-entries",
+	"Limits.StatsWalk.MaxDepth":         "stats-max-depth",
+	"Limits.StatsWalk.Timeout":          "stats-timeout",
+	"Limits.StatsWalk.CacheTTL":         "stats-cache-ttl",
+	"Limits.MaxInFlight":                "max-in-flight",
+	"Limits.MaxInFlightPerBackend":      "max-in-flight-per-backend",
+	"Limits.InFlightReservedPerBackend": "in-flight-reserved-per-backend",
+	"Limits.MaxVolumesPerPod":           "max-volumes-per-pod",
+	"Limits.OperationTimeout":           "operation-timeout",
+	"Volumes.ContentTimeout":            "content-timeout",
+	"Limits.MemoryLimit":                "memory-limit",
+	"Limits.KeepBinaryPages":            "keep-binary-pages",
 }
 
 // bytesFlag is a quantity of bytes, as 48Mi or 50331648, into n: positive,

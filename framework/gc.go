@@ -98,7 +98,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	suspicious := len(due) > max(1, int(d.opts.GC.MaxOrphanShare*float64(total)))
 	if suspicious {
 		if d.opts.GC.Pods == nil {
-			log.Error(nil, "Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation (Options.GC.Pods; the scratch driver's --gc-confirm-with-api) that their pods are gone nothing is removed",
+			log.Error(nil, d.words.say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
 				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
 			for _, rec := range due {
 				report(rec, gcRefused)

@@ -68,6 +68,9 @@ type Options struct {
 	// events.Recorder behind Observability.Events, the kube.Pods informer
 	// behind GC.Pods.
 	Runnables []Runnable
+
+	// flagNames are the flags that set fields (SetFlagName, BindFlags).
+	flagNames map[string]string
 }
 
 // NodeOptions say who and where the driver is: identity and paths. The zero
@@ -269,8 +272,10 @@ type LimitOptions struct {
 	MaxVolumeSize int64
 	// Capacity is a per-backend budget in bytes for the sizes of all volumes on
 	// this node (for example {"tmpfs": 4 << 30}); a publish that would exceed it
-	// gets ResourceExhausted with the numbers, and the kubelet retries (a volume
-	// larger than the whole budget too, with a message saying it never fits).
+	// gets ResourceExhausted with the numbers, and the kubelet retries. A volume
+	// larger than the whole budget never fits: it gets InvalidArgument, saying
+	// that retrying does not help (the kubelet retries every error, so the code
+	// changes only what its event says).
 	// Usage is derived from the durable records, so it survives restarts. Sizes
 	// are summed without overflow. Backends not listed are unlimited. Defaults to
 	// no budgets.
@@ -589,6 +594,9 @@ func (o *Options) setDefaults() {
 
 func (o *Options) validate() error {
 	var errs []error
+	if err := o.checkFlagNames(); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := ParseWindowsMode(string(o.Volumes.WindowsMode)); err != nil {
 		errs = append(errs, fmt.Errorf("Volumes.WindowsMode: %w", err))
 	} else if o.Volumes.WindowsMode == WindowsCSIProxy && o.Volumes.Mounter == nil && !isWindows {

@@ -199,6 +199,25 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
 	fs.StringVar(&c.api.startupTaint, "startup-taint", os.Getenv(startupTaintEnv), "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Defaults to $EPHEMERA_STARTUP_TAINT; empty: none.")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
+	// The Options fields the flags above set, besides BindFlags' own: the
+	// driver's messages name the flags (TestOperatorWords).
+	for field, flag := range scratchFlagNames {
+		c.opts.SetFlagName(field, flag)
+	}
+}
+
+// scratchFlagNames are the flags of this driver that set fields of
+// framework.Options (some through addComponents and run).
+var scratchFlagNames = map[string]string{
+	"DriverName":               "--driver-name",
+	"Backends":                 "--backends",
+	"Volumes.DefaultBackend":   "--backend",
+	"Volumes.WindowsMode":      "--windows-mode",
+	"Limits.MaxVolumeSize":     "--max-volume-size",
+	"Limits.Capacity":          "--capacity",
+	"Observability.Events":     "--events",
+	"Observability.CSIDrivers": "--events or --gc-confirm-with-api",
+	"GC.Pods":                  "--gc-confirm-with-api",
 }
 
 // validate checks what needs the final values of several flags, once all
@@ -212,6 +231,10 @@ func (c *config) validate() error {
 	h, err := c.hostPaths()
 	if err != nil {
 		return err
+	}
+	// Checked here, before the backends below it are made (New checks it too).
+	if !filepath.IsAbs(h.stateDir) {
+		return fmt.Errorf("--state-dir %q must be an absolute path", h.stateDir)
 	}
 	return c.plugins.checkDirs(h)
 }
@@ -360,7 +383,7 @@ func (f tmpfsFlags) backend(defaultSize int64) (*tmpfs.Backend, error) {
 	if f.maxInodes < 1 {
 		return nil, fmt.Errorf("--tmpfs-max-inodes=%d must be at least 1: tmpfs has no unlimited inodes here, each costs about 1KiB of kernel memory", f.maxInodes)
 	}
-	return tmpfs.New(tmpfs.Options{DefaultSize: defaultSize, MaxInodes: f.maxInodes})
+	return tmpfs.New(tmpfs.Options{DefaultSize: defaultSize, MaxInodes: f.maxInodes, MaxInodesName: "--tmpfs-max-inodes"})
 }
 
 // backend returns the dir backend, its volumes under root, made by host

@@ -22,9 +22,10 @@ import (
 
 const volumesUsage = `usage: ephemera-scratch volumes [flags]
 
-Lists the volumes this node's driver holds: volume ID, pod, volume name,
-backend, size, usage (mounted volumes with a filesystem of their own), phase and
-age. Read-only, and safe while the driver runs:
+Lists the volumes this node's driver holds: volume ID (short; -o wide: whole,
+with the pod's UID and the target), pod, volume name, backend, size, usage
+(mounted volumes with a filesystem of its own), phase and age. Read-only, and
+safe while the driver runs:
 
   1. it asks the running driver (GET /volumes on its --metrics-address,
      --address here);
@@ -32,22 +33,40 @@ age. Read-only, and safe while the driver runs:
      read-only (bbolt's shared lock, which a running driver's exclusive lock
      excludes: then it gives up after --timeout rather than wait).
 
+It finds the driver it belongs to: each flag not given is taken from the
+environment (EPHEMERA_ADDRESS, EPHEMERA_STATE_DIR, EPHEMERA_KUBELET_ROOT,
+EPHEMERA_DRIVER_NAME), else from the command line of the running driver of
+this same binary (in the driver's container, or the one ` + "`make run`" + ` starts),
+else from ` + "`make run`" + `'s layout beside the binary (DIR/bin/ephemera-scratch
+with DIR/state), else the defaults below.
+
 `
 
 // volumesCommand runs "ephemera-scratch volumes"; it returns the exit code.
 func volumesCommand(args []string, stdout, stderr io.Writer) int {
+	return systemLocator().volumesCommand(args, stdout, stderr)
+}
+
+func (l locator) volumesCommand(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("volumes", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, volumesUsage)
 		fs.PrintDefaults()
 	}
-	driverName := fs.String("driver-name", DriverName, "CSI driver name (selects the default state dir).")
-	stateDir := fs.String("state-dir", "", "The driver's state dir. Default "+framework.DefaultStateDir("<driver-name>")+".")
-	kubeletRoot := fs.String("kubelet-root", "/var/lib/kubelet", "The kubelet's --root-dir (to check the targets when reading the state file).")
-	address := fs.String("address", "127.0.0.1:9809", "The running driver's --metrics-address (host:port); empty: read the state file only.")
-	output := fs.String("o", "table", "Output: table or json.")
+	s := map[string]*setting{
+		"driver-name":  {value: DriverName, from: "the default"},
+		"state-dir":    {from: "the default"},
+		"kubelet-root": {value: "/var/lib/kubelet", from: "the default"},
+		"address":      {value: "127.0.0.1:9809", from: "the default"},
+	}
+	fs.StringVar(&s["driver-name"].value, "driver-name", s["driver-name"].value, "CSI driver name (selects the default state dir, and the running driver when several run).")
+	fs.StringVar(&s["state-dir"].value, "state-dir", "", "The driver's state dir. Default "+framework.DefaultStateDir("<driver-name>")+".")
+	fs.StringVar(&s["kubelet-root"].value, "kubelet-root", s["kubelet-root"].value, "The kubelet's --root-dir (to check the targets when reading the state file).")
+	fs.StringVar(&s["address"].value, "address", s["address"].value, "The running driver's --metrics-address (host:port); empty: read the state file only.")
+	output := fs.String("o", "table", "Output: table (short volume IDs), wide (whole IDs, pod UIDs, targets) or json.")
 	timeout := fs.Duration("timeout", 2*time.Second, "How long to wait for the driver's answer, and for the state file's shared lock.")
+	verbose := fs.Bool("v", false, "Say where each setting came from.")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -55,15 +74,35 @@ func volumesCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *output != "table" && *output != "json" {
-		fmt.Fprintf(stderr, "-o %q: want table or json\n", *output)
+	if *output != "table" && *output != "wide" && *output != "json" {
+		fmt.Fprintf(stderr, "-o %q: want table, wide or json\n", *output)
 		return 2
 	}
-	if *stateDir == "" {
-		*stateDir = framework.DefaultStateDir(*driverName)
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if _, ok := s[f.Name]; ok {
+			set[f.Name] = true
+			s[f.Name].from = "--" + f.Name
+		}
+	})
+	found, err := l.resolve(s, set)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if found != "" {
+		fmt.Fprintln(stderr, found)
+	}
+	if s["state-dir"].value == "" {
+		s["state-dir"].value = framework.DefaultStateDir(s["driver-name"].value)
+	}
+	if *verbose {
+		for _, name := range []string{"address", "state-dir", "kubelet-root", "driver-name"} {
+			fmt.Fprintf(stderr, "--%s=%s (from %s)\n", name, s[name].value, s[name].from)
+		}
 	}
 
-	list, from, err := listVolumes(*address, filepath.Join(*stateDir, framework.StateFile), *kubeletRoot, *timeout)
+	list, from, err := listVolumes(s["address"].value, filepath.Join(s["state-dir"].value, framework.StateFile), s["kubelet-root"].value, *timeout)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -78,7 +117,7 @@ func volumesCommand(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := printVolumes(stdout, list, time.Now()); err != nil {
+	if err := volumetable.Print(stdout, volumetable.Rows("", list), false, *output == "wide", time.Now()); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
@@ -159,9 +198,4 @@ func askDriver(address string, timeout time.Duration) (*api.VolumeList, error) {
 		return nil, fmt.Errorf("the driver at %s: decoding /volumes: %v", address, err)
 	}
 	return list, nil
-}
-
-// printVolumes writes list as a table.
-func printVolumes(w io.Writer, list *api.VolumeList, now time.Time) error {
-	return volumetable.Print(w, volumetable.Rows("", list), false, now)
 }

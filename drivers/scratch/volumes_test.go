@@ -51,9 +51,16 @@ func TestVolumesCommand(t *testing.T) {
 	id := list.Volumes[0].VolumeID
 	code, stdout, _ = run("--address", addr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "VOLUME ID ") ||
-		strings.Join(strings.Fields(lines[1]), " ") != strings.Join([]string{id, "team-a", "web", pod.UID, "scratch", "dir", "Published"}, " ")+" "+strings.Fields(lines[1])[7] {
-		t.Errorf("table from the running driver: %d\n%s", code, stdout)
+	if f := strings.Fields(lines[len(lines)-1]); code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "VOLUME ID ") || len(f) != 7 ||
+		strings.Join(f[:6], " ") != strings.Join([]string{id[:16], "team-a", "web", "scratch", "dir", "Published"}, " ") {
+		t.Errorf("table from the running driver (short ID %s): %d\n%s", id[:16], code, stdout)
+	}
+	// -o wide: the whole ID, the pod's UID and the target.
+	code, stdout, _ = run("--address", addr, "-o", "wide")
+	lines = strings.Split(strings.TrimSpace(stdout), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); code != 0 || len(lines) != 2 || len(f) != 9 ||
+		strings.Join(f, " ") != strings.Join([]string{id, "team-a", "web", pod.UID, "scratch", "dir", "Published", f[7], h.Kubelet.TargetPath(pod, vol.Name)}, " ") {
+		t.Errorf("wide table from the running driver: %d\n%s", code, stdout)
 	}
 	// Without the address, the running driver's lock keeps the file closed.
 	if code, _, stderr := run("--address", ""); code != 1 || !strings.Contains(stderr, "a driver holds") || !strings.Contains(stderr, "--address") {
@@ -78,7 +85,7 @@ func TestVolumesCommand(t *testing.T) {
 		t.Error("the command changed the state file")
 	}
 
-	if code, _, stderr := run("-o", "yaml"); code != 2 || !strings.Contains(stderr, "table or json") {
+	if code, _, stderr := run("-o", "yaml"); code != 2 || !strings.Contains(stderr, "table, wide or json") {
 		t.Errorf("-o yaml: %d %q", code, stderr)
 	}
 	var errb bytes.Buffer

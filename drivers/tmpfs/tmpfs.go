@@ -81,6 +81,10 @@ type Options struct {
 	// bound of the derived default. Defaults to DefaultMaxInodes (1Mi inodes,
 	// about 1GiB of kernel memory) when zero; there is no "unlimited".
 	MaxInodes int64
+	// MaxInodesName is what a refusal of a pod's "nr_inodes" calls MaxInodes:
+	// the flag that sets it in a driver with flags (ephemera-scratch:
+	// "--tmpfs-max-inodes"). Defaults to "tmpfs.Options.MaxInodes".
+	MaxInodesName string
 }
 
 // Defaults of Options' inode limits. Every inode a pod creates (an empty file,
@@ -221,9 +225,12 @@ func (b *Backend) inodes(v *api.Volume) (int64, error) {
 			"memory of the volume's files unbounded; request between 1 and %d, or leave %q out for the default (%d for this size)",
 			ParamNrInodes, b.opts.MaxInodes, ParamNrInodes, def)
 	case n > b.opts.MaxInodes:
-		return 0, api.InvalidParamf("attribute %q: %d exceeds this driver's cap of %d inodes (tmpfs.Options.MaxInodes, "+
-			"--tmpfs-max-inodes of ephemera-scratch): inodes take kernel memory that %q does not limit; request at most %d, "+
-			"or leave %q out for the default (%d for this size)", ParamNrInodes, n, b.opts.MaxInodes, api.ParamSize,
+		name := b.opts.MaxInodesName
+		if name == "" {
+			name = "tmpfs.Options.MaxInodes"
+		}
+		return 0, api.InvalidParamf("attribute %q: %d exceeds this driver's cap of %d inodes (%s): inodes take kernel memory that %q does not limit; request at most %d, "+
+			"or leave %q out for the default (%d for this size)", ParamNrInodes, n, b.opts.MaxInodes, name, api.ParamSize,
 			b.opts.MaxInodes, ParamNrInodes, def)
 	}
 	return n, nil

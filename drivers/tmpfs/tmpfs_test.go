@@ -88,8 +88,8 @@ func TestNrInodes(t *testing.T) {
 		{name: "explicit below the default", size: 64 * mi, inodes: "1", want: "1"},
 		{name: "explicit at the cap", size: 4 * mi, inodes: "1048576", want: "1048576"},
 		{name: "over the cap", size: 4 * mi, inodes: "1048577",
-			wantErr: []string{`"nr_inodes": 1048577 exceeds this driver's cap of 1048576 inodes`, "--tmpfs-max-inodes", "tmpfs.Options.MaxInodes", "default (1024 for this size)"}},
-		{name: "2^40", size: 4 * mi, inodes: "1099511627776", wantErr: []string{"cap of 1048576 inodes", "--tmpfs-max-inodes"}},
+			wantErr: []string{`"nr_inodes": 1048577 exceeds this driver's cap of 1048576 inodes (tmpfs.Options.MaxInodes)`, "default (1024 for this size)"}},
+		{name: "2^40", size: 4 * mi, inodes: "1099511627776", wantErr: []string{"cap of 1048576 inodes", "(tmpfs.Options.MaxInodes)"}},
 		{name: "zero is unlimited", size: 4 * mi, inodes: "0", wantErr: []string{"0 means no inode limit", "unbounded", "between 1 and 1048576"}},
 		{name: "negative", size: 4 * mi, inodes: "-1", wantErr: []string{`"-1" is not a whole number of inodes between 1 and 1048576`}},
 		{name: "kernel suffix", size: 4 * mi, inodes: "1k", wantErr: []string{`"1k" is not a whole number`}},
@@ -99,6 +99,7 @@ func TestNrInodes(t *testing.T) {
 		{name: "custom floor", opts: custom, size: 4 * mi, want: "10"},
 		{name: "custom cap", opts: custom, size: 1 << 30, want: "100"},
 		{name: "custom cap refuses", opts: custom, size: mi, inodes: "101", wantErr: []string{"cap of 100 inodes"}},
+		{name: "cap named by a flag", opts: tmpfs.Options{MaxInodes: 100, MaxInodesName: "--tmpfs-max-inodes"}, size: mi, inodes: "101", wantErr: []string{"cap of 100 inodes (--tmpfs-max-inodes)"}},
 		{name: "cap below the floor wins", opts: tmpfs.Options{MinInodes: 5000, MaxInodes: 2000}, size: mi, want: "2000"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -314,7 +314,7 @@ func TestTwoNodes(t *testing.T) {
 	over.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": secondNodeName}
 	over = c.createPod(t, over)
 	t2 := time.Now()
-	msg := c.waitEvent(t, over, regexp.MustCompile(`ResourceExhausted.*MaxVolumesPerNode 2`), 60*time.Second)
+	msg := c.waitEvent(t, over, regexp.MustCompile(`ResourceExhausted.*--max-volumes-per-node 2`), 60*time.Second)
 	t.Logf("pod beyond node B's limit: FailedMount after %v: %s", time.Since(t2).Round(time.Millisecond), msg)
 	cur, err := c.cs.CoreV1().Pods(twoNodesNS).Get(ctx, over.Name, metav1.GetOptions{})
 	if err != nil {

@@ -171,6 +171,26 @@ func HelmRelease(chartDir, release, ns string, values map[string]any) ([]byte, e
 	return helm(chartDir, release, values, ns, false)
 }
 
+// HelmReleaseTests renders only the chart's `helm test` hooks (templates/tests/)
+// of release: what `helm test release` runs, once the release is installed.
+func HelmReleaseTests(chartDir, release, ns string, values map[string]any) ([]byte, error) {
+	return helm(chartDir, release, values, ns, true)
+}
+
+// ValidateValues checks values, over the chart's defaults, against the chart's
+// values.schema.json, as helm install does: one error listing every violation.
+func ValidateValues(chartDir string, values map[string]any) error {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		return fmt.Errorf("load chart %s: %w", chartDir, err)
+	}
+	vals, err := chartutil.CoalesceValues(ch, values)
+	if err != nil {
+		return err
+	}
+	return chartutil.ValidateAgainstSchema(ch, vals)
+}
+
 // HelmTests renders only the chart's `helm test` hooks (templates/tests/).
 func HelmTests(chartDir string, values map[string]any, ns string) ([]byte, error) {
 	return helm(chartDir, "ephemera-scratch", values, ns, true)

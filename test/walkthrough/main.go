@@ -6,7 +6,9 @@
 // driver's unix socket) and shows each outcome on the real system: the mount in
 // /proc/self/mountinfo with its size, a write inside the limit, a write past it
 // refused with ENOSPC, the unpublish, and that no mount, directory or state record
-// is left. It exits non-zero if anything is not as expected.
+// is left; and what the node CLI (`ephemera-scratch volumes`, without flags: it
+// finds the driver) sees: the volume while published, then none. It exits
+// non-zero if anything is not as expected.
 package main
 
 import (
@@ -14,9 +16,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -65,9 +69,13 @@ func run(driverBin, work string) error {
 		return err
 	}
 
+	metrics, err := freeLoopbackAddress()
+	if err != nil {
+		return err
+	}
 	step("Starting the scratch driver (state in %s, log in %s)", stateDir, logFile)
 	drv, err := startDriver(driverBin, logFile, "--endpoint="+endpoint, "--nodeid=demo-node",
-		"--state-dir="+stateDir, "--kubelet-root="+root, "--v=2")
+		"--state-dir="+stateDir, "--kubelet-root="+root, "--metrics-address="+metrics, "--v=2")
 	if err != nil {
 		return err
 	}
@@ -115,6 +123,16 @@ func run(driverBin, work string) error {
 	}
 	show("ok")
 
+	id := k.PublishRequest(pod, vol).GetVolumeId()
+	step("The node CLI: %s volumes (no flags: it finds the running driver of its binary)", driverBin)
+	out, err := volumesCLI(driverBin)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, id[:16]) || !strings.Contains(out, "scratch-pod") || !strings.Contains(out, "64Mi") {
+		return fmt.Errorf("the CLI does not list volume %s of demo/scratch-pod", id[:16])
+	}
+
 	step("Pod tries to write 80 MiB more: past the 64Mi limit")
 	err = os.WriteFile(filepath.Join(target, "too-much"), make([]byte, 80<<20), 0o644)
 	if !errors.Is(err, syscall.ENOSPC) {
@@ -141,9 +159,26 @@ func run(driverBin, work string) error {
 		return errors.New("unpublish left a mount or the target directory")
 	}
 
+	step("The node CLI again: the volume is gone")
+	if out, err = volumesCLI(driverBin); err != nil {
+		return err
+	}
+	if strings.Contains(out, id[:16]) {
+		return fmt.Errorf("the CLI still lists volume %s after the unpublish", id[:16])
+	}
+
 	step("Stopping the driver and reading its bbolt state")
 	if err := drv.stop(); err != nil {
 		return err
+	}
+	if abs, err := filepath.Abs(driverBin); err == nil && filepath.Dir(filepath.Dir(abs)) == work {
+		step("The node CLI with the driver stopped: it reads the state file `make run` left beside it")
+		if out, err = volumesCLI(driverBin); err != nil {
+			return err
+		}
+		if strings.Contains(out, id[:16]) {
+			return fmt.Errorf("the CLI lists volume %s from the state file after the unpublish", id[:16])
+		}
 	}
 	s, err := boltstore.Open(filepath.Join(stateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
 	if err != nil {
@@ -159,6 +194,33 @@ func run(driverBin, work string) error {
 		return fmt.Errorf("%d records left", len(recs))
 	}
 	return nil
+}
+
+// volumesCLI runs `bin volumes` as an operator would, without flags, shows
+// what it prints (where it looked, then the table) and returns the table.
+func volumesCLI(bin string) (string, error) {
+	cmd := exec.Command(bin, "volumes")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()+stdout.String()), "\n") {
+		show("%s", l)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s volumes: %w", bin, err)
+	}
+	return stdout.String(), nil
+}
+
+// freeLoopbackAddress returns a loopback address with a port nothing listens
+// on now, for the driver's --metrics-address (the node CLI asks it).
+func freeLoopbackAddress() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 type driver struct {

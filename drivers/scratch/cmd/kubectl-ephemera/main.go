@@ -1,7 +1,7 @@
 // Command kubectl-ephemera is a kubectl plugin that lists what the Ephemera
 // scratch driver holds on the nodes of a cluster, from a workstation:
 //
-//	kubectl ephemera volumes [--node NODE] [-o table|json]
+//	kubectl ephemera volumes [--node NODE] [-o table|wide|json]
 //
 // It finds the driver's pods (label app.kubernetes.io/name=ephemera-scratch in
 // kube-system, on NODE when given) and asks each for GET /volumes on its
@@ -71,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	selector := fs.String("selector", "app.kubernetes.io/name=ephemera-scratch", "Label selector of the driver's pods.")
 	port := fs.Int("port", 9809, "The driver's metrics port (--metrics-address).")
 	node := fs.String("node", "", "Only this node. Default: every node with a driver pod.")
-	output := fs.String("o", "table", "Output: table or json.")
+	output := fs.String("o", "table", "Output: table (short volume IDs), wide (whole IDs, pod UIDs, targets) or json.")
 	timeout := fs.Duration("timeout", 30*time.Second, "Timeout of the whole command.")
 	podTimeout := fs.Duration("pod-timeout", 10*time.Second, "Timeout of one driver pod's answer (a node that does not answer is reported, the others are listed).")
 	concurrency := fs.Int("concurrency", 32, "Driver pods asked at once (through the API server's pod proxy).")
@@ -82,8 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "--concurrency %d, --pod-timeout %s: want at least 1 and more than 0\n", *concurrency, *podTimeout)
 		return 2
 	}
-	if *output != "table" && *output != "json" {
-		fmt.Fprintf(stderr, "-o %q: want table or json\n", *output)
+	if *output != "table" && *output != "wide" && *output != "json" {
+		fmt.Fprintf(stderr, "-o %q: want table, wide or json\n", *output)
 		return 2
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -134,7 +134,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-	} else if err := volumetable.Print(stdout, rows, true, time.Now()); err != nil {
+	} else if err := volumetable.Print(stdout, rows, true, *output == "wide", time.Now()); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}

@@ -127,7 +127,7 @@ func TestVolumesThroughThePodProxy(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NODE ") ||
-		strings.Join(strings.Fields(lines[1])[:8], " ") != "node-1 csi-node-1 team-a web uid-node-1 scratch tmpfs 64Mi" ||
+		strings.Join(strings.Fields(lines[1])[:7], " ") != "node-1 csi-node-1 team-a web scratch tmpfs 64Mi" ||
 		!strings.HasPrefix(lines[2], "node-2 ") {
 		t.Errorf("table:\n%s", out.String())
 	}
@@ -155,6 +155,16 @@ func TestVolumesThroughThePodProxy(t *testing.T) {
 	errb.Reset()
 	if code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--node", "node-3"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "no running driver pod") {
 		t.Errorf("a node without a running driver: %d %q", code, errb.String())
+	}
+	// -o wide adds the pod UIDs (and the targets).
+	out.Reset()
+	if code := run([]string{"volumes", "--kubeconfig", kubeconfig, "-o", "wide"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	lines = strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], " POD UID ") ||
+		strings.Join(strings.Fields(lines[1])[:8], " ") != "node-1 csi-node-1 team-a web uid-node-1 scratch tmpfs 64Mi" {
+		t.Errorf("wide table:\n%s", out.String())
 	}
 }
 

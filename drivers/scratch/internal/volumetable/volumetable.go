@@ -30,15 +30,26 @@ func Rows(node string, list *api.VolumeList) []Row {
 }
 
 // Print writes rows as a table, with a NODE column when withNode is set. now
-// is the time ages are counted to.
-func Print(w io.Writer, rows []Row, withNode bool, now time.Time) error {
+// is the time ages are counted to. The table shows short volume IDs
+// (ShortIDs); wide shows them whole, with the pod's UID and the target path.
+func Print(w io.Writer, rows []Row, withNode, wide bool, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	head := "VOLUME ID\tNAMESPACE\tPOD\tPOD UID\tVOLUME\tBACKEND\tSIZE\tUSED\tPHASE\tAGE"
+	head := "VOLUME ID\tNAMESPACE\tPOD\tVOLUME\tBACKEND\tSIZE\tUSED\tPHASE\tAGE"
+	if wide {
+		head = "VOLUME ID\tNAMESPACE\tPOD\tPOD UID\tVOLUME\tBACKEND\tSIZE\tUSED\tPHASE\tAGE\tTARGET"
+	}
 	if withNode {
 		head = "NODE\t" + head
 	}
 	fmt.Fprintln(tw, head)
-	for _, r := range rows {
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.Volume.VolumeID
+	}
+	if !wide {
+		ids = ShortIDs(ids)
+	}
+	for i, r := range rows {
 		v := r.Volume
 		used := ""
 		if v.Usage != nil {
@@ -58,10 +69,43 @@ func Print(w io.Writer, rows []Row, withNode bool, now time.Time) error {
 		if withNode {
 			fmt.Fprintf(tw, "%s\t", r.Node)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.VolumeID, dash(v.Pod.Namespace), dash(v.Pod.Name), dash(v.Pod.UID),
+		if wide {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ids[i], dash(v.Pod.Namespace), dash(v.Pod.Name), dash(v.Pod.UID),
+				dash(v.VolumeName), v.Backend, size, used, phase, Age(now, v.Created), dash(v.TargetPath))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ids[i], dash(v.Pod.Namespace), dash(v.Pod.Name),
 			dash(v.VolumeName), v.Backend, size, used, phase, Age(now, v.Created))
 	}
 	return tw.Flush()
+}
+
+// ShortIDLen is the length of a short volume ID: the kubelet's "csi-"
+// and 12 hex digits of the 64 of its ephemeral volume IDs, as container
+// runtimes shorten theirs.
+const ShortIDLen = 16
+
+// ShortIDs shortens each ID to its first ShortIDLen characters, or more
+// where two of them would otherwise read the same: each short ID is a prefix
+// of its volume's ID (grep finds it in mountinfo and the logs) and names one
+// volume of the list.
+func ShortIDs(ids []string) []string {
+	for n := ShortIDLen; ; n++ {
+		out := make([]string, len(ids))
+		of := make(map[string]string, len(ids)) // short ID → the ID it stands for
+		unique, long := true, false
+		for i, id := range ids {
+			out[i] = id[:min(n, len(id))]
+			long = long || len(id) > n
+			if other, ok := of[out[i]]; ok && other != id {
+				unique = false
+			}
+			of[out[i]] = id
+		}
+		if unique || !long {
+			return out
+		}
+	}
 }
 
 func dash(s string) string {

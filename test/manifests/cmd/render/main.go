@@ -15,7 +15,10 @@
 // without helm, from anywhere (no checkout needed: docs/authors.md, "Without helm"):
 // the values files over the chart's defaults (validated against its
 // values.schema.json), the chart linted with them, the objects written to -out FILE
-// or stdout.
+// or stdout. With -tests it writes the chart's `helm test` hooks instead (the pod
+// `helm test RELEASE` runs), to apply after the release's objects. The values are
+// checked against the schema first: each schema error is printed once, and nothing
+// is linted or rendered.
 //
 //	go run github.com/ephemera-csi/ephemera/test/manifests/cmd/render@VERSION \
 //	  -chart "$(go list -m -f '{{.Dir}}' github.com/ephemera-csi/ephemera)/deploy/helm/ephemera-driver" \
@@ -23,8 +26,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -47,13 +52,19 @@ func main() {
 	chart := flag.String("chart", "", "render this chart directory (helm template) instead of the repository's targets")
 	release := flag.String("release", "", "with -chart: the release name (what `helm install NAME` would take; required)")
 	namespace := flag.String("namespace", manifests.Namespace, "with -chart: the release namespace")
+	tests := flag.Bool("tests", false, "with -chart: render only the chart's `helm test` hooks (the pod `helm test RELEASE` runs), not the release's objects")
 	flag.Parse()
+	if *tests && *chart == "" {
+		fmt.Fprintln(os.Stderr, "render: -tests needs -chart")
+		os.Exit(2)
+	}
 	if *chart != "" {
 		if *target != "" || *release == "" {
 			fmt.Fprintln(os.Stderr, "render: -chart takes -release NAME (and -values FILE ...), not -target")
 			os.Exit(2)
 		}
-		if err := runChart(*chart, *release, *namespace, valueFiles, *out); err != nil {
+		c := chartRender{dir: *chart, release: *release, namespace: *namespace, valueFiles: valueFiles, tests: *tests}
+		if err := c.run(*out, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "render:", err)
 			os.Exit(1)
 		}
@@ -87,11 +98,20 @@ func main() {
 	}
 }
 
-// runChart renders chartDir as release in ns with the values files (later over
-// earlier), after helm lint with the same values, into out ("" or "-": stdout).
-func runChart(chartDir, release, ns string, valueFiles []string, out string) error {
+// chartRender is one -chart run: the chart in dir as release in namespace, with
+// the values files (later over earlier); tests: its `helm test` hooks only.
+type chartRender struct {
+	dir, release, namespace string
+	valueFiles              []string
+	tests                   bool
+}
+
+// run checks the values against the chart's schema (each error once), lints the
+// chart with them, and renders it into out ("" or "-": stdout). Diagnostics go
+// to stderr; the returned error does not repeat them.
+func (c chartRender) run(out string, stdout, stderr io.Writer) error {
 	vals := map[string]any{}
-	for _, f := range valueFiles {
+	for _, f := range c.valueFiles {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return err
@@ -102,14 +122,20 @@ func runChart(chartDir, release, ns string, valueFiles []string, out string) err
 		}
 		vals = chartutil.CoalesceTables(v, vals)
 	}
-	msgs, err := manifests.Lint(chartDir, vals)
-	for _, m := range msgs {
-		fmt.Fprintf(os.Stderr, "helm lint: %s\n", m)
+	// The schema first, alone: helm lint reports a schema error twice (as
+	// values.yaml's and as the templates'), and its joined error a third and
+	// fourth time.
+	if err := manifests.ValidateValues(c.dir, vals); err != nil {
+		return fmt.Errorf("the values (%s) do not meet %s:\n%w", c.files(), filepath.Join(c.dir, "values.schema.json"), err)
 	}
-	if err != nil {
+	if err := lint(c.dir, vals, "", stderr); err != nil {
 		return err
 	}
-	b, err := manifests.HelmRelease(chartDir, release, ns, vals)
+	render := manifests.HelmRelease
+	if c.tests {
+		render = manifests.HelmReleaseTests
+	}
+	b, err := render(c.dir, c.release, c.namespace, vals)
 	if err != nil {
 		return err
 	}
@@ -117,14 +143,46 @@ func runChart(chartDir, release, ns string, valueFiles []string, out string) err
 	if err != nil {
 		return err
 	}
+	if len(objs) == 0 && c.tests {
+		return errors.New("the chart renders no `helm test` hook with these values (helmTest.enabled is false?)")
+	}
 	if out == "" || out == "-" {
-		_, err = os.Stdout.Write(b)
+		_, err = stdout.Write(b)
 		return err
 	}
 	if err := os.WriteFile(out, b, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "%s: %d objects (%s)\n", out, len(objs), strings.Join(valueFiles, ", "))
+	what := "objects"
+	if c.tests {
+		what = "helm test hooks"
+	}
+	fmt.Fprintf(stderr, "%s: %d %s (%s)\n", out, len(objs), what, c.files())
+	return nil
+}
+
+func (c chartRender) files() string {
+	if len(c.valueFiles) == 0 {
+		return "the chart's defaults"
+	}
+	return strings.Join(c.valueFiles, ", ")
+}
+
+// lint is helm lint of chart with vals: it prints each message once to stderr
+// (prefixed with "(name)" when name is set) and fails when one is an error,
+// without repeating them.
+func lint(chart string, vals map[string]any, name string, stderr io.Writer) error {
+	msgs, err := manifests.Lint(chart, vals)
+	prefix := "helm lint"
+	if name != "" {
+		prefix += " (" + name + ")"
+	}
+	for _, m := range msgs {
+		fmt.Fprintf(stderr, "%s: %s\n", prefix, strings.TrimSpace(m))
+	}
+	if err != nil {
+		return fmt.Errorf("%s of %s failed: the errors above", prefix, chart)
+	}
 	return nil
 }
 
@@ -142,11 +200,7 @@ func run(out string) error {
 		if err != nil {
 			return err
 		}
-		msgs, err := manifests.Lint(chart, vals)
-		for _, m := range msgs {
-			fmt.Fprintf(os.Stderr, "helm lint (%s): %s\n", t.Name, m)
-		}
-		if err != nil {
+		if err := lint(chart, vals, t.Name, os.Stderr); err != nil {
 			return err
 		}
 	}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ephemera-csi/ephemera/test/manifests"
@@ -37,7 +39,8 @@ func TestChartForAnAuthor(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "hello.yaml")
 	values := filepath.Join(root, target.Example, manifests.ExampleValuesFile)
-	if err := runChart(chart, target.Release(), manifests.Namespace, []string{values}, out); err != nil {
+	c := chartRender{dir: chart, release: target.Release(), namespace: manifests.Namespace, valueFiles: []string{values}}
+	if err := c.run(out, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(out)
@@ -54,12 +57,60 @@ func TestChartForAnAuthor(t *testing.T) {
 	if !bytes.Contains(got, []byte("hello.csi.ephemera.dev")) {
 		t.Fatal("the render does not name the example's driver")
 	}
-	// A value the schema refuses fails the render, with the file's values.
-	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte("image:\n  digest: sha256:xyz\n"), 0o644); err != nil {
+	if bytes.Contains(got, []byte("helm.sh/hook")) {
+		t.Fatal("the release's objects include a helm hook")
+	}
+
+	// -tests: the pod `helm test` runs, for the same release and values.
+	c.tests = true
+	var tests bytes.Buffer
+	if err := c.run("-", &tests, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if err := runChart(chart, "x", manifests.Namespace, []string{values, bad}, filepath.Join(t.TempDir(), "x.yaml")); err == nil {
-		t.Fatal("a bad image.digest rendered")
+	pods, err := manifests.Decode(tests.Bytes())
+	if err != nil || len(pods) != 1 {
+		t.Fatalf("-tests: %d objects, %v:\n%s", len(pods), err, tests.Bytes())
+	}
+	pod := pods[0]
+	if pod.Kind() != "Pod" || pod.Get("metadata", "annotations", "helm.sh/hook") != "test" ||
+		pod.Get("metadata", "namespace") != manifests.Namespace || pod.Get("spec", "volumes", 0, "csi", "driver") != "hello.csi.ephemera.dev" {
+		t.Fatalf("-tests renders no helm test pod of the example's driver:\n%s", tests.Bytes())
+	}
+	// Without helmTest.enabled there is nothing to render: an error, not an empty file.
+	off := filepath.Join(t.TempDir(), "off.yaml")
+	if err := os.WriteFile(off, []byte("helmTest:\n  enabled: false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.valueFiles = []string{values, off}
+	if err := c.run("-", io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "helmTest.enabled") {
+		t.Fatalf("-tests without helmTest.enabled: %v", err)
+	}
+}
+
+// TestChartSchemaErrorsOnce: a values file the schema refuses fails the render,
+// and the output (diagnostics and the error) names each violation once.
+func TestChartSchemaErrorsOnce(t *testing.T) {
+	root, err := manifests.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("image:\n  digest: sha256:xyz\nmetrics:\n  port: many\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	c := chartRender{dir: filepath.Join(root, manifests.Chart), release: "x", namespace: manifests.Namespace, valueFiles: []string{bad}}
+	err = c.run("-", &stdout, &stderr)
+	if err == nil {
+		t.Fatalf("bad values rendered:\n%s", stdout.Bytes())
+	}
+	all := stderr.String() + "render: " + err.Error() + "\n"
+	for _, v := range []string{"'/image/digest'", "'/metrics/port'"} {
+		if n := strings.Count(all, v); n != 1 {
+			t.Errorf("%s named %d times, want once:\n%s", v, n, all)
+		}
+	}
+	if !strings.Contains(all, bad) || stdout.Len() != 0 {
+		t.Errorf("the error does not name the values file, or something was rendered:\n%s", all)
 	}
 }
