@@ -69,7 +69,7 @@ run: build
 TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e
 # image-beside first: the e2e's TestShippedImageMigration (run last, t.Parallel) waits for its index. (build-static
 # runs as a step before, so that the e2e and image-beside find the driver binary built and do not both link it.)
-TEST_BESIDE_E2E := image-beside lint cross image-check
+TEST_BESIDE_E2E := image-beside lint cross image-check release-check
 test:
 	@test/e2e/build-k8s.sh --check
 	@mkdir -p $(OUT); : >$(OUT)/test-times.txt; : >$(OUT)/beside-e2e.log; rm -f $(IMAGE_OUT).digest $(IMAGE_OUT).failed; \
@@ -366,6 +366,44 @@ image-check: $(if $(IMAGE_PREBUILT),,image)
 	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) EPHEMERA_IMAGE_BUILD_FLAGS='$(IMAGE_FLAGS)' \
 	  $(GOSTATIC) test -trimpath -count=1 ./...
 	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.driver $(NODE_EXAMPLE)/Dockerfile
+
+# A release (docs/operations.md, "Releases"): make image's index as an OCI layout archive, the chart packaged, the
+# kustomize bundle naming the index by version and digest, the kubectl plugin for every platform with a krew
+# manifest, the module as a file-based Go module proxy, notes, SHA256SUMS; in RELEASE_OUT, no container engine.
+RELEASE_OUT        ?= $(OUT)/release
+# Where the release's files will be downloadable: the krew manifest's URIs (krew/ephemera.yaml).
+RELEASE_URL        ?= https://github.com/ephemera-csi/ephemera/releases/download/$(VERSION)
+# The name of the index in the archive (containerd's, on ctr images import) and in the manifests and chart.
+RELEASE_IMAGE_REPO ?= localhost/ephemera-scratch
+RELEASE_PLATFORMS  ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64
+RELEASE_PLUGINS     = $(foreach p,$(RELEASE_PLATFORMS),-plugin $(p)=$(CURDIR)/$(BIN)/plugins/$(subst /,-,$(p))/kubectl-ephemera$(if $(findstring windows,$(p)),.exe))
+
+.PHONY: release release-plugins release-bundle release-check
+## release: make release VERSION=vX.Y.Z [RELEASE_URL=...] [RELEASE_IMAGE_REPO=...]: the image index (make image) and
+## everything above in _output/release, checked (every image of the manifests and the chart resolves inside the
+## archive); refuses a version that is not vX.Y.Z and a tree with uncommitted changes (the module zip is the commit's)
+release:
+	@[[ "$(VERSION)" =~ ^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$$ ]] || { echo "release: VERSION=$(VERSION): want vX.Y.Z (make release VERSION=v0.3.0)"; exit 2; }
+	@git diff --quiet HEAD || { echo "release: uncommitted changes: the module zip is made of the commit, the binaries of the tree; commit first"; exit 2; }
+	$(MAKE) --no-print-directory image VERSION=$(VERSION)
+	$(MAKE) --no-print-directory release-plugins release-bundle VERSION=$(VERSION)
+
+## release-plugins: kubectl-ephemera for each of RELEASE_PLATFORMS into _output/bin/plugins/OS-ARCH/
+release-plugins:
+	@for p in $(RELEASE_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; ext=; [ $$os = windows ] && ext=.exe; \
+	  echo "kubectl-ephemera $$p"; GOOS=$$os GOARCH=$$arch $(GOSTATIC) build $(STATICFLAGS) -ldflags "$(SHIP_LDFLAGS)" \
+	    -o $(BIN)/plugins/$$os-$$arch/kubectl-ephemera$$ext ./drivers/scratch/cmd/kubectl-ephemera || exit 1; done
+
+## release-bundle: the release of make image's index and the plugins already built (test/manifests/cmd/release), checked
+release-bundle:
+	cd test/manifests && $(GOSTATIC) run ./cmd/release -version $(VERSION) -image-layout $(CURDIR)/$(IMAGE_OUT) \
+	  -image-repo $(RELEASE_IMAGE_REPO) -release-url $(RELEASE_URL) -revision $(COMMIT) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+	  $(RELEASE_PLUGINS) -out $(CURDIR)/$(RELEASE_OUT)
+
+## release-check: make test's reduced release: the index make image built (IMAGE_PREBUILT: already there), the plugin
+## for linux/amd64 only, VERSION as it is (a pseudo-version for the module and the chart); the full matrix is make release's
+release-check: $(if $(IMAGE_PREBUILT),,image)
+	$(MAKE) --no-print-directory release-plugins release-bundle RELEASE_PLATFORMS=linux/amd64
 
 clean:
 	rm -rf $(OUT)

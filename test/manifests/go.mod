@@ -3,6 +3,7 @@ module github.com/ephemera-csi/ephemera/test/manifests
 go 1.26.8
 
 require (
+	golang.org/x/mod v0.43.0
 	helm.sh/helm/v3 v3.22.0
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2

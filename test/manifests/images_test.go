@@ -10,32 +10,6 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// podSpec returns the pod spec of a workload or a Pod, nil for other kinds.
-func podSpec(o Object) map[string]any {
-	var s any
-	switch o.Kind() {
-	case "Pod":
-		s = o.Get("spec")
-	case "DaemonSet", "Deployment", "StatefulSet", "Job":
-		s = o.Get("spec", "template", "spec")
-	}
-	m, _ := s.(map[string]any)
-	return m
-}
-
-// containers returns every container and init container of o's pod spec.
-func containers(o Object) []Object {
-	spec := podSpec(o)
-	var out []Object
-	for _, key := range []string{"initContainers", "containers"} {
-		l, _ := spec[key].([]any)
-		for _, c := range l {
-			out = append(out, Object(c.(map[string]any)))
-		}
-	}
-	return out
-}
-
 var digestRef = regexp.MustCompile(`^[^@]+@sha256:[a-f0-9]{64}$`)
 
 // pinned reports why an image reference is not pinned ("" when it is): a
@@ -127,7 +101,7 @@ func TestImageVersionsAgree(t *testing.T) {
 	}
 }
 
-const driverImage = "ghcr.io/ephemera-csi/ephemera-scratch"
+const driverImage = PlaceholderImage
 
 func driverContainer(t *testing.T, r rendered) Object {
 	t.Helper()

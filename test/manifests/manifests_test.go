@@ -499,9 +499,6 @@ func hasValidation(policy Object, subs ...string) bool {
 	return false
 }
 
-// Name2 returns the "name" field of a list element (container, volume).
-func (o Object) Name2() string { s, _ := o["name"].(string); return s }
-
 // TestHelmOptions: values reach the objects.
 func TestHelmOptions(t *testing.T) {
 	root, err := RepoRoot()

@@ -342,3 +342,32 @@ func (o Object) Get(path ...any) any {
 	}
 	return cur
 }
+
+// Name2 returns the "name" field of a list element (container, volume).
+func (o Object) Name2() string { s, _ := o["name"].(string); return s }
+
+// podSpec returns the pod spec of a workload or a Pod, nil for other kinds.
+func podSpec(o Object) map[string]any {
+	var s any
+	switch o.Kind() {
+	case "Pod":
+		s = o.Get("spec")
+	case "DaemonSet", "Deployment", "StatefulSet", "Job":
+		s = o.Get("spec", "template", "spec")
+	}
+	m, _ := s.(map[string]any)
+	return m
+}
+
+// containers returns every container and init container of o's pod spec.
+func containers(o Object) []Object {
+	spec := podSpec(o)
+	var out []Object
+	for _, key := range []string{"initContainers", "containers"} {
+		l, _ := spec[key].([]any)
+		for _, c := range l {
+			out = append(out, Object(c.(map[string]any)))
+		}
+	}
+	return out
+}
