@@ -127,6 +127,8 @@ otherwise.
 {{- else -}}
 {{- printf "%dMi" (mul (div (add $need 31) 32) 32) -}}
 {{- end -}}
+{{- end -}}
+
 {{/* The startup taint's key: startupTaint.key, or ephemera.dev/<first label of driver.name>-not-ready. */}}
 {{- define "ephemera-driver.startupTaintKey" -}}
 {{- $first := regexReplaceAll "\\..*$" .Values.driver.name "" -}}
