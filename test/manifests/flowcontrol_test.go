@@ -39,13 +39,7 @@ func checkFlowControl(t *testing.T, r rendered) {
 	}
 	fs, plc := fss[0], plcs[0]
 	for _, o := range []Object{fs, plc} {
-		// kustomize (v0.21's built-in schema predates flowcontrol v1) sets
-		// the base's namespace on them too; kubectl and the API server drop
-		// it for cluster-scoped kinds. The chart sets none.
 		ns := o.Get("metadata", "namespace")
-		if r.Kustomize != "" && ns == Namespace {
-			ns = nil
-		}
 		if o.Get("apiVersion") != "flowcontrol.apiserver.k8s.io/v1" || ns != nil {
 			t.Errorf("%s: %s %s: apiVersion %v, namespace %v, want flowcontrol.apiserver.k8s.io/v1, cluster-scoped",
 				r.Name, o.Kind(), o.Name(), o.Get("apiVersion"), o.Get("metadata", "namespace"))
