@@ -11,6 +11,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 )
 
 // The content budget: a reservation waits while its provider's share is
@@ -34,8 +35,8 @@ func TestBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err = b.reserve(ctx, "hung", 10)
-	if codeOf(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget of 30 (--content-bytes-in-flight, 10 of it in use, 10 by this provider); its volume needs 10") {
-		t.Fatalf("reserve beyond the share: %v (%s), want ResourceExhausted with the numbers", err, codeOf(err))
+	if errkind.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget of 30 (--content-bytes-in-flight, 10 of it in use, 10 by this provider); its volume needs 10") {
+		t.Fatalf("reserve beyond the share: %v (%s), want ResourceExhausted with the numbers", err, errkind.Code(err))
 	}
 	cctx, ccancel := context.WithCancel(t.Context())
 	ccancel()

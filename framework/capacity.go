@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -94,20 +95,20 @@ func (c *capacity) withWords(w words) *capacity {
 // (MaxVolumesPerPod).
 func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	if size < 0 {
-		return invalidArgf("volume size %d bytes is negative", size)
+		return errkind.Invalidf("volume size %d bytes is negative", size)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
-		return kindf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("node already has %d volumes of %s, its maximum (Limits.MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)))
+		return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("node already has %d volumes of %s, its maximum (Limits.MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)))
 	}
 	if c.maxPerPod > 0 && c.pods[pod] >= c.maxPerPod {
-		return invalidArgf("%s", c.words.say(fmt.Sprintf("the pod already has %d volumes of %s on this node, the most one pod may have (Limits.MaxVolumesPerPod %d); retrying does not help: give the pod fewer volumes of this driver",
+		return errkind.Invalidf("%s", c.words.say(fmt.Sprintf("the pod already has %d volumes of %s on this node, the most one pod may have (Limits.MaxVolumesPerPod %d); retrying does not help: give the pod fewer volumes of this driver",
 			c.pods[pod], driver, c.maxPerPod)))
 	}
 	if budget, ok := c.budgets[backend]; ok {
 		if size > budget {
-			return invalidArgf("%s", c.words.say(fmt.Sprintf("backend %s on this node has a capacity budget of %s (Limits.Capacity); a volume of %s is larger than the whole budget and never fits on this node, retrying does not help: ask for less, or raise the budget",
+			return errkind.Invalidf("%s", c.words.say(fmt.Sprintf("backend %s on this node has a capacity budget of %s (Limits.Capacity); a volume of %s is larger than the whole budget and never fits on this node, retrying does not help: ask for less, or raise the budget",
 				backend, bytes(budget), bytes(size))))
 		}
 		// used may exceed the budget after a reset from records admitted under
@@ -115,7 +116,7 @@ func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
 		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
 			used := s.int64()
-			return kindf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("backend %s on this node has %s of its %s capacity in use; %s more does not fit (Limits.Capacity); the kubelet retries",
+			return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("backend %s on this node has %s of its %s capacity in use; %s more does not fit (Limits.Capacity); the kubelet retries",
 				backend, bytes(used), bytes(budget), bytes(size))))
 		}
 	}

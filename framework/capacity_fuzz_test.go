@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -208,8 +209,8 @@ func FuzzCapacity(f *testing.F) {
 				if got := err == nil; got != want {
 					t.Fatalf("step %d %s: err %v, model admits %v (model %+v)", step, desc, err, want, m.vols)
 				}
-				if err != nil && status.Code(toStatus(err)) != code {
-					t.Fatalf("step %d %s: code %v, want %v: %v", step, desc, status.Code(toStatus(err)), code, err)
+				if err != nil && status.Code(errkind.Status(err)) != code {
+					t.Fatalf("step %d %s: code %v, want %v: %v", step, desc, status.Code(errkind.Status(err)), code, err)
 				}
 				if err == nil {
 					m.add(fuzzVol{backend, size})

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
@@ -75,7 +76,7 @@ func TestCodesChosenInOnePlace(t *testing.T) {
 				if x, ok := sel.X.(*ast.Ident); ok && x.Name == alias {
 					switch sel.Sel.Name {
 					case "Error", "Errorf", "New", "Newf", "FromProto", "ErrorProto":
-						t.Errorf("%s: status.%s outside framework/internal/errkind: return an api sentinel or a kind instead (framework/errors.go)", fset.Position(sel.Pos()), sel.Sel.Name)
+						t.Errorf("%s: status.%s outside framework/internal/errkind: return an api sentinel or a kind instead (framework/internal/errkind)", fset.Position(sel.Pos()), sel.Sel.Name)
 					}
 				}
 				return true
@@ -92,10 +93,10 @@ func TestToStatus(t *testing.T) {
 		code codes.Code
 		msg  string
 	}{
-		{"invalid", invalidArgf("volume_id is required"), codes.InvalidArgument, "volume_id is required"},
+		{"invalid", errkind.Invalidf("volume_id is required"), codes.InvalidArgument, "volume_id is required"},
 		{"sentinel", fmt.Errorf("sizing: %w", api.ErrResourceExhausted), codes.ResourceExhausted, "sizing: resource exhausted"},
-		{"transient keeps its cause", transient(fmt.Errorf("reading state: %w", api.ErrNotFound)), codes.Unavailable, "reading state: not found"},
-		{"outer kind wins", transient(fmt.Errorf("repair: %w", backendStatus)), codes.Unavailable, "repair: the backend's own words"},
+		{"transient keeps its cause", errkind.Transient(fmt.Errorf("reading state: %w", api.ErrNotFound)), codes.Unavailable, "reading state: not found"},
+		{"outer kind wins", errkind.Transient(fmt.Errorf("repair: %w", backendStatus)), codes.Unavailable, "repair: the backend's own words"},
 		{"backend status passes", backendStatus, codes.FailedPrecondition, "the backend's own words"},
 		{"wrapped backend status", fmt.Errorf("backend b: creating storage: %w", backendStatus), codes.FailedPrecondition, "backend b: creating storage: the backend's own words"},
 		{"joined", fmt.Errorf("publish failed: %w; rollback incomplete: %w", backendStatus, syscall.EBUSY), codes.FailedPrecondition, "publish failed: the backend's own words; rollback incomplete: device or resource busy"},
@@ -106,7 +107,7 @@ func TestToStatus(t *testing.T) {
 		{"not supported", fmt.Errorf("tmpfs: %w", api.ErrNotSupported), codes.InvalidArgument, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := status.Convert(toStatus(tc.err))
+			s := status.Convert(errkind.Status(tc.err))
 			if s.Code() != tc.code {
 				t.Errorf("code %s, want %s", s.Code(), tc.code)
 			}
@@ -119,7 +120,7 @@ func TestToStatus(t *testing.T) {
 		})
 	}
 	// transient keeps the cause for errors.Is.
-	if !errors.Is(transient(fmt.Errorf("x: %w", syscall.EBUSY)), syscall.EBUSY) {
+	if !errors.Is(errkind.Transient(fmt.Errorf("x: %w", syscall.EBUSY)), syscall.EBUSY) {
 		t.Error("transient lost its cause")
 	}
 }

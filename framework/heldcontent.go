@@ -13,6 +13,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -95,17 +96,17 @@ func (h *heldContent) reserve(id, party string, n int64, files int) (*admission.
 	}
 	var r *admission.Refusal
 	if !errors.As(err, &r) {
-		return nil, kindf(errInternal, "admitting the content of volume %s: %v", id, err)
+		return nil, errkind.Errorf(errkind.ErrInternal, "admitting the content of volume %s: %v", id, err)
 	}
 	what := fmt.Sprintf("the content of volume %s takes %s of node memory in its tmpfs (%d files: data in whole pages, and %s per file, directory and link)", id, bytes(n), files, bytes(content.InodeCharge))
 	if r.Never {
-		return nil, invalidArgf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: make the content smaller, or raise --content-capacity and the driver's memory limit with it",
+		return nil, errkind.Invalidf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: make the content smaller, or raise --content-capacity and the driver's memory limit with it",
 			what, bytes(r.Max), bytes(h.size))
 	}
 	h.mu.Lock()
 	held := h.held
 	h.mu.Unlock()
-	return nil, kindf(api.ErrResourceExhausted, "%s; the content of this node's volumes already takes %s of the driver's content capacity (--content-capacity %s), %s of it this provider's (at most %s): the pod can start once other pods on this node end, and the kubelet retries",
+	return nil, errkind.Errorf(api.ErrResourceExhausted, "%s; the content of this node's volumes already takes %s of the driver's content capacity (--content-capacity %s), %s of it this provider's (at most %s): the pod can start once other pods on this node end, and the kubelet retries",
 		what, bytes(held), bytes(h.size), bytes(r.Held), bytes(r.Max))
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 )
 
 // lanes are the node's bulkheads (DESIGN 4f): every node-wide resource that one
@@ -141,7 +142,7 @@ func (d *Driver) beginPublish(v *api.Volume) (func(), error) {
 	}
 	if !d.lanes.locks.TryAcquire(v.ID) {
 		g.Release()
-		return nil, kindf(api.ErrBusy, "an operation for volume %s is already in progress", v.ID)
+		return nil, errkind.Errorf(api.ErrBusy, "an operation for volume %s is already in progress", v.ID)
 	}
 	return func() {
 		d.lanes.locks.Release(v.ID)
@@ -152,7 +153,7 @@ func (d *Driver) beginPublish(v *api.Volume) (func(), error) {
 // lockVolume takes id's lock (Aborted when another operation holds it).
 func (d *Driver) lockVolume(id string) (func(), error) {
 	if !d.lanes.locks.TryAcquire(id) {
-		return nil, kindf(api.ErrBusy, "an operation for volume %s is already in progress", id)
+		return nil, errkind.Errorf(api.ErrBusy, "an operation for volume %s is already in progress", id)
 	}
 	return func() { d.lanes.locks.Release(id) }, nil
 }
@@ -171,17 +172,17 @@ func (d *Driver) beginTeardown(backend string) (func(), error) {
 func (d *Driver) laneRefused(what, backend string, err error) error {
 	var r *admission.Refusal
 	if !errors.As(err, &r) {
-		return kindf(errInternal, "admitting the volume operation: %v", err)
+		return errkind.Errorf(errkind.ErrInternal, "admitting the volume operation: %v", err)
 	}
 	name := "backend " + backend
 	if backend == noRecord {
 		name = "volumes without a record"
 	}
 	if r.Held >= r.Max {
-		return kindf(api.ErrResourceExhausted, "%d %s of %s are already in flight on this node, its share (--max-in-flight-per-backend %d); the kubelet retries",
+		return errkind.Errorf(api.ErrResourceExhausted, "%d %s of %s are already in flight on this node, its share (--max-in-flight-per-backend %d); the kubelet retries",
 			r.Held, what, name, r.Max)
 	}
-	return kindf(api.ErrResourceExhausted, "%s has %d %s in flight and the node's other slots are taken by other backends (--max-in-flight %d, %d reserved per backend: --in-flight-reserved-per-backend); the kubelet retries",
+	return errkind.Errorf(api.ErrResourceExhausted, "%s has %d %s in flight and the node's other slots are taken by other backends (--max-in-flight %d, %d reserved per backend: --in-flight-reserved-per-backend); the kubelet retries",
 		name, r.Held, what, d.opts.Limits.MaxInFlight, d.opts.Limits.InFlightReservedPerBackend)
 }
 
@@ -208,7 +209,7 @@ func (b *budget) reserve(ctx context.Context, party string, n int64) (release fu
 		for _, x := range u {
 			inUse += x.Held
 		}
-		return nil, kindf(api.ErrResourceExhausted, "content answers in flight take this content provider's share of the driver's budget of %s (--content-bytes-in-flight, %s of it in use, %s by this provider); its volume needs %s of it: the kubelet retries",
+		return nil, errkind.Errorf(api.ErrResourceExhausted, "content answers in flight take this content provider's share of the driver's budget of %s (--content-bytes-in-flight, %s of it in use, %s by this provider); its volume needs %s of it: the kubelet retries",
 			bytes(b.size), bytes(inUse), bytes(u[party].Held), bytes(n))
 	}
 	return g.Release, nil

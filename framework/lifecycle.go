@@ -14,6 +14,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
@@ -290,7 +291,7 @@ func (d *Driver) fire(ctx context.Context, on event, from volState, when cond, o
 			return t.run(d, ctx, o)
 		}
 	}
-	return kindf(errInternal, "volume lifecycle: no transition for %s in state %s (%q)", on, from, when)
+	return errkind.Errorf(errkind.ErrInternal, "volume lifecycle: no transition for %s in state %s (%q)", on, from, when)
 }
 
 func hasState(states []volState, s volState) bool {
@@ -324,7 +325,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	case errors.Is(err, store.ErrNotFound):
 		err = d.publish(ctx, pr)
 	case err != nil:
-		err = transient(fmt.Errorf("reading volume state: %w", err))
+		err = errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	default:
 		err = d.republish(ctx, pr, rec)
 	}
@@ -344,12 +345,12 @@ func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
 	for _, a := range d.authorizers(v.Backend) {
 		if err := a.Authorize(ctx, v); err != nil {
 			if errors.Is(err, api.ErrPermissionDenied) {
-				return kindf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
+				return errkind.Errorf(api.ErrPermissionDenied, "pod %s/%s may not use this volume: %w", v.Pod.Namespace, v.Pod.Name, err)
 			}
 			if _, ok := status.FromError(err); ok {
 				return err
 			}
-			return transient(fmt.Errorf("authorizing the volume: %w", err))
+			return errkind.Transient(fmt.Errorf("authorizing the volume: %w", err))
 		}
 	}
 	o := &op{pr: pr}
@@ -371,26 +372,26 @@ func (d *Driver) targetCase(ctx context.Context, o *op) (cond, error) {
 		if errors.Is(err, mount.ErrSymlink) {
 			return "", err
 		}
-		return "", transient(fmt.Errorf("checking target: %w", err))
+		return "", errkind.Transient(fmt.Errorf("checking target: %w", err))
 	}
 	if !isMount {
 		return whenTargetFree, nil
 	}
 	mt, err := d.mounter.Inspect(root, v.TargetPath)
 	if err != nil {
-		return "", transient(fmt.Errorf("inspecting the mount at the target: %w", err))
+		return "", errkind.Transient(fmt.Errorf("inspecting the mount at the target: %w", err))
 	}
 	if mt == nil {
 		return whenTargetFree, nil // unmounted meanwhile
 	}
 	src, found, err := d.findStorage(ctx, o.pr.backend, v)
 	if err != nil {
-		return "", transient(err)
+		return "", errkind.Transient(err)
 	}
 	ours := false
 	if found {
 		if ours, err = d.mounter.Shows(mt, src); err != nil {
-			return "", transient(fmt.Errorf("comparing the mount at the target with the volume's storage: %w", err))
+			return "", errkind.Transient(fmt.Errorf("comparing the mount at the target with the volume's storage: %w", err))
 		}
 	}
 	if !ours {
@@ -420,7 +421,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		o.full = full
 		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
 		if err != nil {
-			return transient(fmt.Errorf("checking target: %w", err))
+			return errkind.Transient(fmt.Errorf("checking target: %w", err))
 		}
 		when = whenUnmounted
 		if isMount {
@@ -431,7 +432,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	case from == statePublished:
 		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
 		if err != nil {
-			return transient(fmt.Errorf("checking target: %w", err))
+			return errkind.Transient(fmt.Errorf("checking target: %w", err))
 		}
 		switch {
 		case !isMount:
@@ -453,17 +454,17 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, invalidArgf("volume_id is required")
+		return nil, errkind.Invalidf("volume_id is required")
 	}
 	if req.GetTargetPath() == "" {
-		return nil, invalidArgf("target_path is required")
+		return nil, errkind.Invalidf("target_path is required")
 	}
 	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
-		return nil, invalidArgf("%v", err)
+		return nil, errkind.Invalidf("%v", err)
 	}
 	if err := t.CheckHandle(id); err != nil {
-		return nil, invalidArgf("%v; nothing was touched", err)
+		return nil, errkind.Invalidf("%v; nothing was touched", err)
 	}
 	release, err := d.lockVolume(id)
 	if err != nil {
@@ -487,7 +488,7 @@ func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 	case errors.Is(err, store.ErrNotFound):
 		rec = nil
 	case err != nil:
-		return transient(fmt.Errorf("reading volume state: %w", err))
+		return errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	}
 	party := noRecord
 	if rec != nil {
@@ -659,7 +660,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 	if intent {
 		if err := d.store.Put(ctx, rec); err != nil {
 			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
-			return transient(fmt.Errorf("saving volume intent: %w", err))
+			return errkind.Transient(fmt.Errorf("saving volume intent: %w", err))
 		}
 	}
 	failpoint.Hit(failpoint.PublishBeforeCreate)
@@ -680,7 +681,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 				}
 			}
 			log.Error(uerr, "Rollback of failed publish incomplete; the volume is kept for cleanup")
-			err = transient(fmt.Errorf("publish failed: %w; rollback incomplete: %w", err, uerr))
+			err = errkind.Transient(fmt.Errorf("publish failed: %w; rollback incomplete: %w", err, uerr))
 			return
 		}
 		log.V(2).Info("Rolled back failed publish")
@@ -698,7 +699,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
 	if err := d.putRecordRelaxed(ctx, relax, rec); err != nil {
-		return transient(fmt.Errorf("saving published volume: %w", err))
+		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
 	if d.contentFor(v.Backend) != nil {
@@ -715,13 +716,13 @@ func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
 	pr, v := o.pr, o.pr.vol
 	// Whatever mounted it may not have finished (fsGroup, content, read-only).
 	if err := d.finishMounted(ctx, pr, nil); err != nil {
-		return transient(fmt.Errorf("finishing the publish of the volume mounted at its target: %w", err))
+		return errkind.Transient(fmt.Errorf("finishing the publish of the volume mounted at its target: %w", err))
 	}
 	rec := newRecord(pr, store.PhasePublished)
 	src := o.src
 	rec.Source, rec.State = &src, v.State
 	if err := d.store.Put(ctx, rec); err != nil {
-		return transient(fmt.Errorf("saving adopted volume: %w", err))
+		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
 	d.capacity.adopt(v.Backend, v.Pod.UID, v.Size)
 	if d.contentFor(v.Backend) != nil {
@@ -736,7 +737,7 @@ func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
 // not this volume's storage, and leaves it as it is.
 func (d *Driver) refuseOtherMount(_ context.Context, o *op) error {
 	v := o.pr.vol
-	return kindf(errFailedPrecondition,
+	return errkind.Errorf(errkind.ErrFailedPrecondition,
 		"target %s is already a mount point (%s %s) that is not this volume's %s storage; Ephemera never mounts over another mount: unmount it, or delete and recreate the pod",
 		v.TargetPath, o.mt.FSType, o.mt.Source, v.Backend)
 }
@@ -744,7 +745,7 @@ func (d *Driver) refuseOtherMount(_ context.Context, o *op) error {
 // refuseChanged refuses a publish that asks for another volume than the one
 // recorded under its ID.
 func (d *Driver) refuseChanged(_ context.Context, o *op) error {
-	return kindf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", o.pr.vol.ID)
+	return errkind.Errorf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", o.pr.vol.ID)
 }
 
 // alreadyPublished answers the republish of a mounted volume without content.
@@ -778,11 +779,11 @@ func (d *Driver) repairMount(ctx context.Context, o *op) error {
 	klog.FromContext(ctx).Info("Published volume is not mounted; repairing")
 	src, err := d.remount(ctx, pr, rec.State)
 	if err != nil {
-		return transient(fmt.Errorf("repairing volume: %w", err))
+		return errkind.Transient(fmt.Errorf("repairing volume: %w", err))
 	}
 	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
 	if err := d.store.Put(ctx, rec); err != nil {
-		return transient(fmt.Errorf("saving repaired volume: %w", err))
+		return errkind.Transient(fmt.Errorf("saving repaired volume: %w", err))
 	}
 	return nil
 }
@@ -794,7 +795,7 @@ func (d *Driver) finishInterrupted(ctx context.Context, o *op) error {
 	rec := o.rec
 	klog.FromContext(ctx).Info("Finishing interrupted operation before publishing", logkeys.Phase, rec.Phase)
 	if err := d.teardown(ctx, rec); err != nil {
-		return transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
+		return errkind.Transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
 	}
 	return d.publish(ctx, o.pr)
 }
@@ -825,11 +826,11 @@ func (d *Driver) completeUnmounted(ctx context.Context, o *op) error {
 func (d *Driver) completeRebuilt(ctx context.Context, o *op, err error) error {
 	pr, rec, full := o.pr, o.rec, o.full
 	if err != nil {
-		return transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
+		return errkind.Transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
 	}
 	full.State = pr.vol.State
 	if err := d.putRecord(ctx, pr.backend, full); err != nil {
-		return transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
+		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.complete(rec, full)
 	if d.contentFor(pr.vol.Backend) != nil {
@@ -849,7 +850,7 @@ func (d *Driver) cleanTarget(_ context.Context, o *op) error {
 // refuseOtherTarget refuses an unpublish at a target that is not the
 // volume's.
 func (d *Driver) refuseOtherTarget(_ context.Context, o *op) error {
-	return invalidArgf("volume %s is published at %s, not at %s; nothing was touched", o.rec.VolumeID, o.rec.TargetPath, o.target)
+	return errkind.Invalidf("volume %s is published at %s, not at %s; nothing was touched", o.rec.VolumeID, o.rec.TargetPath, o.target)
 }
 
 // unpublishVolume tears the volume down. No intent is written: until the
@@ -1105,7 +1106,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 	}
 	failpoint.Hit(failpoint.UnpublishAfterDelete)
 	if err := d.deleteRecord(ctx, d.opts.Backends[rec.Backend], rec.VolumeID); err != nil {
-		return transient(fmt.Errorf("deleting volume record: %w", err))
+		return errkind.Transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.release(rec.Backend, rec.Pod.UID, rec.Size)
 	d.lanes.held.release(rec.VolumeID)
@@ -1141,7 +1142,7 @@ func newRecord(pr *publishRequest, phase store.Phase) *store.Record {
 func completed(pr *publishRequest, rec *store.Record) (*store.Record, error) {
 	v := pr.vol
 	if rec.Backend != "" && rec.Backend != v.Backend {
-		return nil, kindf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
+		return nil, errkind.Errorf(api.ErrAlreadyExists, "volume %s exists on this node with backend %s, and the request asks for %s; the volume of a running pod cannot change: delete and recreate the pod",
 			v.ID, rec.Backend, v.Backend)
 	}
 	full := newRecord(pr, store.PhasePublished)

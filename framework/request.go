@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -30,61 +31,61 @@ type publishRequest struct {
 
 // parsePublish validates req against the ephemeral inline contract and returns
 // the typed volume. It does no I/O. Every error is InvalidArgument and says what
-// to fix; the backend's Validate errors are mapped by toStatus.
+// to fix; the backend's Validate errors are mapped by errkind.Status.
 func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishRequest, error) {
 	if req.GetVolumeId() == "" {
-		return nil, invalidArgf("volume_id is required")
+		return nil, errkind.Invalidf("volume_id is required")
 	}
 	if req.GetTargetPath() == "" {
-		return nil, invalidArgf("target_path is required")
+		return nil, errkind.Invalidf("target_path is required")
 	}
 	if req.GetStagingTargetPath() != "" {
-		return nil, invalidArgf("staging_target_path is set, but %s serves only ephemeral inline volumes, which are never staged", d.opts.DriverName)
+		return nil, errkind.Invalidf("staging_target_path is set, but %s serves only ephemeral inline volumes, which are never staged", d.opts.DriverName)
 	}
 	capability := req.GetVolumeCapability()
 	if capability == nil {
-		return nil, invalidArgf("volume_capability is required")
+		return nil, errkind.Invalidf("volume_capability is required")
 	}
 	if capability.GetBlock() != nil {
-		return nil, invalidArgf("block access is not supported: %s provides filesystem volumes only", d.opts.DriverName)
+		return nil, errkind.Invalidf("block access is not supported: %s provides filesystem volumes only", d.opts.DriverName)
 	}
 	mnt := capability.GetMount()
 	if mnt == nil {
-		return nil, invalidArgf("volume_capability must have access_type mount")
+		return nil, errkind.Invalidf("volume_capability must have access_type mount")
 	}
 	if len(mnt.GetMountFlags()) > 0 {
-		return nil, invalidArgf("mount_flags %v are not supported for inline volumes", mnt.GetMountFlags())
+		return nil, errkind.Invalidf("mount_flags %v are not supported for inline volumes", mnt.GetMountFlags())
 	}
 	switch m := capability.GetAccessMode().GetMode(); m {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY:
 	default:
-		return nil, invalidArgf("access mode %s is not supported: inline volumes are single-node (the kubelet sends SINGLE_NODE_WRITER)", m)
+		return nil, errkind.Invalidf("access mode %s is not supported: inline volumes are single-node (the kubelet sends SINGLE_NODE_WRITER)", m)
 	}
 
 	vc := req.GetVolumeContext()
 	eph, hasEph := vc[api.KeyEphemeral]
 	uid, hasUID := vc[api.KeyPodUID]
 	if !hasEph || !hasUID {
-		return nil, invalidArgf("volume_context lacks pod information: CSIDriver %s must set podInfoOnMount: true (and volumeLifecycleModes: [Ephemeral])", d.opts.DriverName)
+		return nil, errkind.Invalidf("volume_context lacks pod information: CSIDriver %s must set podInfoOnMount: true (and volumeLifecycleModes: [Ephemeral])", d.opts.DriverName)
 	}
 	if eph != "true" {
-		return nil, invalidArgf("%s=%q: %s serves only ephemeral inline volumes (pod.spec.volumes[].csi), not PersistentVolumes; keep volumeLifecycleModes: [Ephemeral] on the CSIDriver", api.KeyEphemeral, eph, d.opts.DriverName)
+		return nil, errkind.Invalidf("%s=%q: %s serves only ephemeral inline volumes (pod.spec.volumes[].csi), not PersistentVolumes; keep volumeLifecycleModes: [Ephemeral] on the CSIDriver", api.KeyEphemeral, eph, d.opts.DriverName)
 	}
 	name, namespace := vc[api.KeyPodName], vc[api.KeyPodNamespace]
 	if name == "" || namespace == "" || uid == "" {
-		return nil, invalidArgf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
+		return nil, errkind.Invalidf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
 	}
 
 	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
-		return nil, invalidArgf("%v", err)
+		return nil, errkind.Invalidf("%v", err)
 	}
 	if t.PodUID != uid {
-		return nil, invalidArgf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.PodUID, api.KeyPodUID, uid)
+		return nil, errkind.Invalidf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.PodUID, api.KeyPodUID, uid)
 	}
 	if err := t.CheckHandle(req.GetVolumeId()); err != nil {
-		return nil, invalidArgf("%v", err)
+		return nil, errkind.Invalidf("%v", err)
 	}
 
 	params := api.Params{}
@@ -97,34 +98,34 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		case api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, api.KeyServiceAccountName,
 			api.KeyEphemeral, api.KeyServiceAccountTokens:
 		default:
-			return nil, invalidArgf("attribute %q uses the reserved prefix %s; remove it from volumeAttributes", k, api.ReservedPrefix)
+			return nil, errkind.Invalidf("attribute %q uses the reserved prefix %s; remove it from volumeAttributes", k, api.ReservedPrefix)
 		}
 	}
 
 	backendName := params.String(api.ParamBackend, d.opts.Volumes.DefaultBackend)
 	backend, ok := d.opts.Backends[backendName]
 	if !ok {
-		return nil, invalidArgf("attribute %q: unknown backend %q; this driver has %s", api.ParamBackend, backendName, strings.Join(backendNames(d.opts.Backends), ", "))
+		return nil, errkind.Invalidf("attribute %q: unknown backend %q; this driver has %s", api.ParamBackend, backendName, strings.Join(backendNames(d.opts.Backends), ", "))
 	}
 	size, err := params.Quantity(api.ParamSize, 0)
 	if err != nil {
 		return nil, err
 	}
 	if d.opts.Limits.MaxVolumeSize > 0 && size > d.opts.Limits.MaxVolumeSize {
-		return nil, invalidArgf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.Limits.MaxVolumeSize), bytes(d.opts.Limits.MaxVolumeSize))
+		return nil, errkind.Invalidf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.Limits.MaxVolumeSize), bytes(d.opts.Limits.MaxVolumeSize))
 	}
 	var fsGroup *int64
 	if g := mnt.GetVolumeMountGroup(); g != "" {
 		n, err := strconv.ParseInt(g, 10, 64)
 		if err != nil || n < 0 {
-			return nil, invalidArgf("volume_mount_group %q is not a group ID", g)
+			return nil, errkind.Invalidf("volume_mount_group %q is not a group ID", g)
 		}
 		fsGroup = &n
 	}
 
 	tokens, err := api.ParseTokens(req.GetSecrets(), vc)
 	if err != nil {
-		return nil, invalidArgf("%v", err)
+		return nil, errkind.Invalidf("%v", err)
 	}
 	secrets := api.Secrets(req.GetSecrets())
 	if _, ok := secrets[api.KeyServiceAccountTokens]; ok {
@@ -169,7 +170,7 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
 	}
 	if d.opts.Limits.MaxVolumeSize > 0 && v.Size > d.opts.Limits.MaxVolumeSize {
-		return nil, invalidArgf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.Limits.MaxVolumeSize))
+		return nil, errkind.Invalidf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.Limits.MaxVolumeSize))
 	}
 	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
@@ -60,7 +61,7 @@ func FuzzParsePublish(f *testing.F) {
 		}
 		pr, err := d.parsePublish(req)
 		if err != nil {
-			if c := status.Code(toStatus(err)); c != codes.InvalidArgument {
+			if c := status.Code(errkind.Status(err)); c != codes.InvalidArgument {
 				t.Fatalf("refused with %v, want InvalidArgument: %v", c, err)
 			}
 			if strings.Contains(err.Error(), `"token"`) {

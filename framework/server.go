@@ -17,13 +17,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // intercept wraps every RPC: it attaches a contextual logger carrying the
 // volume's identity, logs the sanitized request and the outcome, turns panics into
-// Internal and maps every error through toStatus.
+// Internal and maps every error through errkind.Status.
 //
 // Outcomes are logged by what they mean to an operator: a failure of the driver
 // or the node (Internal, Unavailable, DeadlineExceeded, Unknown, DataLoss) is an
@@ -38,9 +39,9 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		defer func() {
 			if p := recover(); p != nil {
 				d.opts.Observability.Logger.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Method, info.FullMethod, logkeys.Stack, string(debug.Stack()))
-				err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
+				err = errkind.Errorf(errkind.ErrInternal, "internal error in %s: %v", info.FullMethod, p)
 			}
-			err = toStatus(err)
+			err = errkind.Status(err)
 			d.metrics.ObserveRPC(info.FullMethod, status.Code(err), time.Since(start))
 		}()
 		return handler(ctx, req)
@@ -53,9 +54,9 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	defer func() {
 		if p := recover(); p != nil {
 			log.Error(fmt.Errorf("panic: %v", p), "Handler panicked", logkeys.Stack, string(debug.Stack()))
-			err = kindf(errInternal, "internal error in %s: %v", info.FullMethod, p)
+			err = errkind.Errorf(errkind.ErrInternal, "internal error in %s: %v", info.FullMethod, p)
 		}
-		err = toStatus(err)
+		err = errkind.Status(err)
 		code := status.Code(err)
 		d.metrics.ObserveRPC(info.FullMethod, code, time.Since(start))
 		switch code {
@@ -136,7 +137,7 @@ func (d *Driver) getPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 // finished, and fails when the state store is unusable.
 func (d *Driver) probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if err := d.healthy(ctx); err != nil {
-		return nil, kindf(errFailedPrecondition, "driver not healthy: %w", err)
+		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "driver not healthy: %w", err)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspbBool(d.ready.Load())}, nil
 }
@@ -154,17 +155,17 @@ func (d *Driver) nodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 
 // nodeStageVolume implements csi.NodeServer: inline volumes are never staged.
 func (d *Driver) nodeStageVolume(context.Context, *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	return nil, kindf(errUnimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
+	return nil, errkind.Errorf(errkind.ErrUnimplemented, "NodeStageVolume: ephemeral inline volumes are never staged")
 }
 
 // nodeUnstageVolume implements csi.NodeServer: inline volumes are never staged.
 func (d *Driver) nodeUnstageVolume(context.Context, *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	return nil, kindf(errUnimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
+	return nil, errkind.Errorf(errkind.ErrUnimplemented, "NodeUnstageVolume: ephemeral inline volumes are never staged")
 }
 
 // nodeExpandVolume implements csi.NodeServer: inline volumes cannot be expanded.
 func (d *Driver) nodeExpandVolume(context.Context, *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	return nil, kindf(errUnimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
+	return nil, errkind.Errorf(errkind.ErrUnimplemented, "NodeExpandVolume: ephemeral inline volumes cannot be expanded")
 }
 
 func wrapperspbBool(b bool) *wrapperspb.BoolValue { return wrapperspb.Bool(b) }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -35,20 +36,20 @@ func (h health) ok() bool { return h.reason == "" }
 // path other than the volume's target (when one is given).
 func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
 	if id == "" {
-		return nil, invalidArgf("volume_id is required")
+		return nil, errkind.Invalidf("volume_id is required")
 	}
 	if path == "" && pathRequired {
-		return nil, invalidArgf("volume_path is required")
+		return nil, errkind.Invalidf("volume_path is required")
 	}
 	rec, err := d.store.Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, kindf(api.ErrNotFound, "volume %s is not published on this node", id)
+		return nil, errkind.Errorf(api.ErrNotFound, "volume %s is not published on this node", id)
 	}
 	if err != nil {
-		return nil, transient(fmt.Errorf("reading volume state: %w", err))
+		return nil, errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	}
 	if path != "" && !sameTarget(path, rec.TargetPath) {
-		return nil, kindf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
+		return nil, errkind.Errorf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
 }
@@ -73,7 +74,7 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	}
 	mounted, err := isMountPointNow(d.mounter, d.opts.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
-		return health{}, transient(fmt.Errorf("checking target: %w", err))
+		return health{}, errkind.Transient(fmt.Errorf("checking target: %w", err))
 	}
 	if !mounted {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
@@ -114,7 +115,7 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		case err != nil && ctx.Err() != nil:
 			return nil, ctx.Err() // the caller went away: Canceled or DeadlineExceeded
 		case errors.Is(err, mount.ErrNotSupported):
-			return nil, kindf(errUnimplemented, "volume stats: %w", err)
+			return nil, errkind.Errorf(errkind.ErrUnimplemented, "volume stats: %w", err)
 		case err != nil:
 			h = health{csi.VolumeHealthErrorType_INACCESSIBLE, "StatFailed", fmt.Sprintf("reading usage: %v", err)}
 		default:

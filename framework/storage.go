@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -77,7 +78,7 @@ func (d *Driver) findStorage(ctx context.Context, b Backend, v *api.Volume) (src
 func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, recorded *api.Source) error {
 	src, found, err := d.findStorage(ctx, b, v)
 	if err != nil {
-		return transient(err)
+		return errkind.Transient(err)
 	}
 	if !implements[Finder](b) && recorded != nil {
 		src, found = *recorded, true
@@ -87,7 +88,7 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 	}
 	all, err := d.mounter.MountedAt(src)
 	if err != nil {
-		return transient(fmt.Errorf("checking whether the storage of volume %s is mounted: %w", v.ID, err))
+		return errkind.Transient(fmt.Errorf("checking whether the storage of volume %s is mounted: %w", v.ID, err))
 	}
 	var where []string
 	for _, p := range all {

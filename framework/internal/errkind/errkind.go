@@ -135,6 +135,22 @@ func With(kind, err error) error {
 	return &kindError{kind: kind, err: err}
 }
 
+// Errorf is With of a formatted error (%w works as in fmt.Errorf).
+func Errorf(kind error, format string, args ...any) error {
+	return With(kind, fmt.Errorf(format, args...))
+}
+
+// Invalidf is a refused request (api.ErrInvalidParams, InvalidArgument):
+// final, its message says what to fix.
+func Invalidf(format string, args ...any) error {
+	return Errorf(api.ErrInvalidParams, format, args...)
+}
+
+// Transient marks err as retryable (api.ErrUnavailable, Unavailable): the
+// kubelet keeps the volume as uncertain and retries or calls NodeUnpublish
+// later.
+func Transient(err error) error { return With(api.ErrUnavailable, err) }
+
 // grpcStatus is what a gRPC status error implements (also when wrapped).
 type grpcStatus interface{ GRPCStatus() *status.Status }
 
