@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
@@ -26,7 +27,8 @@ const StateFile = "state.db"
 // New and serve with Run.
 type Driver struct {
 	opts    Options
-	words   words // the operator's words for opts' fields (words.go)
+	words   words          // the operator's words for opts' fields (words.go)
+	own     api.Attributes // the framework's own attributes (request.go)
 	mounter mount.Interface
 	store   store.Store
 
@@ -57,6 +59,7 @@ func New(opts Options) (*Driver, error) {
 	d := &Driver{
 		opts:     opts,
 		words:    w,
+		own:      ownAttributes(&opts),
 		mounter:  opts.Volumes.Mounter,
 		store:    opts.State.Store,
 		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity).withWords(w),

@@ -31,8 +31,88 @@ type publishRequest struct {
 
 // parsePublish validates req against the ephemeral inline contract and returns
 // the typed volume. It does no I/O. Every error is InvalidArgument and says what
-// to fix; the backend's Validate errors are mapped by errkind.Status.
+// to fix; the backend's Validate errors are mapped by errkind.Status. The steps,
+// in order: the CSI fields (publishCapability), the pod (podOf), the target
+// path (targetOf), the pod's attributes (podAttributes), the framework's own
+// (d.own: backend and size), fsGroup (fsGroupOf), the credentials
+// (credentialsOf), the driver's declared attributes, then the backend's
+// (ValidateVolume).
 func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishRequest, error) {
+	mnt, err := d.publishCapability(req)
+	if err != nil {
+		return nil, err
+	}
+	vc := req.GetVolumeContext()
+	pod, err := d.podOf(vc)
+	if err != nil {
+		return nil, err
+	}
+	t, err := d.targetOf(req, pod.UID)
+	if err != nil {
+		return nil, err
+	}
+	params, err := podAttributes(vc)
+	if err != nil {
+		return nil, err
+	}
+	own, err := d.own.Parse(params)
+	if err != nil {
+		return nil, err
+	}
+	backendName, size := own.String(api.ParamBackend), own.Int(api.ParamSize)
+	backend := d.opts.Backends[backendName] // d.own allows only these
+	if err := d.checkMaxSize(size); err != nil {
+		return nil, err
+	}
+	fsGroup, err := fsGroupOf(mnt)
+	if err != nil {
+		return nil, err
+	}
+	secrets, tokens, err := credentialsOf(req)
+	if err != nil {
+		return nil, err
+	}
+	backendParams := volume.BackendParams(params)
+	// A refusal of the driver's attributes waits for the backend's check, so
+	// that a typo is named with the required key it misses.
+	var attrs api.Values
+	var attrErr error
+	if len(d.opts.Volumes.AcceptedAttributes) > 0 {
+		attrs, attrErr = d.opts.Volumes.AcceptedAttributes.Parse(backendParams)
+		backendParams = d.opts.Volumes.AcceptedAttributes.Split(backendParams)
+	}
+	v := &api.Volume{
+		ID:         req.GetVolumeId(),
+		Name:       t.VolumeName,
+		TargetPath: req.GetTargetPath(),
+		Pod:        pod,
+		Backend:    backendName,
+		ReadOnly:   req.GetReadonly(),
+		FSType:     mnt.GetFsType(),
+		FSGroup:    fsGroup,
+		Size:       size,
+		Params:     backendParams,
+		Values:     attrs,
+		Secrets:    secrets,
+		Tokens:     tokens,
+	}
+	// The hash covers what the pod asked for, not the defaults a backend fills in
+	// below, so an operator changing a default does not turn the republish of a
+	// running pod into AlreadyExists.
+	hash := requestHash(v, params)
+	if err := d.allAccepted(ValidateVolume(backend, v)); err != nil || attrErr != nil {
+		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
+	}
+	if d.opts.Limits.MaxVolumeSize > 0 && v.Size > d.opts.Limits.MaxVolumeSize {
+		return nil, errkind.Invalidf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.Limits.MaxVolumeSize))
+	}
+	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
+}
+
+// publishCapability checks the request's CSI fields: an unstaged filesystem
+// volume with a single-node access mode and no mount flags. It returns the
+// mount capability.
+func (d *Driver) publishCapability(req *csi.NodePublishVolumeRequest) (*csi.VolumeCapability_MountVolume, error) {
 	if req.GetVolumeId() == "" {
 		return nil, errkind.Invalidf("volume_id is required")
 	}
@@ -62,32 +142,46 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 	default:
 		return nil, errkind.Invalidf("access mode %s is not supported: inline volumes are single-node (the kubelet sends SINGLE_NODE_WRITER)", m)
 	}
+	return mnt, nil
+}
 
-	vc := req.GetVolumeContext()
+// podOf is the pod the kubelet names in the volume context of an ephemeral
+// inline volume (podInfoOnMount).
+func (d *Driver) podOf(vc map[string]string) (api.Pod, error) {
 	eph, hasEph := vc[api.KeyEphemeral]
 	uid, hasUID := vc[api.KeyPodUID]
 	if !hasEph || !hasUID {
-		return nil, errkind.Invalidf("volume_context lacks pod information: CSIDriver %s must set podInfoOnMount: true (and volumeLifecycleModes: [Ephemeral])", d.opts.DriverName)
+		return api.Pod{}, errkind.Invalidf("volume_context lacks pod information: CSIDriver %s must set podInfoOnMount: true (and volumeLifecycleModes: [Ephemeral])", d.opts.DriverName)
 	}
 	if eph != "true" {
-		return nil, errkind.Invalidf("%s=%q: %s serves only ephemeral inline volumes (pod.spec.volumes[].csi), not PersistentVolumes; keep volumeLifecycleModes: [Ephemeral] on the CSIDriver", api.KeyEphemeral, eph, d.opts.DriverName)
+		return api.Pod{}, errkind.Invalidf("%s=%q: %s serves only ephemeral inline volumes (pod.spec.volumes[].csi), not PersistentVolumes; keep volumeLifecycleModes: [Ephemeral] on the CSIDriver", api.KeyEphemeral, eph, d.opts.DriverName)
 	}
-	name, namespace := vc[api.KeyPodName], vc[api.KeyPodNamespace]
-	if name == "" || namespace == "" || uid == "" {
-		return nil, errkind.Invalidf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
+	pod := api.Pod{Namespace: vc[api.KeyPodNamespace], Name: vc[api.KeyPodName], UID: uid, ServiceAccount: vc[api.KeyServiceAccountName]}
+	if pod.Name == "" || pod.Namespace == "" || uid == "" {
+		return api.Pod{}, errkind.Invalidf("volume_context must carry non-empty %s, %s and %s (CSIDriver %s must set podInfoOnMount: true)", api.KeyPodName, api.KeyPodNamespace, api.KeyPodUID, d.opts.DriverName)
 	}
+	return pod, nil
+}
 
+// targetOf parses the target path and checks it against the pod's UID and the
+// volume handle.
+func (d *Driver) targetOf(req *csi.NodePublishVolumeRequest, podUID string) (volume.Target, error) {
 	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
 	if err != nil {
-		return nil, errkind.Invalidf("%v", err)
+		return t, errkind.Invalidf("%v", err)
 	}
-	if t.PodUID != uid {
-		return nil, errkind.Invalidf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.PodUID, api.KeyPodUID, uid)
+	if t.PodUID != podUID {
+		return t, errkind.Invalidf("target_path belongs to pod UID %s but %s is %s; refusing a request for another pod's volume", t.PodUID, api.KeyPodUID, podUID)
 	}
 	if err := t.CheckHandle(req.GetVolumeId()); err != nil {
-		return nil, errkind.Invalidf("%v", err)
+		return t, errkind.Invalidf("%v", err)
 	}
+	return t, nil
+}
 
+// podAttributes are the volume attributes the pod set: the volume context
+// without the kubelet's keys. A pod may not set a key of the reserved prefix.
+func podAttributes(vc map[string]string) (api.Params, error) {
 	params := api.Params{}
 	for k, v := range vc {
 		if !strings.HasPrefix(k, api.ReservedPrefix) {
@@ -101,78 +195,55 @@ func (d *Driver) parsePublish(req *csi.NodePublishVolumeRequest) (*publishReques
 			return nil, errkind.Invalidf("attribute %q uses the reserved prefix %s; remove it from volumeAttributes", k, api.ReservedPrefix)
 		}
 	}
+	return params, nil
+}
 
-	backendName := params.String(api.ParamBackend, d.opts.Volumes.DefaultBackend)
-	backend, ok := d.opts.Backends[backendName]
-	if !ok {
-		return nil, errkind.Invalidf("attribute %q: unknown backend %q; this driver has %s", api.ParamBackend, backendName, strings.Join(backendNames(d.opts.Backends), ", "))
+// ownAttributes declares the framework's own attributes, as a driver declares
+// its (volume.FrameworkParams are their keys): backend, one of the configured
+// backends, the default when unset; size, a quantity of bytes, 0 when unset
+// (the backend's default).
+func ownAttributes(o *Options) api.Attributes {
+	return api.Attributes{
+		api.EnumAttr(api.ParamBackend, backendNames(o.Backends)...).Default(o.Volumes.DefaultBackend),
+		api.QuantityAttr(api.ParamSize, 1, 0),
 	}
-	size, err := params.Quantity(api.ParamSize, 0)
-	if err != nil {
-		return nil, err
-	}
-	if d.opts.Limits.MaxVolumeSize > 0 && size > d.opts.Limits.MaxVolumeSize {
-		return nil, errkind.Invalidf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(d.opts.Limits.MaxVolumeSize), bytes(d.opts.Limits.MaxVolumeSize))
-	}
-	var fsGroup *int64
-	if g := mnt.GetVolumeMountGroup(); g != "" {
-		n, err := strconv.ParseInt(g, 10, 64)
-		if err != nil || n < 0 {
-			return nil, errkind.Invalidf("volume_mount_group %q is not a group ID", g)
-		}
-		fsGroup = &n
-	}
+}
 
-	tokens, err := api.ParseTokens(req.GetSecrets(), vc)
+// checkMaxSize refuses a size above Limits.MaxVolumeSize.
+func (d *Driver) checkMaxSize(size int64) error {
+	if max := d.opts.Limits.MaxVolumeSize; max > 0 && size > max {
+		return errkind.Invalidf("invalid volume attributes: attribute %q: %s is more than this driver's maximum volume size of %s; ask for at most %s", api.ParamSize, bytes(size), bytes(max), bytes(max))
+	}
+	return nil
+}
+
+// fsGroupOf is the pod's fsGroup, which the kubelet sends as the volume mount
+// group when the CSIDriver's fsGroupPolicy is File.
+func fsGroupOf(mnt *csi.VolumeCapability_MountVolume) (*int64, error) {
+	g := mnt.GetVolumeMountGroup()
+	if g == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(g, 10, 64)
+	if err != nil || n < 0 {
+		return nil, errkind.Invalidf("volume_mount_group %q is not a group ID", g)
+	}
+	return &n, nil
+}
+
+// credentialsOf are the request's secrets without the service account tokens,
+// and the tokens parsed.
+func credentialsOf(req *csi.NodePublishVolumeRequest) (api.Secrets, api.Tokens, error) {
+	tokens, err := api.ParseTokens(req.GetSecrets(), req.GetVolumeContext())
 	if err != nil {
-		return nil, errkind.Invalidf("%v", err)
+		return nil, nil, errkind.Invalidf("%v", err)
 	}
 	secrets := api.Secrets(req.GetSecrets())
 	if _, ok := secrets[api.KeyServiceAccountTokens]; ok {
 		secrets = maps.Clone(secrets)
 		delete(secrets, api.KeyServiceAccountTokens)
 	}
-
-	backendParams := volume.BackendParams(params)
-	// A refusal of the driver's attributes waits for the backend's check, so
-	// that a typo is named with the required key it misses.
-	var attrs api.Values
-	var attrErr error
-	if len(d.opts.Volumes.AcceptedAttributes) > 0 {
-		attrs, attrErr = d.opts.Volumes.AcceptedAttributes.Parse(backendParams)
-		backendParams = d.opts.Volumes.AcceptedAttributes.Split(backendParams)
-	}
-	v := &api.Volume{
-		ID:         req.GetVolumeId(),
-		Name:       t.VolumeName,
-		TargetPath: req.GetTargetPath(),
-		Pod: api.Pod{
-			Namespace:      namespace,
-			Name:           name,
-			UID:            uid,
-			ServiceAccount: vc[api.KeyServiceAccountName],
-		},
-		Backend:  backendName,
-		ReadOnly: req.GetReadonly(),
-		FSType:   mnt.GetFsType(),
-		FSGroup:  fsGroup,
-		Size:     size,
-		Params:   backendParams,
-		Values:   attrs,
-		Secrets:  secrets,
-		Tokens:   tokens,
-	}
-	// The hash covers what the pod asked for, not the defaults a backend fills in
-	// below, so an operator changing a default does not turn the republish of a
-	// running pod into AlreadyExists.
-	hash := requestHash(v, params)
-	if err := d.allAccepted(ValidateVolume(backend, v)); err != nil || attrErr != nil {
-		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
-	}
-	if d.opts.Limits.MaxVolumeSize > 0 && v.Size > d.opts.Limits.MaxVolumeSize {
-		return nil, errkind.Invalidf("invalid volume attributes: backend %q makes the volume %s (after its defaults and rounding), more than this driver's maximum volume size of %s; ask for less", backendName, bytes(v.Size), bytes(d.opts.Limits.MaxVolumeSize))
-	}
-	return &publishRequest{vol: v, backend: backend, params: params, hash: hash}, nil
+	return secrets, tokens, nil
 }
 
 // requestHash identifies what a pod asked for. A second publish of the same volume

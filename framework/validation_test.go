@@ -128,7 +128,7 @@ func TestPublishValidation(t *testing.T) {
 		{"fractional size", withCtx(func(m map[string]string) { m["size"] = "0.5" }), codes.InvalidArgument, "whole number of bytes"},
 		{"size over driver maximum", withCtx(func(m map[string]string) { m["size"] = "2Gi" }), codes.InvalidArgument, `invalid volume attributes: attribute "size": 2Gi is more than this driver's maximum volume size of 1Gi; ask for at most 1Gi`},
 		{"tmpfs without size", withCtx(func(m map[string]string) { delete(m, "size") }), codes.InvalidArgument, "is required for tmpfs"},
-		{"unknown backend", withCtx(func(m map[string]string) { m["backend"] = "nfs" }), codes.InvalidArgument, "unknown backend"},
+		{"unknown backend", withCtx(func(m map[string]string) { m["backend"] = "nfs" }), codes.InvalidArgument, `attribute "backend": "nfs" is not one of "dir", "tmpfs"`},
 		{"bad mode", withCtx(func(m map[string]string) { m["mode"] = "rwx" }), codes.InvalidArgument, "octal mode"},
 		{"bad uid", withCtx(func(m map[string]string) { m["uid"] = "-5" }), codes.InvalidArgument, "not an integer"},
 		{"dir backend refuses size", withCtx(func(m map[string]string) { m["backend"] = "dir" }), codes.InvalidArgument, "cannot enforce"},
