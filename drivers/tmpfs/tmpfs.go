@@ -186,25 +186,28 @@ func (b *Backend) Validate(v *api.Volume) error {
 		}
 		v.Size = b.opts.DefaultSize
 	}
-	_, err := b.options(v)
+	_, err := b.settings(v)
 	return err
 }
 
-// options are the mount options of v, whose attributes are applied
+// settings are the tmpfs settings of v, whose attributes are applied
 // (b.attrs.Apply).
-func (b *Backend) options(v *api.Volume) ([]string, error) {
+func (b *Backend) settings(v *api.Volume) (*api.Tmpfs, error) {
 	inodes, err := b.inodes(v)
 	if err != nil {
 		return nil, err
 	}
-	opts := []string{"size=" + strconv.FormatInt(v.Size, 10), "mode=" + octal(v.Values.Mode(api.ParamMode))}
-	for _, id := range []string{api.ParamUID, api.ParamGID} {
-		if v.Values.Has(id) {
-			opts = append(opts, id+"="+strconv.FormatInt(v.Values.Int(id), 10))
+	t := &api.Tmpfs{Size: v.Size, Inodes: inodes, Mode: v.Values.Mode(api.ParamMode)}
+	for _, id := range []struct {
+		key string
+		to  **uint32
+	}{{api.ParamUID, &t.UID}, {api.ParamGID, &t.GID}} {
+		if v.Values.Has(id.key) {
+			n := uint32(v.Values.Int(id.key))
+			*id.to = &n
 		}
 	}
-	opts = append(opts, "nr_inodes="+strconv.FormatInt(inodes, 10))
-	return opts, nil
+	return t, nil
 }
 
 // inodes returns the volume's nr_inodes: the "nr_inodes" attribute, at most
@@ -241,9 +244,6 @@ func (b *Backend) defaultInodes(size int64) int64 {
 	return min(max(size/b.opts.BytesPerInode, b.opts.MinInodes), b.opts.MaxInodes)
 }
 
-// octal renders a FileMode the way tmpfs' mode= option expects.
-func octal(m fs.FileMode) string { return fmt.Sprintf("%04o", api.ModeBits(m)) }
-
 // Create returns the tmpfs to mount at the target. The framework mounts it; there
 // is no storage to create beforehand.
 func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
@@ -253,11 +253,11 @@ func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	if err := b.attrs.Apply(v); err != nil {
 		return api.Source{}, err
 	}
-	opts, err := b.options(v)
+	t, err := b.settings(v)
 	if err != nil {
 		return api.Source{}, err
 	}
-	return api.Source{Path: SourceName, FSType: "tmpfs", Options: opts}, nil
+	return api.Source{Path: SourceName, FSType: "tmpfs", Options: t.MountData(), Tmpfs: t}, nil
 }
 
 // Find returns the source every tmpfs volume is mounted from: a tmpfs of this

@@ -24,7 +24,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -282,21 +281,11 @@ func (s *Server) source(src api.Source) (*pb.Source, error) {
 		return nil, errkind.Bare(codes.Internal, "plugin %s: the backend returned a %s filesystem on %q; protocol %s carries directories and tmpfs only",
 			s.opts.Name, src.FSType, src.Path, plugin.ProtocolVersion)
 	}
-	t := &pb.Tmpfs{}
-	for _, o := range src.Options {
-		k, val, _ := strings.Cut(o, "=")
-		n, err := strconv.ParseUint(val, map[bool]int{true: 8, false: 10}[k == "mode"], 32)
-		switch {
-		case k == "mode" && err == nil:
-			t.Mode = uint32(n)
-		case k == "uid" && err == nil:
-			u := uint32(n)
-			t.Uid = &u
-		case k == "gid" && err == nil:
-			g := uint32(n)
-			t.Gid = &g
-		}
+	if src.Tmpfs == nil {
+		return nil, errkind.Bare(codes.Internal, "plugin %s: the backend returned a tmpfs source without its settings (api.Source.Tmpfs); return what tmpfs.Backend's Create returns",
+			s.opts.Name)
 	}
+	t := &pb.Tmpfs{Mode: uint32(api.ModeBits(src.Tmpfs.Mode)), Uid: src.Tmpfs.UID, Gid: src.Tmpfs.GID}
 	return &pb.Source{Kind: &pb.Source_Tmpfs{Tmpfs: t}}, nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -98,9 +97,7 @@ func (r *Record) Clone() *Record {
 		c.FSGroup = &g
 	}
 	if r.Source != nil {
-		src := *r.Source
-		src.Options = slices.Clone(r.Source.Options)
-		src.MountOptions = slices.Clone(r.Source.MountOptions)
+		src := r.Source.Clone()
 		c.Source = &src
 	}
 	return &c

@@ -373,6 +373,7 @@ func RunReopen(t *testing.T, open func(t *testing.T, dir string) store.Store) {
 func FullRecord(id string) *store.Record {
 	fsGroup := int64(2000)
 	created := time.Date(2026, 3, 4, 5, 6, 7, 890123456, time.UTC)
+	tmpfsUID := uint32(1000)
 	return &store.Record{
 		Version:    store.RecordVersion,
 		VolumeID:   id,
@@ -396,6 +397,7 @@ func FullRecord(id string) *store.Record {
 			FSType:       "tmpfs",
 			Options:      []string{"size=67108864", "mode=0755"},
 			MountOptions: []string{"noatime"},
+			Tmpfs:        &api.Tmpfs{Size: 64 << 20, Mode: 0o755, UID: &tmpfsUID},
 		},
 		State:   map[string]string{"device": "/dev/loop3"},
 		Phase:   store.PhasePublishing,
@@ -484,6 +486,14 @@ func cloneRecord(r *store.Record) *store.Record {
 		if r.Source.MountOptions != nil {
 			src.MountOptions = append([]string{}, r.Source.MountOptions...)
 		}
+		if r.Source.Tmpfs != nil {
+			t := *r.Source.Tmpfs
+			if t.UID != nil {
+				uid := *t.UID
+				t.UID = &uid
+			}
+			src.Tmpfs = &t
+		}
 		c.Source = &src
 	}
 	return &c
@@ -497,6 +507,8 @@ func mutate(r *store.Record) {
 	*r.FSGroup = 42
 	r.Source.Options[0] = "size=1"
 	r.Source.MountOptions[0] = "strictatime"
+	r.Source.Tmpfs.Size = 1
+	*r.Source.Tmpfs.UID = 1001
 	r.Source.Path = "/mutated"
 	r.Phase = store.PhaseUnpublishing
 	r.Pod.Name = "mutated"
