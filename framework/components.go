@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
@@ -335,10 +334,9 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 			// CPU per cycle in framework's BenchmarkPublishUnpublish
 			// (test/bench/README.md). gRPC starts a goroutine as before when
 			// they are all busy, so a slow call never queues the others.
-			srv = grpc.NewServer(grpc.UnaryInterceptor(d.intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10),
+			srv = grpc.NewServer(grpc.UnaryInterceptor(d.csi.Intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10),
 				grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
-			csi.RegisterIdentityServer(srv, identityServer{d: d})
-			csi.RegisterNodeServer(srv, nodeServer{d: d})
+			d.csi.Register(srv)
 			return nil
 		},
 		run: func(ctx context.Context) error {

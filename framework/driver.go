@@ -10,7 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
-	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
@@ -27,8 +27,8 @@ const StateFile = "state.db"
 // New and serve with Run.
 type Driver struct {
 	opts    Options
-	words   words          // the operator's words for opts' fields (words.go)
-	own     api.Attributes // the framework's own attributes (request.go)
+	words   words             // the operator's words for opts' fields (words.go)
+	csi     *csiserver.Server // the CSI services (node.go)
 	mounter mount.Interface
 	store   store.Store
 
@@ -39,10 +39,6 @@ type Driver struct {
 	stats     *stats.Cache // walks of directory volumes (internal/stats)
 	ready     atomic.Bool
 	running   atomic.Bool
-
-	capabilities *csi.NodeGetCapabilitiesResponse
-	nodeInfo     *csi.NodeGetInfoResponse
-	pluginInfo   *csi.GetPluginInfoResponse
 
 	metrics *metrics.Metrics // observability.go
 	http    httpState
@@ -59,21 +55,9 @@ func New(opts Options) (*Driver, error) {
 	d := &Driver{
 		opts:     opts,
 		words:    w,
-		own:      ownAttributes(&opts),
 		mounter:  opts.Volumes.Mounter,
 		store:    opts.State.Store,
 		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity).withWords(w),
-		capabilities: &csi.NodeGetCapabilitiesResponse{
-			Capabilities: nodeCapabilities(),
-		},
-		nodeInfo: &csi.NodeGetInfoResponse{
-			NodeId:            opts.Node.ID,
-			MaxVolumesPerNode: opts.Limits.MaxVolumesPerNode,
-		},
-		pluginInfo: &csi.GetPluginInfoResponse{
-			Name:          opts.DriverName,
-			VendorVersion: opts.Node.Version,
-		},
 	}
 	if d.mounter == nil && opts.Volumes.WindowsMode == WindowsCSIProxy {
 		m, err := mount.NewCSIProxy(mount.CSIProxyOptions{})
@@ -94,6 +78,21 @@ func New(opts Options) (*Driver, error) {
 	d.stats = stats.NewCache(stats.Limits(opts.Limits.StatsWalk))
 	d.initObservability()
 	d.stats.Observe = func(b stats.Bound) { d.metrics.StatsWalked(b.Names()...) } // before Run: no lock needed
+	d.csi = &csiserver.Server{
+		Node:    node{d},
+		Parser:  d.parser(),
+		Logger:  opts.Observability.Logger,
+		Metrics: d.metrics,
+		PluginInfo: &csi.GetPluginInfoResponse{
+			Name:          opts.DriverName,
+			VendorVersion: opts.Node.Version,
+		},
+		NodeInfo: &csi.NodeGetInfoResponse{
+			NodeId:            opts.Node.ID,
+			MaxVolumesPerNode: opts.Limits.MaxVolumesPerNode,
+		},
+		Capabilities: &csi.NodeGetCapabilitiesResponse{Capabilities: nodeCapabilities()},
+	}
 	return d, nil
 }
 

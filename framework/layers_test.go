@@ -46,14 +46,15 @@ var layers = map[string]int{
 	"drivers/tmpfs":                        5,
 	"drivers/vhdx":                         5,
 	"drivers/scratch/internal/volumetable": 5,
+	"framework/internal/csiserver":         6,
 	// The public surface: Options, New, Run, the extension interfaces.
-	"framework":                            6,
-	"framework/plugin":                     7,
-	"framework/pluginserver":               8,
-	"framework/drivertest":                 8,
-	"framework/backendtest":                9,
-	"drivers/scratch":                      9,
-	"drivers/scratch/cmd/kubectl-ephemera": 9,
+	"framework":                            7,
+	"framework/plugin":                     8,
+	"framework/pluginserver":               9,
+	"framework/drivertest":                 9,
+	"framework/backendtest":                10,
+	"drivers/scratch":                      10,
+	"drivers/scratch/cmd/kubectl-ephemera": 10,
 }
 
 // TestLayers: every import between the module's packages (test files aside)

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -303,16 +302,13 @@ func hasState(states []volState, s volState) bool {
 	return false
 }
 
-// nodePublishVolume implements csi.NodeServer: validation, the volume's lock
-// and its record, then the publish event (no record) or the republish event.
-func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	pr, err := d.parsePublish(req)
-	if err != nil {
-		return nil, err
-	}
+// nodePublishVolume is NodePublishVolume of a read request: the volume's
+// lock and its record, then the publish event (no record) or the republish
+// event.
+func (d *Driver) nodePublishVolume(ctx context.Context, pr *publishRequest) error {
 	release, err := d.beginPublish(pr.vol)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer release()
 	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
@@ -329,10 +325,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	default:
 		err = d.republish(ctx, pr, rec)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return err
 }
 
 // publish is the publish event: the first publish of a volume without a
@@ -448,35 +441,18 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	return d.fire(ctx, evRepublish, from, when, o)
 }
 
-// nodeUnpublishVolume implements csi.NodeServer: validation, the volume's
-// lock and its record, then the unpublish event. It works from the volume ID
-// and target path alone and is OK when anything is already gone.
-func (d *Driver) nodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, errkind.Invalidf("volume_id is required")
-	}
-	if req.GetTargetPath() == "" {
-		return nil, errkind.Invalidf("target_path is required")
-	}
-	t, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, req.GetTargetPath(), isWindows)
-	if err != nil {
-		return nil, errkind.Invalidf("%v", err)
-	}
-	if err := t.CheckHandle(id); err != nil {
-		return nil, errkind.Invalidf("%v; nothing was touched", err)
-	}
+// nodeUnpublishVolume is NodeUnpublishVolume of a checked volume ID and
+// target path: the volume's lock, then the unpublish event. It is OK when
+// anything is already gone.
+func (d *Driver) nodeUnpublishVolume(ctx context.Context, id, target string) error {
 	release, err := d.lockVolume(id)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer release()
 	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
 	defer cancel()
-	if err := d.unpublish(ctx, id, req.GetTargetPath()); err != nil {
-		return nil, err
-	}
-	return &csi.NodeUnpublishVolumeResponse{}, nil
+	return d.unpublish(ctx, id, target)
 }
 
 // unpublish is the unpublish event of volume id at target, in the teardown

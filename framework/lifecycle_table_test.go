@@ -148,12 +148,12 @@ func TestLifecycleDoc(t *testing.T) {
 // lifecycleEntries are the only calls into lifecycle.go from the package's
 // other files: the event sources, each calling its event's function.
 var lifecycleEntries = map[string][]string{
-	"servers.go NodePublishVolume":   {"nodePublishVolume"},
-	"servers.go NodeUnpublishVolume": {"nodeUnpublishVolume"},
-	"components.go components":       {"reconcile"},
-	"state.go RebuildState":          {"reconcile"},
-	"gc.go collectGarbage":           {"collectOrphan"},
-	"refresh.go schedule":            {"refreshVolume"},
+	"node.go Publish":          {"nodePublishVolume"},
+	"node.go Unpublish":        {"nodeUnpublishVolume"},
+	"components.go components": {"reconcile"},
+	"state.go RebuildState":    {"reconcile"},
+	"gc.go collectGarbage":     {"collectOrphan"},
+	"refresh.go schedule":      {"refreshVolume"},
 }
 
 // TestLifecycleEntries checks that nothing the lifecycle calls calls back

@@ -59,7 +59,7 @@ func FuzzParsePublish(f *testing.F) {
 				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 			},
 		}
-		pr, err := d.parsePublish(req)
+		pr, err := d.csi.Parser.Publish(req)
 		if err != nil {
 			if c := status.Code(errkind.Status(err)); c != codes.InvalidArgument {
 				t.Fatalf("refused with %v, want InvalidArgument: %v", c, err)
@@ -70,11 +70,11 @@ func FuzzParsePublish(f *testing.F) {
 			return
 		}
 		tg, perr := volume.ParseTarget(root, target, false)
-		if perr != nil || pr.vol.ID != tg.Handle() || pr.vol.Pod.UID != tg.PodUID {
+		if perr != nil || pr.Volume.ID != tg.Handle() || pr.Volume.Pod.UID != tg.PodUID {
 			t.Fatalf("accepted a request not bound to its target: id %q target %q uid %q", id, target, podUID)
 		}
-		if pr.vol.Size <= 0 || pr.vol.Size > 1<<30 {
-			t.Fatalf("accepted size %d", pr.vol.Size)
+		if pr.Volume.Size <= 0 || pr.Volume.Size > 1<<30 {
+			t.Fatalf("accepted size %d", pr.Volume.Size)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package framework
+package csiserver
 
 import (
 	"slices"
@@ -12,9 +12,7 @@ import (
 // driver's and are exactly the keys it takes out before the backend sees the
 // rest; the default backend applies when the pod names none.
 func TestOwnAttributes(t *testing.T) {
-	o := &Options{Backends: map[string]Backend{"a": nil, "b": nil}}
-	o.Volumes.DefaultBackend = "b"
-	own := ownAttributes(o)
+	own := OwnAttributes([]string{"a", "b"}, "b")
 	keys, want := own.Keys(), slices.Clone(volume.FrameworkParams)
 	slices.Sort(keys)
 	slices.Sort(want)
