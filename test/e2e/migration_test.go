@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ephemera-csi/ephemera/framework"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -223,10 +225,13 @@ func TestShippedImageMigration(t *testing.T) {
 				t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
 			}
 			c.waitPodReady(t, p, 30*time.Second)
-			// The manifests pass the container's memory limit (256Mi) through the
-			// downward API; the driver gave its startup pages back before Ready.
+			// The manifests pass the container's memory limit (320Mi) through the
+			// downward API; Go's soft limit is what is left beside the content
+			// capacity (64Mi); the driver gave its startup pages back before Ready.
 			log := c.containerLogText(p)
-			for _, want := range []string{`"Set Go's soft memory limit from the container's"`, `limit="192Mi" containerLimit="256Mi"`, `"Released the binary's startup pages"`} {
+			goLimit := resource.NewQuantity(framework.GoMemoryLimit(320<<20-framework.DefaultContentCapacity), resource.BinarySI)
+			for _, want := range []string{`"Set Go's soft memory limit from the container's, less the content capacity"`,
+				fmt.Sprintf(`limit="%s" containerLimit="320Mi"`, goLimit), `"Released the binary's startup pages"`} {
 				if !strings.Contains(log, want) {
 					t.Errorf("%s: the driver's log lacks %s:\n%s", dep.name, want, log)
 				}
