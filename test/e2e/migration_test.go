@@ -15,12 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ephemera-csi/ephemera/framework"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ephemera-csi/ephemera/framework"
 )
 
 // migrationNS holds TestShippedImageMigration's pods.
