@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -62,14 +64,46 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	if err != nil {
 		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
 	}
-	results := map[string]gcResult{}
-	report := func(rec *store.Record, r gcResult) {
-		results[rec.VolumeID] = r
-		d.gcObserved(rec, string(r))
+	p := &gcPass{d: d, results: map[string]gcResult{}}
+	due, total := p.due(recs, podsDir, now)
+	// A wholesale disappearance is more likely a replaced or hidden pods
+	// directory than that many pods deleted behind the kubelet's back.
+	if len(due) > max(1, int(d.opts.GC.MaxOrphanShare*float64(total))) {
+		if d.opts.GC.Pods == nil {
+			log.Error(nil, d.words.say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
+				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
+			for _, rec := range due {
+				p.report(rec, gcRefused)
+			}
+			return p.results, nil
+		}
+		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
+	p.remove(ctx, log, p.confirmed(ctx, log, due, now))
+	return p.results, nil
+}
+
+// gcPass is one pass of the orphan GC: what it did with each volume.
+type gcPass struct {
+	d       *Driver
+	mu      sync.Mutex // report, from the removals in flight
+	results map[string]gcResult
+}
+
+func (p *gcPass) report(rec *store.Record, r gcResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.results[rec.VolumeID] = r
+	p.d.gcObserved(rec, string(r))
+}
+
+// due are the records whose pod directory has been gone for the grace
+// period; total counts the records that belong to a pod. Volumes whose pod
+// directory is back are no longer orphans; those within the grace period
+// are pending.
+func (p *gcPass) due(recs []*store.Record, podsDir string, now time.Time) (due []*store.Record, total int) {
+	d := p.d
 	seen := map[string]bool{}
-	var due []*store.Record // orphaned past the grace period
-	total := 0
 	for _, rec := range recs {
 		seen[rec.VolumeID] = true
 		if rec.Pod.UID == "" {
@@ -82,45 +116,25 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			continue
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
-			report(rec, gcFailed)
+			p.report(rec, gcFailed)
 			continue
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
 		if now.Sub(first) < d.opts.GC.OrphanGracePeriod {
-			report(rec, gcPending)
+			p.report(rec, gcPending)
 			continue
 		}
 		due = append(due, rec)
 	}
 	d.orphans.forgetExcept(seen)
-	// A wholesale disappearance is more likely a replaced or hidden pods
-	// directory than that many pods deleted behind the kubelet's back.
-	suspicious := len(due) > max(1, int(d.opts.GC.MaxOrphanShare*float64(total)))
-	if suspicious {
-		if d.opts.GC.Pods == nil {
-			log.Error(nil, d.words.say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
-				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
-			for _, rec := range due {
-				report(rec, gcRefused)
-			}
-			return results, nil
-		}
-		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
-	}
-	// Removals run gcConcurrency at a time per backend, in the teardown lane
-	// of the volume's backend (lanes.go): each is an unpublish (an unmount, a
-	// backend Delete, a record deleted), concurrent record deletions share
-	// the store's commits, and a backend whose Delete hangs holds up only the
-	// removals of its own volumes.
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
-	locked := func(rec *store.Record, r gcResult) {
-		mu.Lock()
-		defer mu.Unlock()
-		report(rec, r)
-	}
+	return due, total
+}
+
+// confirmed are the volumes of due to remove, by backend: with
+// Options.GC.Pods, those whose pod the API server confirms gone; in a dry run
+// none (each is logged).
+func (p *gcPass) confirmed(ctx context.Context, log klog.Logger, due []*store.Record, now time.Time) map[string][]*store.Record {
+	d := p.d
 	byBackend := map[string][]*store.Record{}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
@@ -128,22 +142,34 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 			exists, err := d.opts.GC.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
 				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
-				locked(rec, gcFailed)
+				p.report(rec, gcFailed)
 				continue
 			}
 			if exists {
-				locked(rec, gcConfirmed)
+				p.report(rec, gcConfirmed)
 				continue
 			}
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
 		if d.opts.GC.DryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
-			locked(rec, gcWouldRm)
+			p.report(rec, gcWouldRm)
 			continue
 		}
 		byBackend[rec.Backend] = append(byBackend[rec.Backend], rec)
 	}
+	return byBackend
+}
+
+// remove tears the volumes down, gcConcurrency at a time per backend, in the
+// teardown lane of the volume's backend (lanes.go): each is an unpublish (an
+// unmount, a backend Delete, a record deleted), concurrent record deletions
+// share the store's commits, and a backend whose Delete hangs holds up only
+// the removals of its own volumes. A volume busy with another operation is
+// left to the next pass.
+func (p *gcPass) remove(ctx context.Context, log klog.Logger, byBackend map[string][]*store.Record) {
+	d := p.d
+	var wg sync.WaitGroup
 	for backend, recs := range byBackend {
 		wg.Go(func() {
 			var bwg sync.WaitGroup
@@ -168,20 +194,19 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 					slot.Release()
 					if err != nil {
 						vlog.Error(err, "Removing orphaned volume failed; will retry")
-						locked(rec, gcFailed)
+						p.report(rec, gcFailed)
 						return
 					}
 					d.orphans.clear(rec.VolumeID)
 					d.stats.Forget(rec.VolumeID)
 					vlog.Info("Removed orphaned volume (pod directory gone)")
-					locked(rec, gcRemoved)
+					p.report(rec, gcRemoved)
 				})
 			}
 			bwg.Wait()
 		})
 	}
 	wg.Wait()
-	return results, nil
 }
 
 // checkPodsDir fails unless the kubelet's pods directory exists and is the

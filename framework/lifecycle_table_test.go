@@ -152,7 +152,7 @@ var lifecycleEntries = map[string][]string{
 	"node.go Unpublish":        {"nodeUnpublishVolume"},
 	"components.go components": {"reconcile"},
 	"state.go RebuildState":    {"reconcile"},
-	"gc.go collectGarbage":     {"collectOrphan"},
+	"gc.go remove":             {"collectOrphan"},
 	"refresh.go schedule":      {"refreshVolume"},
 }
 
