@@ -4,8 +4,8 @@
 // Client is a small client of the two resources the optional components use,
 // pods and events, built from a rest.Config (a kubeconfig's, or the pod's
 // service account's). It links core/v1 only, where client-go's typed core/v1
-// client links every API group of Kubernetes: a driver binary 15-20 MB larger,
-// more with the clientset (docs/operations.md, "Binary size").
+// client links every API group of Kubernetes, and the clientset more: a much
+// larger driver binary (docs/operations.md, "Binary size", has the numbers).
 //
 // Pods is the orphan GC's confirmation that a pod is gone (framework.PodChecker).
 // Like every component of a driver it is built from options by value and run
