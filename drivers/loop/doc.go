@@ -1,6 +1,7 @@
-// Package loop is a backend whose volumes are ext4 or xfs filesystems on loop
-// devices: a pod's volume cannot grow past its "size", whatever the pod writes,
-// and it is ordinary disk (not memory like tmpfs).
+// Package loop is a backend ([Backend], built by [New] from [Options]) whose
+// volumes are ext4 or xfs filesystems on loop devices: a pod's volume cannot
+// grow past its "size", whatever the pod writes, and it is ordinary disk (not
+// memory like tmpfs).
 //
 // # Design
 //

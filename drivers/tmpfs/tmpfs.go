@@ -1,5 +1,6 @@
-// Package tmpfs is a memory-backed backend: each volume is a tmpfs mounted
-// straight onto the pod's target path with a hard size limit (size=). Nothing is
+// Package tmpfs is a memory-backed backend ([Backend], built by [New] from
+// [Options]): each volume is a tmpfs mounted straight onto the pod's target
+// path with a hard size limit (size=). Nothing is
 // written to disk and nothing survives a node reboot.
 //
 // tmpfs pages count against node memory: budget them like memory, not like disk.

@@ -34,9 +34,11 @@ type PodsClient interface {
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
-// Client talks to the two core/v1 resources a driver's optional components
-// use: pods, which Pods lists and watches, and events, which package events
-// writes. It is a REST client whose scheme knows core/v1 only. client-go's
+// Client talks to the resources a driver's optional components use: pods,
+// which Pods lists and watches, events, which package events writes, and the
+// node, its CSINode and the CSIDriver object (StartupTaint, the startup check
+// of the CSIDriver object). It is a REST client whose scheme knows core/v1
+// only; the storage.k8s.io objects are read as the JSON they are. client-go's
 // typed core/v1 client imports client-go's kubernetes/scheme, which registers
 // every API group of Kubernetes: it makes a driver binary much larger, the
 // clientset more (docs/operations.md, "Binary size", has the numbers).

@@ -1,6 +1,8 @@
 // Package mount is Ephemera's platform seam: the few operating-system calls the
 // framework needs to publish a volume at a kubelet target path and to find out what
 // is published there. Everything above this package is platform independent.
+// [Interface] is the seam, [New] returns this platform's implementation, and
+// [Mounted] describes what [Interface.Inspect] finds at a target.
 //
 // # Linux
 //
