@@ -321,19 +321,21 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 			}
 			// The kubelet dials a new connection for every call, so a burst of
 			// publishes is a burst of connections, each with gRPC's 32 KiB read and
-			// write buffers by default. CSI messages are a few KiB: 4 KiB buffers take
-			// a 64-publish burst from 12 to 9 MiB of anonymous memory
-			// (docs/operations.md, "Memory and CPU of the driver"). gRPC already
-			// returns the write buffer to a pool after each flush.
+			// write buffers by default. CSI messages are a few KiB: 4 KiB buffers
+			// take a burst's anonymous memory down (docs/operations.md, "Memory
+			// and CPU of the driver", has the numbers). gRPC already returns the
+			// write buffer to a pool after each flush.
 			//
 			// Every call is a new stream, by default on a new goroutine whose
 			// stack then grows, by copying, through the interceptor, the
-			// validation, the store and the logging (runtime.newstack was 7.5%
-			// of the driver's CPU under the kubelet-shaped load). GOMAXPROCS
-			// stream workers keep their grown stacks from call to call: 13% less
-			// CPU per cycle in framework's BenchmarkPublishUnpublish
-			// (test/bench/README.md). gRPC starts a goroutine as before when
-			// they are all busy, so a slow call never queues the others.
+			// validation, the store and the logging (runtime.newstack stood out
+			// in the driver's CPU profile under the kubelet-shaped load).
+			// GOMAXPROCS stream workers keep their grown stacks from call to
+			// call, for less CPU per cycle in framework's
+			// BenchmarkPublishUnpublish (test/bench/README.md, "Stream workers
+			// and the records in memory", has the numbers). gRPC starts a
+			// goroutine as before when they are all busy, so a slow call never
+			// queues the others.
 			srv = grpc.NewServer(grpc.UnaryInterceptor(d.csi.Intercept), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10),
 				grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 			d.csi.Register(srv)

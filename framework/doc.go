@@ -7,7 +7,13 @@
 // A driver is a set of [Backend]s (what storage backs a volume) and optionally a
 // [ContentProvider] (what files a volume holds), passed to [New] in [Options].
 // [Driver.Run] serves the CSI Identity and Node services on a unix socket until its
-// context ends. The framework owns everything else:
+// context ends. A backend may implement optional capabilities, found by type
+// assertion ([Lister], [Finder], [MountOnly], [Validator], [HealthChecker],
+// [Stamper], ...); [BackendFuncs], [ContentFunc], [AuthorizerFunc] and
+// [RunnableFunc] build the small interfaces from functions. An [Authorizer]
+// approves a volume before anything is created for it; an [EventSink] and a
+// [PodChecker] connect the driver to the API server (packages events and kube);
+// [Runnable]s run beside it. The framework owns everything else:
 //
 //   - the request contract: pod information required (CSIDriver podInfoOnMount),
 //     volume handle derived from and checked against the target path and pod UID,

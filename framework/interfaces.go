@@ -224,8 +224,10 @@ type PodChecker interface {
 
 // EventSink receives Kubernetes events about pods' volumes (Options.Observability.Events).
 // The framework has no Kubernetes client of its own: package framework/events
-// provides an EventSink that posts core/v1 Events through client-go, rate
-// limited per pod.
+// provides an EventSink, events.Recorder, that writes core/v1 Events itself (a
+// create, then a JSON merge patch of a repeat's count) through an
+// events.Client such as kube.Client.Events, not through client-go's event
+// broadcaster; it is rate limited per pod and per node.
 //
 // Event is called on the request path and must not block: queue, rate-limit
 // or drop. eventType is EventTypeNormal or EventTypeWarning; reason is one of

@@ -159,9 +159,9 @@ type VolumeOptions struct {
 	// kubelet retries. At its peak an answer takes about three times its
 	// bound in memory (the message received, the files decoded, the garbage
 	// collector's headroom): with the default, the worst answers the default
-	// plugin bounds allow peaked at 231MiB for 16 pods at once (make bench,
-	// TestDriverContentMemory), within the DaemonSet's memory plan (see
-	// MemoryNeeded). New refuses a provider whose bound
+	// plugin bounds allow stay within the DaemonSet's memory plan (see
+	// MemoryNeeded; make bench, TestDriverContentMemory, measures it and
+	// docs/operations.md, "Memory and CPU of the driver", has the numbers). New refuses a provider whose bound
 	// exceeds the budget. Default DefaultContentBytesInFlight.
 	ContentBytesInFlight int64
 	// ContentCapacity bounds the node memory that the content the driver
@@ -329,12 +329,12 @@ type LimitOptions struct {
 	MemoryLimit int64
 	// KeepBinaryPages keeps resident the pages of the driver's executable
 	// that starting up touched. By default, once the driver serves, it gives
-	// them back to the kernel (Linux; see framework/internal/exepages): with
-	// 1,000 volumes the scratch driver's RSS, and its container's memory
-	// charge, is about 5 MiB lower, its binary's share 8-12 MiB instead of
-	// 16-17 MiB. What runs afterwards reads its code back a page at a time
-	// (once from the disk, then from the page cache): the first publish after
-	// a start takes about 40 ms longer. Defaults to false.
+	// them back to the kernel (Linux; see framework/internal/exepages), which
+	// lowers the driver's RSS, and its container's memory charge, by most of
+	// its binary's share. What runs afterwards reads its code back a page at a
+	// time (once from the disk, then from the page cache): the first publish
+	// after a start takes longer (docs/operations.md, "Memory and CPU of the
+	// driver", has the numbers). Defaults to false.
 	KeepBinaryPages bool
 }
 
@@ -563,8 +563,9 @@ const DefaultContentBytesInFlight int64 = 48 << 20
 // DefaultContentCapacity is VolumeOptions.ContentCapacity's default: room for
 // the content of thousands of volumes of secrets and tokens (a few files of
 // a few KiB take a few tens of KiB each), or one answer of the largest
-// content the default plugin bounds allow (16MiB of 10,000 small files takes
-// 49MiB of tmpfs), within the DaemonSet's memory plan (docs/operations.md).
+// content the default plugin bounds allow (10,000 small files take about three
+// times their bytes of tmpfs), within the DaemonSet's memory plan
+// (docs/operations.md, "Capacity planning", has the numbers).
 const DefaultContentCapacity int64 = 64 << 20
 
 // NoContentCapacity is VolumeOptions.ContentCapacity for no bound.

@@ -1,6 +1,7 @@
-// Package loop is a backend whose volumes are ext4 or xfs filesystems on loop
-// devices: a pod's volume cannot grow past its "size", whatever the pod writes,
-// and it is ordinary disk (not memory like tmpfs).
+// Package loop is a backend ([Backend], built by [New] from [Options]) whose
+// volumes are ext4 or xfs filesystems on loop devices: a pod's volume cannot
+// grow past its "size", whatever the pod writes, and it is ordinary disk (not
+// memory like tmpfs).
 //
 // # Design
 //
@@ -48,8 +49,9 @@
 //
 // ext4 keeps its journal. A published volume outlives a driver restart and a
 // node reboot (the backing file stays on disk and a republish re-attaches it);
-// the journal makes that remount consistent without an fsck, for 1-4% of the
-// volume's space and no measurable mkfs time (lazy_journal_init). mkfs.ext4 runs
+// the journal makes that remount consistent without an fsck, for a few percent
+// of the volume's space and no measurable mkfs time (lazy_journal_init;
+// docs/operations.md, "Capacity planning", has the numbers). mkfs.ext4 runs
 // with -m 0 (no blocks reserved for root), lazy inode table and journal
 // initialisation and nodiscard (the file is sparse already); mkfs.xfs with -K.
 //
@@ -78,9 +80,9 @@
 // full disk then fails the publish with ResourceExhausted).
 //
 // Capacity: "size" is the size of the device. The filesystem's metadata comes
-// out of it: a 64Mi ext4 volume holds about 53MiB of file data (journal and
-// inode tables), a 300Mi xfs volume about 219MiB (its log); the overhead shrinks
-// in proportion as volumes grow.
+// out of it (ext4's journal and inode tables, xfs's log), a large share of a
+// small volume, shrinking in proportion as volumes grow (docs/operations.md,
+// "Capacity planning", has the numbers).
 //
 // Known limit: the kernel reports a backing file's path as seen from the mount
 // namespace that opened it. After the driver's container is replaced, devices

@@ -1,5 +1,6 @@
-// Package tmpfs is a memory-backed backend: each volume is a tmpfs mounted
-// straight onto the pod's target path with a hard size limit (size=). Nothing is
+// Package tmpfs is a memory-backed backend ([Backend], built by [New] from
+// [Options]): each volume is a tmpfs mounted straight onto the pod's target
+// path with a hard size limit (size=). Nothing is
 // written to disk and nothing survives a node reboot.
 //
 // tmpfs pages count against node memory: budget them like memory, not like disk.
@@ -16,25 +17,23 @@
 //
 // size= limits the pages of file data, not the number of files. An empty file, a
 // directory or a short symlink takes no page of size, but its inode and dentry take
-// kernel memory: about 1KiB per file. Measured on Linux 6.18 (x86-64) with 100,000
-// empty files (TestInodeCost; EPHEMERA_TMPFS_INODE_COST=1): 960 bytes per file
-// charged to the memory cgroup of the process that created it (shmem_inode_cache
-// 750 and dentry 191 bytes of slab objects), plus 20 bytes of the directory's
-// offset map (maple_node) that no cgroup is charged for. The memory stays as long
-// as the files do: dropping caches does not free it. Without nr_inodes the kernel
-// allows as many inodes as half the node's pages (3,085,510 on a 24GiB node), so a
-// volume of any size could pin about 2.8GiB of kernel memory.
+// kernel memory, mostly charged to the memory cgroup of the process that created
+// it, which stays as long as the files do: dropping caches does not free it
+// (TestInodeCost, EPHEMERA_TMPFS_INODE_COST=1, measures it; docs/operations.md,
+// "Capacity planning", has the numbers). Without nr_inodes the kernel allows as
+// many inodes as half the node's pages, so a volume of any size could pin
+// gigabytes of kernel memory.
 //
 // So every volume gets nr_inodes: the "nr_inodes" attribute, at most
-// Options.MaxInodes (default 1Mi, about 1GiB of kernel memory; 0, "unlimited" to
-// the kernel, is refused), or else size/Options.BytesPerInode (default one inode
-// per 4KiB page), at least Options.MinInodes (default 1024) and at most
-// MaxInodes. A file holding data takes at least one page of size, so the default
-// never runs out before the size does for files with data; it bounds the kernel
-// memory of a volume's inodes to about a quarter of its size (a 64Mi volume gets
-// 16384 inodes, about 16MiB), and to about 1MiB at the floor. Inode kernel memory
-// is not part of "size" nor of the framework's Capacity budget: plan for it on
-// top. Creating a file beyond the limit fails with ENOSPC.
+// Options.MaxInodes (default 1Mi; 0, "unlimited" to the kernel, is refused), or
+// else size/Options.BytesPerInode (default one inode per 4KiB page), at least
+// Options.MinInodes (default 1024) and at most MaxInodes. A file holding data
+// takes at least one page of size, so the default never runs out before the size
+// does for files with data; with an inode's kernel memory below a page, it bounds
+// the kernel memory of a volume's inodes to a fraction of its size (a 64Mi volume
+// gets 16384 inodes). Inode kernel memory is not part of "size" nor of the
+// framework's Capacity budget: plan for it on top. Creating a file beyond the
+// limit fails with ENOSPC.
 package tmpfs
 
 import (
@@ -78,8 +77,8 @@ type Options struct {
 	// DefaultMinInodes (1024) when zero. MaxInodes wins when it is lower.
 	MinInodes int64
 	// MaxInodes is the largest "nr_inodes" a pod may request, and the upper
-	// bound of the derived default. Defaults to DefaultMaxInodes (1Mi inodes,
-	// about 1GiB of kernel memory) when zero; there is no "unlimited".
+	// bound of the derived default. Defaults to DefaultMaxInodes (1Mi inodes)
+	// when zero; there is no "unlimited".
 	MaxInodes int64
 	// MaxInodesName is what a refusal of a pod's "nr_inodes" calls MaxInodes:
 	// the flag that sets it in a driver with flags (ephemera-scratch:
@@ -88,20 +87,19 @@ type Options struct {
 }
 
 // Defaults of Options' inode limits. Every inode a pod creates (an empty file,
-// a directory, a symlink) costs about 1KiB of kernel memory (measured: see the
-// package documentation) that "size" does not limit and dropping caches does
-// not free.
+// a directory, a symlink) costs kernel memory (see the package documentation)
+// that "size" does not limit and dropping caches does not free.
 const (
 	// DefaultBytesPerInode is one inode per 4KiB page: a file holding data
 	// takes at least one page of size anyway, so only empty files, directories
 	// and symlinks can hit the limit before the size does, and their kernel
-	// memory is bounded by about a quarter of size.
+	// memory is bounded by a fraction of size.
 	DefaultBytesPerInode = 4096
 	// DefaultMinInodes is the floor of the derived default: a 1Mi volume still
-	// holds 1024 entries, for about 1MiB of kernel memory.
+	// holds 1024 entries.
 	DefaultMinInodes = 1024
-	// DefaultMaxInodes is 1Mi inodes, about 1GiB of kernel memory: what a 4Gi
-	// volume (the scratch driver's default --max-volume-size) derives.
+	// DefaultMaxInodes is 1Mi inodes: what a 4Gi volume (the scratch driver's
+	// default --max-volume-size) derives.
 	DefaultMaxInodes = 1 << 20
 )
 

@@ -1,9 +1,9 @@
-// Package vhdx is a Windows backend with a hard size limit: each volume is a
-// fixed-size VHDX file holding one GPT partition formatted NTFS, attached to the
-// node and mounted in a folder under the backend's directory. The framework
-// links the pod's target to that folder, so the pod sees a directory that
-// cannot grow beyond the volume's size. Writing past it fails with "There is
-// not enough space on the disk".
+// Package vhdx is a Windows backend with a hard size limit ([Backend], built by
+// [New] from [Options]): each volume is a fixed-size VHDX file holding one GPT
+// partition formatted NTFS, attached to the node and mounted in a folder under
+// the backend's directory. The framework links the pod's target to that folder,
+// so the pod sees a directory that cannot grow beyond the volume's size.
+// Writing past it fails with "There is not enough space on the disk".
 //
 // The driver must run as a HostProcess container with SYSTEM rights (see
 // deploy/overlays/windows-hostprocess): attaching virtual disks, partitioning,

@@ -23,11 +23,11 @@
 //
 // The driver's service account needs create and patch on events (core group).
 //
-// The Recorder writes events itself rather than through client-go's
-// broadcaster (tools/record), which links strategic merge patch, OpenAPI
-// models and YAML parsers (49 packages, a larger binary and more of it
-// resident) for what a node plugin's few events need: a create, and a JSON
-// merge patch of the count.
+// The Recorder writes events itself, a create and a JSON merge patch of the
+// count, rather than through client-go's broadcaster (tools/record), which
+// links strategic merge patch, OpenAPI models and YAML parsers for what a node
+// plugin's few events need: a larger binary and more of it resident
+// (docs/operations.md, "Binary size", has the numbers).
 //
 // # Rate limiting and aggregation
 //

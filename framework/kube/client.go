@@ -34,12 +34,14 @@ type PodsClient interface {
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
-// Client talks to the two core/v1 resources a driver's optional components
-// use: pods, which Pods lists and watches, and events, which package events
-// writes. It is a REST client whose scheme knows core/v1 only. client-go's
+// Client talks to the resources a driver's optional components use: pods,
+// which Pods lists and watches, events, which package events writes, and the
+// node, its CSINode and the CSIDriver object (StartupTaint, the startup check
+// of the CSIDriver object). It is a REST client whose scheme knows core/v1
+// only; the storage.k8s.io objects are read as the JSON they are. client-go's
 // typed core/v1 client imports client-go's kubernetes/scheme, which registers
-// every API group of Kubernetes: it makes a driver binary 15-20 MB larger, the
-// clientset more (docs/operations.md, "Binary size").
+// every API group of Kubernetes: it makes a driver binary much larger, the
+// clientset more (docs/operations.md, "Binary size", has the numbers).
 //
 // A driver that has a clientset anyway may use it instead:
 // clientset.CoreV1().Pods("") is a PodsClient, and
@@ -104,8 +106,8 @@ func (c *Client) Events() *EventsClient { return &EventsClient{c.events} }
 // pod as a meta.k8s.io/v1 PartialObjectMetadata (as client-go's metadata
 // informers ask), in JSON, and the client hands the informer a Pod holding
 // just its identity. A node's pods are then never decoded in full: their
-// specs and statuses are most of their bytes, and decoding them kept about
-// 0.5 MiB more resident (docs/operations.md, "Memory and CPU of the driver").
+// specs and statuses are most of their bytes, and decoding them kept more
+// memory resident (docs/operations.md, "Memory and CPU of the driver").
 // A server that ignores the request sends whole pods, of which the same
 // metadata is read.
 type podsClient struct{ rest rest.Interface }

@@ -1,11 +1,13 @@
 // Package kube connects an Ephemera driver to the Kubernetes API server. It is
 // optional: the framework core needs no API access.
 //
-// Client is a small client of the two resources the optional components use,
-// pods and events, built from a rest.Config (a kubeconfig's, or the pod's
-// service account's). It links core/v1 only, where client-go's typed core/v1
-// client links every API group of Kubernetes: a driver binary 15-20 MB larger,
-// more with the clientset (docs/operations.md, "Binary size").
+// Client is a small client of the resources the optional components use, pods
+// and events (and the node, its CSINode and the CSIDriver object, for
+// StartupTaint and the startup check), built from a rest.Config (a
+// kubeconfig's, or the pod's service account's). It links core/v1 only, where
+// client-go's typed core/v1 client links every API group of Kubernetes, and the
+// clientset more: a much larger driver binary (docs/operations.md, "Binary
+// size", has the numbers).
 //
 // Pods is the orphan GC's confirmation that a pod is gone (framework.PodChecker).
 // Like every component of a driver it is built from options by value and run
@@ -29,6 +31,9 @@
 //
 // The driver's service account needs list and watch on pods (no get: the
 // informer's cache answers every question about a pod).
+//
+// [StartupTaint], another runnable, lifts the node's startup taint once the
+// kubelet has registered the driver; [Client] is its [NodesClient] too.
 package kube
 
 import (

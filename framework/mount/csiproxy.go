@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
 
 // This file holds the csi-proxy v1 implementation of the seam, without a build
@@ -80,15 +77,23 @@ type CSIProxyOptions struct {
 // The paths it sends are normalized with NormalizeWindowsPath on Windows.
 // A CSIProxy is safe for concurrent use; Close it when done.
 type CSIProxy struct {
+	// linkMounter holds the Windows link rules, the HostProcess seam's own
+	// (link.go), which ask p.
+	linkMounter
+	p *proxyHost
+
+	closeOnce sync.Once
+}
+
+// proxyHost answers the Windows link rules (linkHost) with csi-proxy v1's
+// calls, and reads from the driver's container what csi-proxy has no call
+// for (see CSIProxyOptions.local).
+type proxyHost struct {
 	fs      fsv1.FilesystemClient
 	conn    *grpc.ClientConn
 	pipe    string
 	timeout time.Duration
 	local   linkFS
-	clean   func(string) string
-	windows bool
-
-	closeOnce sync.Once
 }
 
 var _ Interface = (*CSIProxy)(nil)
@@ -122,21 +127,21 @@ func NewCSIProxy(opts CSIProxyOptions) (*CSIProxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("csi-proxy client for %s: %w", pipe, err)
 	}
-	windows := filepath.Separator == '\\'
 	clean := filepath.Clean
-	if windows {
+	if filepath.Separator == '\\' {
 		clean = func(p string) string { return filepath.Clean(NormalizeWindowsPath(p)) }
 	}
+	p := &proxyHost{fs: fsv1.NewFilesystemClient(conn), conn: conn, pipe: pipe, timeout: opts.CallTimeout, local: opts.local}
 	return &CSIProxy{
-		fs: fsv1.NewFilesystemClient(conn), conn: conn, pipe: pipe, timeout: opts.CallTimeout,
-		local: opts.local, clean: clean, windows: windows,
+		linkMounter: linkMounter{host: p, clean: clean, windows: filepath.Separator == '\\'},
+		p:           p,
 	}, nil
 }
 
 // Close closes the connection to csi-proxy.
 func (m *CSIProxy) Close() error {
 	var err error
-	m.closeOnce.Do(func() { err = m.conn.Close() })
+	m.closeOnce.Do(func() { err = m.p.conn.Close() })
 	return err
 }
 
@@ -179,22 +184,22 @@ func (e *ProxyError) Is(target error) bool {
 	return false
 }
 
-func (m *CSIProxy) fail(method, path string, err error) error {
+func (p *proxyHost) fail(method, path string, err error) error {
 	st, _ := status.FromError(err)
-	return &ProxyError{Method: method, Pipe: m.pipe, Path: path, Code: st.Code(), Message: st.Message()}
+	return &ProxyError{Method: method, Pipe: p.pipe, Path: path, Code: st.Code(), Message: st.Message()}
 }
 
-func (m *CSIProxy) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), m.timeout)
+func (p *proxyHost) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), p.timeout)
 }
 
 // exists asks csi-proxy whether path exists (as a link too, dangling or not).
-func (m *CSIProxy) exists(path string) (bool, error) {
-	ctx, cancel := m.ctx()
+func (p *proxyHost) exists(path string) (bool, error) {
+	ctx, cancel := p.ctx()
 	defer cancel()
-	r, err := m.fs.PathExists(ctx, &fsv1.PathExistsRequest{Path: path})
+	r, err := p.fs.PathExists(ctx, &fsv1.PathExistsRequest{Path: path})
 	if err != nil {
-		return false, m.fail("PathExists", path, err)
+		return false, p.fail("PathExists", path, err)
 	}
 	return r.GetExists(), nil
 }
@@ -202,23 +207,23 @@ func (m *CSIProxy) exists(path string) (bool, error) {
 // isLink asks csi-proxy whether path, which exists, is a link (symbolic, or
 // a mount point) whose destination exists: csi-proxy v1 answers false for a
 // dangling one.
-func (m *CSIProxy) isLink(path string) (bool, error) {
-	ctx, cancel := m.ctx()
+func (p *proxyHost) isLink(path string) (bool, error) {
+	ctx, cancel := p.ctx()
 	defer cancel()
-	r, err := m.fs.IsSymlink(ctx, &fsv1.IsSymlinkRequest{Path: path})
+	r, err := p.fs.IsSymlink(ctx, &fsv1.IsSymlinkRequest{Path: path})
 	if err != nil {
-		return false, m.fail("IsSymlink", path, err)
+		return false, p.fail("IsSymlink", path, err)
 	}
 	return r.GetIsSymlink(), nil
 }
 
 // rmdir asks csi-proxy to remove path: an empty directory or a link (never
 // what it points to); with force, a directory and everything in it.
-func (m *CSIProxy) rmdir(path string, force bool) error {
-	ctx, cancel := m.ctx()
+func (p *proxyHost) rmdir(path string, force bool) error {
+	ctx, cancel := p.ctx()
 	defer cancel()
-	if _, err := m.fs.Rmdir(ctx, &fsv1.RmdirRequest{Path: path, Force: force}); err != nil {
-		return m.fail("Rmdir", path, err)
+	if _, err := p.fs.Rmdir(ctx, &fsv1.RmdirRequest{Path: path, Force: force}); err != nil {
+		return p.fail("Rmdir", path, err)
 	}
 	return nil
 }
@@ -229,10 +234,10 @@ func (m *CSIProxy) rmdir(path string, force bool) error {
 // with it (dir.Options.Host).
 func (m *CSIProxy) Mkdir(ctx context.Context, path string) error {
 	path = m.clean(path)
-	ctx, cancel := context.WithTimeout(ctx, m.timeout)
+	ctx, cancel := context.WithTimeout(ctx, m.p.timeout)
 	defer cancel()
-	if _, err := m.fs.Mkdir(ctx, &fsv1.MkdirRequest{Path: path}); err != nil {
-		return m.fail("Mkdir", path, err)
+	if _, err := m.p.fs.Mkdir(ctx, &fsv1.MkdirRequest{Path: path}); err != nil {
+		return m.p.fail("Mkdir", path, err)
 	}
 	return nil
 }
@@ -243,317 +248,102 @@ func (m *CSIProxy) Mkdir(ctx context.Context, path string) error {
 // half-way: ctx bounds the wait, not the removal.
 func (m *CSIProxy) RemoveAll(ctx context.Context, path string) error {
 	path = m.clean(path)
-	ctx, cancel := context.WithTimeout(ctx, m.timeout)
+	ctx, cancel := context.WithTimeout(ctx, m.p.timeout)
 	defer cancel()
-	r, err := m.fs.PathExists(ctx, &fsv1.PathExistsRequest{Path: path})
+	r, err := m.p.fs.PathExists(ctx, &fsv1.PathExistsRequest{Path: path})
 	if err != nil {
-		return m.fail("PathExists", path, err)
+		return m.p.fail("PathExists", path, err)
 	}
 	if !r.GetExists() {
 		return nil
 	}
-	if _, err := m.fs.Rmdir(ctx, &fsv1.RmdirRequest{Path: path, Force: true}); err != nil {
-		return m.fail("Rmdir", path, err)
+	if _, err := m.p.fs.Rmdir(ctx, &fsv1.RmdirRequest{Path: path, Force: true}); err != nil {
+		return m.p.fail("Rmdir", path, err)
 	}
 	return nil
 }
 
-// checkBeneath checks that target lies below root and that every component
-// between them (target's parent included, root and target excluded) exists
-// and is no link, asking csi-proxy about each. Unlike the descriptor-based
-// checks of the Linux seam, the answer holds only at the moment it is given.
-func (m *CSIProxy) checkBeneath(root, target string) error {
-	parent, _, err := splitBeneath(root, target)
+// state asks csi-proxy whether path exists and is a live link, and looks at
+// anything else (a dangling link, a directory) from the driver's container:
+// csi-proxy v1 has no call that tells them apart.
+func (p *proxyHost) state(path string) (linkState, error) {
+	ok, err := p.exists(path)
+	if err != nil || !ok {
+		return linkMissing, err
+	}
+	live, err := p.isLink(path)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if parent == "." {
-		return nil
+	if live {
+		return linkLive, nil
 	}
-	p := root
-	for _, c := range strings.Split(parent, string(filepath.Separator)) {
-		p = filepath.Join(p, c)
-		ok, err := m.exists(p)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return &fs.PathError{Op: "PathExists", Path: p, Err: fs.ErrNotExist}
-		}
-		link, err := m.isLink(p)
-		if err != nil {
-			return err
-		}
-		if link {
-			return fmt.Errorf("%q below root %q: %w", p, root, ErrSymlink)
-		}
+	fi, err := p.local.Lstat(path)
+	switch {
+	case err != nil:
+		return 0, p.unseen(path, err)
+	case isLink(fi.Mode()):
+		return linkDangling, nil
+	case fi.IsDir():
+		return linkDir, nil
 	}
-	return nil
+	return linkOther, nil
 }
 
-// MakeTarget creates nothing, as on HostProcess: the link is made where
-// nothing exists. It checks that target's parent exists below root and that
-// no component between them is a link.
-func (m *CSIProxy) MakeTarget(root, target string) error {
-	return m.checkBeneath(m.clean(root), m.clean(target))
-}
-
-// Mount asks csi-proxy to link target to the directory src.Path
-// (CreateSymlink), which must exist below csi-proxy's working directories.
-// An empty directory or a dangling link at target is removed first (Rmdir);
-// a directory that is not empty is ErrNotEmpty; a live link to src.Path is
-// success, one to anything else an error wrapping fs.ErrExist.
-func (m *CSIProxy) Mount(root string, src api.Source, target string) error {
-	if !src.IsDir() {
-		return fmt.Errorf("mount %s %q: csi-proxy v1 links directories only, publish a directory: %w",
-			src.FSType, src.Path, ErrNotSupported)
-	}
-	root, source, target := m.clean(root), m.clean(src.Path), m.clean(target)
-	if !filepath.IsAbs(source) {
-		return fmt.Errorf("source %q must be an absolute path", src.Path)
-	}
-	if err := m.checkBeneath(root, target); err != nil {
-		return err
-	}
-	if src.Root != "" {
-		if err := m.checkBeneath(m.clean(src.Root), source); err != nil {
-			return fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, err)
-		}
-	}
-	ok, err := m.exists(source)
+// isDir asks csi-proxy whether path exists (which also tells that csi-proxy
+// accepts it), and whether it is a directory from the driver's container.
+func (p *proxyHost) isDir(path string) (bool, error) {
+	ok, err := p.exists(path)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !ok {
-		return fmt.Errorf("source of %q: %w", target, &fs.PathError{Op: "PathExists", Path: source, Err: fs.ErrNotExist})
+		return false, &fs.PathError{Op: "PathExists", Path: path, Err: fs.ErrNotExist}
 	}
-	if ok, err = m.exists(target); err != nil {
-		return err
+	fi, err := p.local.Stat(path)
+	if err != nil {
+		return false, p.unseen(path, err)
 	}
-	if ok {
-		if err := m.clearTarget(target, source); err != nil {
-			if errors.Is(err, errLinked) {
-				return nil
-			}
-			return err
-		}
+	return fi.IsDir(), nil
+}
+
+func (p *proxyHost) readlink(path string) (string, error) {
+	dest, err := p.local.Readlink(path)
+	if err != nil {
+		return "", p.unseen(path, err)
 	}
-	ctx, cancel := m.ctx()
+	return dest, nil
+}
+
+func (p *proxyHost) isEmptyDir(path string) (bool, error) {
+	empty, err := p.local.IsEmptyDir(path)
+	if err != nil {
+		return false, p.unseen(path, err)
+	}
+	return empty, nil
+}
+
+// link asks csi-proxy v1 for the link: source_path is the existing
+// directory, target_path the link it creates (os.Symlink(source_path,
+// target_path)).
+func (p *proxyHost) link(source, target string) error {
+	ctx, cancel := p.ctx()
 	defer cancel()
-	// csi-proxy v1: source_path is the existing directory, target_path the
-	// link it creates (os.Symlink(source_path, target_path)).
-	if _, err := m.fs.CreateSymlink(ctx, &fsv1.CreateSymlinkRequest{SourcePath: source, TargetPath: target}); err != nil {
-		return m.fail("CreateSymlink", target, err)
+	if _, err := p.fs.CreateSymlink(ctx, &fsv1.CreateSymlinkRequest{SourcePath: source, TargetPath: target}); err != nil {
+		return p.fail("CreateSymlink", target, err)
 	}
 	return nil
 }
 
-// errLinked: the target already is the link Mount would make.
-var errLinked = errors.New("already linked")
+func (p *proxyHost) remove(path string) error { return p.rmdir(path, false) }
 
-// clearTarget makes room for the link at target, which exists: errLinked
-// when it already is a live link to source.
-func (m *CSIProxy) clearTarget(target, source string) error {
-	link, err := m.isLink(target)
-	if err != nil {
-		return err
-	}
-	if link {
-		dest, err := m.local.Readlink(target)
-		if err != nil {
-			return m.unseen(target, err)
-		}
-		if sameLinkTarget(dest, source, m.windows) {
-			return errLinked
-		}
-		return fmt.Errorf("target %q is already a link to %q, not to %q: %w", target, dest, source, fs.ErrExist)
-	}
-	fi, err := m.local.Lstat(target)
-	if err != nil {
-		return m.unseen(target, err)
-	}
-	switch {
-	case isLink(fi.Mode()):
-		// Dangling: csi-proxy removes the link itself, never anything behind it.
-	case fi.IsDir():
-		empty, err := m.local.IsEmptyDir(target)
-		if err != nil {
-			return m.unseen(target, err)
-		}
-		if !empty {
-			return fmt.Errorf("target %q: %w", target, ErrNotEmpty)
-		}
-	default:
-		return &fs.PathError{Op: "mount", Path: target, Err: errors.New("exists and is not a directory")}
-	}
-	return m.rmdir(target, false)
-}
+func (p *proxyHost) readDir(path string) ([]fs.DirEntry, error) { return p.local.ReadDir(path) }
 
 // unseen explains a failure to see, from the driver's container, what
 // csi-proxy reported on the host.
-func (m *CSIProxy) unseen(path string, err error) error {
+func (p *proxyHost) unseen(path string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("csi-proxy reports %q, which the driver's container does not see: mount the kubelet root into the container at the same path: %w", path, err)
 	}
 	return err
-}
-
-// SetReadOnly returns ErrNotSupported for readOnly: a directory link cannot
-// be made read-only (see linkMounter.SetReadOnly).
-func (m *CSIProxy) SetReadOnly(_, target string, readOnly bool) error {
-	if !readOnly {
-		return nil
-	}
-	return fmt.Errorf("read-only publish of %q: a Windows directory link cannot be made read-only: %w", target, ErrNotSupported)
-}
-
-// Unmount asks csi-proxy to remove the link at target (Rmdir), never what it
-// points to; a dangling link is removed too. A missing target, or one that is
-// not a link, is left alone and is not an error.
-func (m *CSIProxy) Unmount(root, target string) error {
-	root, target = m.clean(root), m.clean(target)
-	if err := m.checkBeneath(root, target); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	ok, err := m.exists(target)
-	if err != nil || !ok {
-		return err
-	}
-	link, err := m.isLink(target)
-	if err != nil {
-		return err
-	}
-	if !link {
-		fi, err := m.local.Lstat(target)
-		if err != nil || !isLink(fi.Mode()) {
-			return nil // a directory (or not visible here): not ours to remove
-		}
-	}
-	return m.rmdir(target, false)
-}
-
-// IsMountPoint reports whether target is a link whose destination exists
-// (csi-proxy's IsSymlink).
-func (m *CSIProxy) IsMountPoint(root, target string) (bool, error) {
-	root, target = m.clean(root), m.clean(target)
-	if err := m.checkBeneath(root, target); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
-		}
-		return false, err
-	}
-	ok, err := m.exists(target)
-	if err != nil || !ok {
-		return false, err
-	}
-	return m.isLink(target)
-}
-
-// Inspect describes the live link at target: Source is its destination, read
-// from the driver's container (csi-proxy v1 has no call for it).
-func (m *CSIProxy) Inspect(root, target string) (*Mounted, error) {
-	ok, err := m.IsMountPoint(root, target)
-	if err != nil || !ok {
-		return nil, err
-	}
-	target = m.clean(target)
-	dest, err := m.local.Readlink(target)
-	if err != nil {
-		return nil, m.unseen(target, err)
-	}
-	return &Mounted{Source: dest}, nil
-}
-
-// Shows reports whether the link mt describes points to the directory src.
-func (m *CSIProxy) Shows(mt *Mounted, src api.Source) (bool, error) {
-	if mt == nil || !src.IsDir() {
-		return false, nil
-	}
-	return sameLinkTarget(mt.Source, m.clean(src.Path), m.windows), nil
-}
-
-// MountedAt returns nil, as on HostProcess: a link does not pin its
-// destination.
-func (m *CSIProxy) MountedAt(api.Source) ([]string, error) { return nil, nil }
-
-// OpenTarget opens, in the driver's container, the directory the link at
-// target shows, after asking csi-proxy that no component between root and
-// target is a link.
-func (m *CSIProxy) OpenTarget(root, target string) (*os.Root, error) {
-	root, target = m.clean(root), m.clean(target)
-	if err := m.checkBeneath(root, target); err != nil {
-		return nil, err
-	}
-	return os.OpenRoot(target)
-}
-
-// Published lists root/pods/*/volumes/kubernetes.io~csi/*/mount in the
-// driver's container and asks csi-proxy which of them are live links.
-func (m *CSIProxy) Published(root string) ([]string, error) {
-	root = m.clean(root)
-	pods := filepath.Join(root, volume.PodsDir)
-	uids, err := m.local.ReadDir(pods)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, u := range uids {
-		if !u.IsDir() {
-			continue
-		}
-		csiDir := filepath.Join(pods, u.Name(), "volumes", "kubernetes.io~csi")
-		vols, err := m.local.ReadDir(csiDir)
-		if err != nil {
-			continue
-		}
-		for _, v := range vols {
-			if !v.IsDir() {
-				continue
-			}
-			t := filepath.Join(csiDir, v.Name(), volume.MountDir)
-			ok, err := m.IsMountPoint(root, t)
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				out = append(out, t)
-			}
-		}
-	}
-	return out, nil
-}
-
-// RemoveTarget asks csi-proxy to remove target (an empty directory, or a
-// link, never what it points to). A directory that is not empty is left in
-// place and is not an error (see linkMounter.RemoveTarget).
-func (m *CSIProxy) RemoveTarget(root, target string) error {
-	root, target = m.clean(root), m.clean(target)
-	if err := m.checkBeneath(root, target); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	ok, err := m.exists(target)
-	if err != nil || !ok {
-		return err
-	}
-	link, err := m.isLink(target)
-	if err != nil {
-		return err
-	}
-	if !link {
-		if fi, err := m.local.Lstat(target); err == nil && fi.IsDir() && !isLink(fi.Mode()) {
-			if empty, err := m.local.IsEmptyDir(target); err == nil && !empty {
-				return nil
-			}
-		}
-	}
-	return m.rmdir(target, false)
 }

@@ -1,6 +1,8 @@
 // Package mount is Ephemera's platform seam: the few operating-system calls the
 // framework needs to publish a volume at a kubelet target path and to find out what
 // is published there. Everything above this package is platform independent.
+// [Interface] is the seam, [New] returns this platform's implementation, and
+// [Mounted] describes what [Interface.Inspect] finds at a target.
 //
 // # Linux
 //
@@ -24,7 +26,11 @@
 // k8s.io/mount-utils and the kubelet expect: the kubelet treats a symlink or a
 // junction at the target as mounted. Unmount removes the link only, never the data
 // behind it. Filesystem sources and read-only publishing return [ErrNotSupported].
-// The decision logic lives in files without build tags and is unit tested on Linux.
+// [NewCSIProxy] returns the seam of an ordinary (not HostProcess) Windows
+// container, a [CSIProxy]: the same link rules, each change on the host a call to
+// csi-proxy v1. The rules are written once (link.go) for both, without build tags,
+// and unit tested on Linux: [NewLink] on POSIX symlinks, the csi-proxy seam against
+// a fake csi-proxy on a unix socket (package fakecsiproxy).
 //
 // # Other systems
 //

@@ -87,10 +87,90 @@ func (osFS) IsEmptyDir(name string) (_ bool, err error) {
 // point, which Lstat reports as irregular.
 func isLink(mode fs.FileMode) bool { return mode&(fs.ModeSymlink|fs.ModeIrregular) != 0 }
 
+// linkState is what is at a path, for the Windows link rules.
+type linkState int
+
+const (
+	// linkMissing: nothing is at the path.
+	linkMissing linkState = iota
+	// linkLive: a link (symbolic, a junction or a mount point) whose
+	// destination can be reached.
+	linkLive
+	// linkDangling: a link whose destination cannot be reached (gone, or on
+	// Windows a mount point whose volume is detached).
+	linkDangling
+	// linkDir: a directory that is no link.
+	linkDir
+	// linkOther: anything else (a file).
+	linkOther
+)
+
+// linkHost is what the Windows link rules (linkMounter) ask of the host. The
+// rules are written once; two hosts answer them: osHost, the driver's own
+// view of the filesystem (HostProcess, and NewLink on Linux), and proxyHost,
+// csi-proxy v1's answers completed by the driver's container's view of what
+// csi-proxy has no call for (csiproxy.go). Paths are cleaned by the rules.
+type linkHost interface {
+	// state describes what is at path, without following a final link.
+	state(path string) (linkState, error)
+	// isDir reports whether path, following links, is a directory; an error
+	// wrapping fs.ErrNotExist when it does not exist.
+	isDir(path string) (bool, error)
+	// readlink returns the destination of the link at path.
+	readlink(path string) (string, error)
+	// isEmptyDir reports whether the directory path has no entries.
+	isEmptyDir(path string) (bool, error)
+	// link makes target, where nothing exists, a directory link to source.
+	link(source, target string) error
+	// remove removes path: an empty directory, a file or a link, never what
+	// the link points to.
+	remove(path string) error
+	// readDir lists the directory path.
+	readDir(path string) ([]fs.DirEntry, error)
+}
+
+// osHost answers the link rules from a linkFS (the os package).
+type osHost struct{ fs linkFS }
+
+func (h osHost) state(path string) (linkState, error) {
+	fi, err := h.fs.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return linkMissing, nil
+	case err != nil:
+		return 0, err
+	case isLink(fi.Mode()):
+		// Any failure to reach the destination (missing, or on Windows a
+		// mount point whose volume is detached) leaves nothing usable there.
+		if _, err := h.fs.Stat(path); err != nil {
+			return linkDangling, nil
+		}
+		return linkLive, nil
+	case fi.IsDir():
+		return linkDir, nil
+	}
+	return linkOther, nil
+}
+
+func (h osHost) isDir(path string) (bool, error) {
+	fi, err := h.fs.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	return fi.IsDir(), nil
+}
+
+func (h osHost) readlink(path string) (string, error)       { return h.fs.Readlink(path) }
+func (h osHost) isEmptyDir(path string) (bool, error)       { return h.fs.IsEmptyDir(path) }
+func (h osHost) link(source, target string) error           { return h.fs.Symlink(source, target) }
+func (h osHost) remove(path string) error                   { return h.fs.Remove(path) }
+func (h osHost) readDir(path string) ([]fs.DirEntry, error) { return h.fs.ReadDir(path) }
+
 // linkMounter publishes a directory by replacing the target with a directory
-// symbolic link to it. It is the Windows implementation.
+// symbolic link to it: the Windows rules, the only ones, whichever host
+// (osHost for HostProcess, proxyHost for csi-proxy) carries them out.
 type linkMounter struct {
-	fs linkFS
+	host linkHost
 	// clean normalizes every incoming path (NormalizeWindowsPath on Windows).
 	clean func(string) string
 	// windows selects Windows rules for comparing link destinations.
@@ -101,7 +181,7 @@ func newLinkMounter(fsys linkFS, clean func(string) string) *linkMounter {
 	if clean == nil {
 		clean = func(p string) string { return p }
 	}
-	return &linkMounter{fs: fsys, clean: clean, windows: filepath.Separator == '\\'}
+	return &linkMounter{host: osHost{fs: fsys}, clean: clean, windows: filepath.Separator == '\\'}
 }
 
 // NewLink returns the Windows implementation working on the host's own
@@ -118,33 +198,42 @@ func NewLink() Interface {
 	return newLinkMounter(osFS{}, nil)
 }
 
-// checkBeneath checks that target lies below root and that no component between
-// them (target's parent included, root and target excluded) is a link. It returns
-// an error wrapping fs.ErrNotExist when a component is missing.
+// checkBeneath checks that target lies below root and that every component
+// between them (target's parent included, root and target excluded) is a
+// directory and no link, dangling or not. It returns an error wrapping
+// fs.ErrNotExist when a component is missing. Through csi-proxy the answer
+// holds only at the moment it is given (docs/security.md).
 func (m *linkMounter) checkBeneath(root, target string) error {
 	parent, _, err := splitBeneath(root, target)
 	if err != nil {
 		return err
 	}
 	if parent == "." {
-		parent = ""
+		return nil
 	}
 	p := filepath.Clean(root)
 	for _, c := range strings.Split(parent, string(filepath.Separator)) {
-		if c == "" {
-			continue
-		}
 		p = filepath.Join(p, c)
-		fi, err := m.fs.Lstat(p)
+		st, err := m.host.state(p)
 		if err != nil {
 			return err
 		}
-		if isLink(fi.Mode()) {
+		switch st {
+		case linkMissing:
+			return &fs.PathError{Op: "lstat", Path: p, Err: fs.ErrNotExist}
+		case linkLive, linkDangling:
 			return fmt.Errorf("%q below root %q: %w", p, root, ErrSymlink)
-		}
-		if !fi.IsDir() {
+		case linkOther:
 			return &fs.PathError{Op: "lstat", Path: p, Err: errors.New("not a directory")}
 		}
+	}
+	return nil
+}
+
+// remove removes path through the host; what is gone already is removed.
+func (m *linkMounter) remove(path string) error {
+	if err := m.host.remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return nil
 }
@@ -166,60 +255,64 @@ func (m *linkMounter) MakeTarget(root, target string) error {
 // it shows.
 func (m *linkMounter) Mount(root string, src api.Source, target string) error {
 	if !src.IsDir() {
-		return fmt.Errorf("mount %s %q: tmpfs and block filesystems are not available on Windows, publish a directory: %w",
+		return fmt.Errorf("mount %s %q: a Windows directory link publishes directories only (no tmpfs or block filesystem), publish a directory: %w",
 			src.FSType, src.Path, ErrNotSupported)
 	}
-	source, target := m.clean(src.Path), m.clean(target)
-	if err := m.checkBeneath(m.clean(root), target); err != nil {
-		return err
-	}
+	root, source, target := m.clean(root), m.clean(src.Path), m.clean(target)
 	if !filepath.IsAbs(source) {
 		return fmt.Errorf("source %q must be an absolute path", src.Path)
+	}
+	if err := m.checkBeneath(root, target); err != nil {
+		return err
 	}
 	if src.Root != "" {
 		if err := m.checkBeneath(m.clean(src.Root), source); err != nil {
 			return fmt.Errorf("source %q beneath %q: %w", src.Path, src.Root, err)
 		}
 	}
-	fi, err := m.fs.Stat(source)
+	dir, err := m.host.isDir(source)
 	if err != nil {
 		return fmt.Errorf("source of %q: %w", target, err)
 	}
-	if !fi.IsDir() {
+	if !dir {
 		return fmt.Errorf("source %q of %q is not a directory", source, target)
 	}
-	fi, err = m.fs.Lstat(target)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
+	st, err := m.host.state(target)
+	if err != nil {
 		return err
-	case isLink(fi.Mode()):
-		dest, err := m.fs.Readlink(target)
+	}
+	switch st {
+	case linkMissing:
+	case linkLive, linkDangling:
+		dest, err := m.host.readlink(target)
 		if err == nil && sameLinkTarget(dest, source, m.windows) {
-			return nil
+			return nil // the link Mount would make, however the host spells it
 		}
-		if _, serr := m.fs.Stat(target); serr == nil {
+		if st == linkLive {
+			if err != nil {
+				return err
+			}
 			return fmt.Errorf("target %q is already a link to %q, not to %q: %w", target, dest, source, fs.ErrExist)
 		}
-		// Dangling: remove the link itself (never anything behind it).
-		if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// Dangling: remove the link itself, never anything behind it.
+		if err := m.remove(target); err != nil {
 			return fmt.Errorf("remove dangling link %q: %w", target, err)
 		}
-	case fi.IsDir():
-		empty, err := m.fs.IsEmptyDir(target)
+	case linkDir:
+		empty, err := m.host.isEmptyDir(target)
 		if err != nil {
 			return err
 		}
 		if !empty {
 			return fmt.Errorf("target %q: %w", target, ErrNotEmpty)
 		}
-		if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := m.remove(target); err != nil {
 			return err
 		}
 	default:
 		return &fs.PathError{Op: "mount", Path: target, Err: errors.New("exists and is not a directory")}
 	}
-	if err := m.fs.Symlink(source, target); err != nil {
+	if err := m.host.link(source, target); err != nil {
 		return fmt.Errorf("link %q to %q: %w", target, source, err)
 	}
 	return nil
@@ -236,8 +329,9 @@ func (m *linkMounter) SetReadOnly(root, target string, readOnly bool) error {
 		target, ErrNotSupported)
 }
 
-// Unmount removes the link at target, never what it points to. A missing target,
-// or one that is not a link (a plain directory), is left alone and is not an error.
+// Unmount removes the link at target, dangling or not, never what it points
+// to. A missing target, or one that is not a link (a plain directory), is left
+// alone and is not an error.
 func (m *linkMounter) Unmount(root, target string) error {
 	target = m.clean(target)
 	if err := m.checkBeneath(m.clean(root), target); err != nil {
@@ -246,17 +340,11 @@ func (m *linkMounter) Unmount(root, target string) error {
 		}
 		return err
 	}
-	fi, err := m.fs.Lstat(target)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+	st, err := m.host.state(target)
+	if err != nil || (st != linkLive && st != linkDangling) {
 		return err
 	}
-	if !isLink(fi.Mode()) {
-		return nil
-	}
-	if err := m.fs.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := m.remove(target); err != nil {
 		return fmt.Errorf("remove link %q: %w", target, err)
 	}
 	return nil
@@ -268,36 +356,25 @@ func (m *linkMounter) Unmount(root, target string) error {
 // published for the framework (so a republish repairs it), and Unmount still
 // removes it.
 func (m *linkMounter) IsMountPoint(root, target string) (bool, error) {
-	mt, err := m.Inspect(root, target)
-	return mt != nil, err
+	target = m.clean(target)
+	if err := m.checkBeneath(m.clean(root), target); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	st, err := m.host.state(target)
+	return st == linkLive, err
 }
 
 // Inspect describes the link at target whose destination exists (see
 // IsMountPoint): Source is the link's destination.
 func (m *linkMounter) Inspect(root, target string) (*Mounted, error) {
-	target = m.clean(target)
-	if err := m.checkBeneath(m.clean(root), target); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
+	ok, err := m.IsMountPoint(root, target)
+	if err != nil || !ok {
 		return nil, err
 	}
-	fi, err := m.fs.Lstat(target)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !isLink(fi.Mode()) {
-		return nil, nil
-	}
-	// Any failure to reach the destination (missing, or on Windows a mount
-	// point whose volume is detached) means nothing usable is published.
-	if _, err := m.fs.Stat(target); err != nil {
-		return nil, nil
-	}
-	dest, err := m.fs.Readlink(target)
+	dest, err := m.host.readlink(m.clean(target))
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +396,8 @@ func (m *linkMounter) Shows(mt *Mounted, src api.Source) (bool, error) {
 func (m *linkMounter) MountedAt(api.Source) ([]string, error) { return nil, nil }
 
 // OpenTarget opens the directory the link at target shows, after checking that
-// no component between root and target is a link.
+// no component between root and target is a link. Through csi-proxy it is
+// opened in the driver's container.
 func (m *linkMounter) OpenTarget(root, target string) (*os.Root, error) {
 	target = m.clean(target)
 	if err := m.checkBeneath(m.clean(root), target); err != nil {
@@ -329,24 +407,27 @@ func (m *linkMounter) OpenTarget(root, target string) (*os.Root, error) {
 }
 
 // Published walks root/pods/*/volumes/kubernetes.io~csi/*/mount for links
-// whose destination exists.
+// whose destination exists. An entry behind a link is skipped (the seam never
+// follows one); any other failure to tell fails the listing, so that a host
+// that cannot answer (csi-proxy down) never makes a published volume look
+// orphaned.
 func (m *linkMounter) Published(root string) ([]string, error) {
 	root = m.clean(root)
-	var out []string
 	pods := filepath.Join(root, volume.PodsDir)
-	uids, err := m.fs.ReadDir(pods)
+	uids, err := m.host.readDir(pods)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	var out []string
 	for _, u := range uids {
 		if !u.IsDir() {
 			continue
 		}
 		csiDir := filepath.Join(pods, u.Name(), "volumes", "kubernetes.io~csi")
-		vols, err := m.fs.ReadDir(csiDir)
+		vols, err := m.host.readDir(csiDir)
 		if err != nil {
 			continue
 		}
@@ -355,7 +436,14 @@ func (m *linkMounter) Published(root string) ([]string, error) {
 				continue
 			}
 			t := filepath.Join(csiDir, v.Name(), volume.MountDir)
-			if ok, err := m.IsMountPoint(root, t); err == nil && ok {
+			ok, err := m.IsMountPoint(root, t)
+			if errors.Is(err, ErrSymlink) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if ok {
 				out = append(out, t)
 			}
 		}
@@ -370,20 +458,20 @@ func (m *linkMounter) Published(root string) ([]string, error) {
 // rollback of that refused publish into an endless retry.
 func (m *linkMounter) RemoveTarget(root, target string) error {
 	root, target = m.clean(root), m.clean(target)
-	err := m.checkBeneath(root, target)
-	if err == nil {
-		var fi fs.FileInfo
-		if fi, err = m.fs.Lstat(target); err == nil && fi.IsDir() && !isLink(fi.Mode()) {
-			if empty, eerr := m.fs.IsEmptyDir(target); eerr == nil && !empty {
-				return nil
-			}
+	if err := m.checkBeneath(root, target); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	st, err := m.host.state(target)
+	if err != nil || st == linkMissing {
+		return err
+	}
+	if st == linkDir {
+		if empty, err := m.host.isEmptyDir(target); err == nil && !empty {
+			return nil
 		}
 	}
-	if err == nil {
-		err = m.fs.Remove(target)
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	return err
+	return m.remove(target)
 }

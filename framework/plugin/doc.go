@@ -1,8 +1,8 @@
 // Package plugin is the driver's side of the Ephemera plugin protocol
 // (api/plugin/v1alpha1): it turns the unix socket of a plugin running as its
-// own process, in any language, into a framework.Backend that the driver
-// configures like any other (framework.Options.Backends), selected by pods
-// with the "backend" attribute.
+// own process, in any language, into a framework.Backend ([Backend], built by
+// [New] from [Options]) that the driver configures like any other
+// (framework.Options.Backends), selected by pods with the "backend" attribute.
 //
 // The driver keeps everything that needs privileges or must survive a crash:
 // mounts, state, locks, rollback, reconcile and the orphan GC. The plugin says

@@ -8,6 +8,7 @@
 //		Content:  myContentProvider,
 //	})
 //
+// Serve is [New] then [Server.Run], for a plugin that has nothing else to run.
 // The driver starts it with --plugin tokens=unix:///run/ephemera/plugins/tokens.sock.
 // The plugin needs no privileges: it never mounts anything. A Backend whose
 // Create returns a directory must keep it below Options.Dir, the directory it

@@ -5,9 +5,9 @@
 //
 // # Kinds
 //
-// A kind is a sentinel error (an api sentinel, a mount or store sentinel, an
+// A [Kind] is a sentinel error (an api sentinel, a mount or store sentinel, an
 // errno, a context error, or one of the framework's own below) with its code
-// and its reason, the name it has on the wire. The table, Kinds, is ordered:
+// and its reason, the name it has on the wire. The table, [Kinds], is ordered:
 // an error matching several kinds (errors.Is) has the first one's.
 //
 // # The code of an error

@@ -1,5 +1,7 @@
 // Package unixsock listens on a UNIX socket file without taking over another
-// process's socket, and removes on close only the socket file it created.
+// process's socket, and removes on close only the socket file it created:
+// [Listen] returns a [Listener] that does both; [CheckNotServed] and
+// [DialGRPC] are the checks and the dial that go with it.
 //
 // The driver's CSI endpoint and the kubelet registration socket both use it.
 // Two processes serving the same path happen: a second pod of the DaemonSet on

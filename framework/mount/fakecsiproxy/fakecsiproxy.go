@@ -2,7 +2,8 @@
 // (mount.NewCSIProxy) on any platform: csi-proxy v1's filesystem API
 // (github.com/kubernetes-csi/csi-proxy/client/api/filesystem/v1) served over
 // a unix socket, each call done on the local filesystem the way csi-proxy
-// v1.3.0 does it on Windows and recorded.
+// v1.3.0 does it on Windows and recorded. [Start] returns the [Server];
+// [Server.Calls] returns what it received, as [Call] values.
 //
 // # What it copies from csi-proxy v1.3.0
 //

@@ -112,8 +112,9 @@ type records struct {
 }
 
 // cachedRecords bounds records: every volume of a node that runs 110 pods
-// with two inline volumes each, and about 300 KiB of heap (600 KiB of RSS at
-// Go's default GOGC) however many volumes there are (issue 11's RSS bounds).
+// with two inline volumes each, and a small, fixed share of the heap however
+// many volumes there are (issue 11's RSS bounds; docs/operations.md, "Memory
+// and CPU of the driver", has the numbers).
 const cachedRecords = 256
 
 // get returns a copy of record id if it holds it; ok is false when the store
@@ -603,7 +604,8 @@ func (s *Store) put(ctx context.Context, r *store.Record, durable bool) error {
 		return fmt.Errorf("boltstore: put %q: encode: %v", r.VolumeID, err)
 	}
 	key := []byte(r.VolumeID)
-	// Batch may run the function more than once; it only writes prepared bytes.
+	// The group commit may run the function twice (again alone, after its
+	// group failed); it only writes prepared bytes.
 	err = s.write(durable, r.VolumeID, r.Clone(), func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketVolumes).Put(key, raw)
 	})
@@ -622,8 +624,9 @@ const RelaxedSyncInterval = time.Second
 // no commit in progress commits at once, with whatever is queued; writers that
 // arrive while a commit runs queue up and go together in the next one, led by
 // the first of them. Nobody waits for a timer (bbolt's Batch waits
-// MaxBatchDelay for company: with a commit of about 0.3 ms that delay was most
-// of a write's latency), and a burst still shares one transaction, and its
+// MaxBatchDelay for company, and a commit is so short that the delay was most
+// of a write's latency: docs/design.md, "Durability"), and a burst still
+// shares one transaction, and its
 // fsyncs, per round. A commit of relaxed writes only skips bbolt's fdatasyncs;
 // the next durable commit's fdatasync, or a sync at most RelaxedSyncInterval
 // later, takes them to the disk.

@@ -82,11 +82,14 @@
 //
 // # Durability and batching
 //
-// Put and Delete are durable when they return (bbolt fsyncs the commit). Both go
-// through bbolt's Batch, so concurrent publishes on a busy node share one
-// transaction and one fsync. The price is latency for a lone writer: a batch waits
-// 1ms for company before it commits (bbolt's default of 10ms cost more than the
-// fsync it saves).
+// Put and Delete are durable when they return (bbolt fsyncs the commit);
+// [Store.PutRelaxed] and [Store.DeleteRelaxed] skip the fsync, which the next
+// durable commit, a sync at most [RelaxedSyncInterval] later, or Close makes.
+// Writes go through a group commit of the store's own, not bbolt's Batch: a
+// writer that finds no commit running commits at once, and writers arriving
+// meanwhile share the next transaction and its fsync, so a lone writer never
+// waits for a timer and concurrent publishes on a busy node share one commit
+// (docs/design.md, "Durability").
 //
 // # Locking
 //

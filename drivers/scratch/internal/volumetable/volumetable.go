@@ -1,5 +1,6 @@
 // Package volumetable prints a api.VolumeList as the table of
-// "ephemera-scratch volumes" and "kubectl ephemera volumes".
+// "ephemera-scratch volumes" and "kubectl ephemera volumes": one [Row] per
+// volume, written by [Print].
 package volumetable
 
 import (
