@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -307,14 +309,22 @@ type procResult struct {
 	cycleResult
 	cpu, client time.Duration // the driver's and the client's CPU time
 	alloc, gcs  float64       // the driver's heap allocations (bytes) and GC cycles
+	gcPause     float64       // the longest GC stop-the-world pause seen (seconds)
+	// server counts the driver's own NodePublishVolume durations (its
+	// ephemera_rpc_duration_seconds, from the interceptor) by bucket upper
+	// bound: the handler's time, without the connection and the scheduling
+	// around it that the client sees.
+	server map[float64]float64
 }
 
-// goStats reads the Go runtime's allocated bytes and GC cycles so far from a
-// scratch driver's /metrics (zero for the stateless driver, which has none).
-func goStats(t *testing.T, p *procDriver) (alloc, gcs float64) {
+// goStats reads the Go runtime's allocated bytes, GC cycles and longest GC
+// pause so far, and the publish duration histogram, from a scratch driver's
+// /metrics (zero for the stateless driver, which has none).
+func goStats(t *testing.T, p *procDriver) (alloc, gcs, pause float64, server map[float64]float64) {
 	t.Helper()
+	server = map[float64]float64{}
 	if p.metrics == "" {
-		return 0, 0
+		return 0, 0, 0, server
 	}
 	resp, err := http.Get("http://" + p.metrics + "/metrics")
 	if err != nil {
@@ -324,14 +334,42 @@ func goStats(t *testing.T, p *procDriver) (alloc, gcs float64) {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		name, v, _ := strings.Cut(sc.Text(), " ")
-		switch name {
-		case "go_memstats_alloc_bytes_total":
+		switch {
+		case name == "go_memstats_alloc_bytes_total":
 			alloc, _ = strconv.ParseFloat(v, 64)
-		case "go_gc_duration_seconds_count":
+		case name == "go_gc_duration_seconds_count":
 			gcs, _ = strconv.ParseFloat(v, 64)
+		case name == `go_gc_duration_seconds{quantile="1"}`:
+			pause, _ = strconv.ParseFloat(v, 64)
+		case strings.HasPrefix(name, "ephemera_rpc_duration_seconds_bucket{") &&
+			strings.Contains(name, `method="NodePublishVolume"`) && strings.Contains(name, `code="OK"`):
+			_, le, _ := strings.Cut(name, `le="`)
+			le, _, _ = strings.Cut(le, `"`)
+			bound, err := strconv.ParseFloat(le, 64)
+			if err != nil { // +Inf
+				bound = math.Inf(1)
+			}
+			n, _ := strconv.ParseFloat(v, 64)
+			server[bound] = n
 		}
 	}
-	return alloc, gcs
+	return alloc, gcs, pause, server
+}
+
+// serverQuantile is the upper bound of the bucket of the histogram h
+// (cumulative counts by upper bound) that holds quantile q.
+func serverQuantile(h map[float64]float64, q float64) string {
+	bounds := slices.Sorted(maps.Keys(h))
+	if len(bounds) == 0 || h[bounds[len(bounds)-1]] == 0 {
+		return "-"
+	}
+	total := h[bounds[len(bounds)-1]]
+	for _, b := range bounds {
+		if h[b] >= q*total {
+			return fmt.Sprintf("<= %s", ms(time.Duration(b*float64(time.Second))))
+		}
+	}
+	return "-"
 }
 
 func TestKubeletShapedProcess(t *testing.T) {
@@ -378,7 +416,7 @@ func TestKubeletShapedProcess(t *testing.T) {
 			slices.Reverse(order)
 		}
 		for _, p := range order {
-			alloc0, gcs0 := goStats(t, p)
+			alloc0, gcs0, _, server0 := goStats(t, p)
 			cpu0, client0 := cpuTime(t, p.pid), selfCPU()
 			wall, pub, unpub, err := p.cycles(ctx, n, conc)
 			if err != nil {
@@ -387,9 +425,16 @@ func TestKubeletShapedProcess(t *testing.T) {
 			pr := res[p]
 			pr.cpu += cpuTime(t, p.pid) - cpu0
 			pr.client += selfCPU() - client0
-			alloc1, gcs1 := goStats(t, p)
+			alloc1, gcs1, pause, server1 := goStats(t, p)
 			pr.alloc += alloc1 - alloc0
 			pr.gcs += gcs1 - gcs0
+			pr.gcPause = max(pr.gcPause, pause)
+			if pr.server == nil {
+				pr.server = map[float64]float64{}
+			}
+			for b, n := range server1 {
+				pr.server[b] += n - server0[b]
+			}
 			pr.add(wall, n, pub, unpub)
 		}
 	}
@@ -417,6 +462,17 @@ func TestKubeletShapedProcess(t *testing.T) {
 		fmt.Fprintf(&b, "  %s/stateless: throughput %.2fx (target >= 0.9: %s), publish p99 %.2fx (target <= 1.2: %s), publish p50 %.2fx, unpublish p50 %.2fx, p99 %.2fx, driver CPU per cycle %.2fx\n",
 			p.name, thr, met(thr >= 0.9), p99, met(p99 <= 1.2), ratio(pct(d.pub, 0.5), pct(s.pub, 0.5)),
 			ratio(pct(d.unpub, 0.5), pct(s.unpub, 0.5)), ratio(pct(d.unpub, 0.99), pct(s.unpub, 0.99)), ratio(d.cpu, s.cpu))
+	}
+	// Where the publish tail comes from: the handler's own time (the
+	// interceptor's histogram) against what the client saw, and the longest
+	// GC pause. A handler p99 far below the client's puts the tail outside
+	// the handler: the new connection per RPC and the scheduling of the
+	// client's and the driver's goroutines on the machine's cores.
+	for _, p := range drivers[:len(drivers)-1] {
+		d := res[p]
+		fmt.Fprintf(&b, "  %s publish tail: client p50 %s p99 %s; in the handler p50 %s p99 %s; longest GC pause %s\n", p.name,
+			ms(pct(d.pub, 0.5)), ms(pct(d.pub, 0.99)), serverQuantile(d.server, 0.5), serverQuantile(d.server, 0.99),
+			ms(time.Duration(d.gcPause*float64(time.Second))))
 	}
 	t.Log("\n" + b.String())
 
