@@ -273,26 +273,16 @@ func TestDriverRestartKeepsVolumesAndRepairs(t *testing.T) {
 	}
 }
 
-// untilAdmitted retries call while the node refuses it for want of a slot
-// (ResourceExhausted: more calls of one backend in flight than its share), as
-// the kubelet retries every error; anything else is returned.
-func untilAdmitted(call func() error) error {
-	for range 200 {
-		err := call()
-		if status.Code(err) != codes.ResourceExhausted {
-			return err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return errors.New("refused for want of a slot 200 times")
-}
-
 // TestConcurrentPublishes: 40 pods at once, more than a backend's share of
 // the in-flight lanes (32): every volume is published and torn down, the
-// calls past the share retried as the kubelet would.
+// calls past the share retried as the kubelet would (its backoff, fifty
+// times faster).
 func TestConcurrentPublishes(t *testing.T) {
 	h := realHarness(t, nil)
-	k, ctx := h.Kubelet, t.Context()
+	k := h.Kubelet
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	retry := drivertest.KubeletBackoff(1.0 / 50)
 	const n = 40
 	pods := make([]*drivertest.Pod, n)
 	var wg sync.WaitGroup
@@ -302,9 +292,10 @@ func TestConcurrentPublishes(t *testing.T) {
 		wg.Add(1)
 		go func(p *drivertest.Pod) {
 			defer wg.Done()
-			errs <- untilAdmitted(func() error {
+			_, err := retry.Retry(ctx, func(ctx context.Context) error {
 				return k.Publish(ctx, p, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "1Mi"}})
 			})
+			errs <- err
 		}(pods[i])
 	}
 	wg.Wait()
@@ -321,7 +312,7 @@ func TestConcurrentPublishes(t *testing.T) {
 		wg.Add(1)
 		go func(p *drivertest.Pod) {
 			defer wg.Done()
-			if err := untilAdmitted(func() error { return k.DeletePod(ctx, p) }); err != nil {
+			if _, err := retry.Retry(ctx, func(ctx context.Context) error { return k.DeletePod(ctx, p) }); err != nil {
 				t.Errorf("delete: %v", err)
 			}
 		}(p)
