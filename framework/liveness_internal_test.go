@@ -56,10 +56,6 @@ func getBody(t *testing.T, url string) (int, string) {
 // (and so a Probe that never answers) fails it with the reason, and so does a
 // store that fails; 200 again once the store answers.
 func TestHealthzProbesThroughTheSocket(t *testing.T) {
-	old := livenessTimeout
-	livenessTimeout = 300 * time.Millisecond
-	t.Cleanup(func() { livenessTimeout = old })
-
 	st := &wedgingStore{Store: memstore.New(), release: make(chan struct{})}
 	d, err := New(Options{
 		DriverName:    "live.csi.ephemera.dev",
@@ -72,6 +68,7 @@ func TestHealthzProbesThroughTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.http.health.LivenessTimeout = 300 * time.Millisecond
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

@@ -1,7 +1,6 @@
 package framework
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,13 +17,13 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
-	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // httpState is the driver's metrics and health endpoint.
 type httpState struct {
 	handler http.Handler
+	health  *httpserver.Health // /healthz and /readyz
 
 	mu     sync.Mutex
 	server *httpserver.Server // set while Run serves Options.Observability.MetricsAddress
@@ -60,8 +59,15 @@ func (d *Driver) initObservability() {
 	d.metrics = metrics.New(cfg)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())
-	mux.HandleFunc("GET /healthz", d.serveHealthz)
-	mux.HandleFunc("GET /readyz", d.serveReadyz)
+	sock, _ := socketPath(d.opts.Node.Endpoint) // validated by New
+	d.http.health = &httpserver.Health{
+		Serving:  d.ready.Load,
+		Healthy:  d.healthy,
+		Socket:   sock,
+		Endpoint: d.opts.Node.Endpoint,
+	}
+	mux.HandleFunc("GET /healthz", d.http.health.ServeHealthz)
+	mux.HandleFunc("GET /readyz", d.http.health.ServeReadyz)
 	if d.opts.Observability.VolumesEndpoint == nil || *d.opts.Observability.VolumesEndpoint {
 		mux.HandleFunc("GET /volumes", d.serveVolumes)
 	}
@@ -113,71 +119,6 @@ func (d *Driver) MetricsAddr() string {
 // MetricsRegistry is the driver's Prometheus registry. A driver may register
 // its own collectors there; they are served with the framework's metrics.
 func (d *Driver) MetricsRegistry() prometheus.Registerer { return d.metrics.Registry() }
-
-// readiness is nil when the driver serves: the startup reconcile finished (and
-// shutdown did not begin) and the state store answers. The ready flag is read
-// first, so the store is never touched before Run has opened it.
-func (d *Driver) readiness(ctx context.Context) error {
-	if !d.ready.Load() {
-		return fmt.Errorf("not serving: the startup reconcile has not finished, or the driver is stopping")
-	}
-	return d.healthy(ctx)
-}
-
-// livenessTimeout bounds the Probe of /healthz; below the deploy's
-// livenessProbe timeoutSeconds (5), so the kubelet gets the reason.
-var livenessTimeout = 4 * time.Second
-
-// liveness probes the driver through its own CSI socket, as the kubelet and
-// the registrar reach it. It is nil before the driver serves.
-func (d *Driver) liveness(ctx context.Context) error {
-	if !d.ready.Load() {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, livenessTimeout)
-	defer cancel()
-	path, err := socketPath(d.opts.Node.Endpoint)
-	if err != nil {
-		return err
-	}
-	conn, err := unixsock.DialGRPC(path, nil)
-	if err != nil {
-		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Node.Endpoint, err)
-	}
-	defer conn.Close()
-	// Judged as the livenessprobe sidecar judges: an error or "not ready"
-	// (a store that fails) is unhealthy; a restart reopens the store.
-	resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		return fmt.Errorf("CSI Probe over %s: %w", d.opts.Node.Endpoint, err)
-	}
-	if !resp.GetReady().GetValue() && d.ready.Load() {
-		return fmt.Errorf("CSI Probe over %s: not ready", d.opts.Node.Endpoint)
-	}
-	return nil
-}
-
-func (d *Driver) serveHealthz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if err := d.liveness(r.Context()); err != nil {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintln(w, err)
-		return
-	}
-	fmt.Fprintln(w, "ok")
-}
-
-func (d *Driver) serveReadyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if err := d.readiness(ctx); err != nil {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintln(w, err)
-		return
-	}
-	fmt.Fprintln(w, "ok")
-}
 
 // serveHTTP starts the Options.Observability.MetricsAddress server, if any. The returned
 // func stops it gracefully.
