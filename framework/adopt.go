@@ -2,13 +2,7 @@ package framework
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"path"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -33,92 +27,12 @@ import (
 //     and nothing mounts it; otherwise it is kept as unclaimed;
 //   - no storage is deleted while the mount table shows it mounted anywhere.
 
-// volDataMax bounds what is read of a vol_data.json (the kubelet's is ~300 bytes).
-const volDataMax = 64 << 10
-
 // sameTarget reports whether two target paths name the same target.
 func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
 
-// readVolData reads the kubelet's vol_data.json beside target (resolved
-// beneath the kubelet root) and returns its driver name and volume handle.
-func (d *Driver) readVolData(target string) (driver, handle string, err error) {
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, filepath.Dir(target))
-	if err != nil {
-		return "", "", err
-	}
-	defer r.Close()
-	f, err := r.Open(volume.VolDataFile)
-	if err != nil {
-		return "", "", err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, volDataMax))
-	if err != nil {
-		return "", "", err
-	}
-	var m map[string]string
-	if err := json.Unmarshal(b, &m); err != nil {
-		return "", "", fmt.Errorf("%s beside %s: %w", volume.VolDataFile, target, err)
-	}
-	return m["driverName"], m["volumeHandle"], nil
-}
-
-// ownedTarget reports whether target is one of this driver's inline volumes
-// according to the kubelet: its vol_data.json names this driver and the handle
-// derived from the target. It returns the parsed target and the handle.
-func (d *Driver) ownedTarget(t string) (volume.Target, string, bool) {
-	pt, err := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
-	if err != nil {
-		return volume.Target{}, "", false
-	}
-	id := pt.Handle()
-	driver, handle, err := d.readVolData(t)
-	if err != nil || driver != d.opts.DriverName || handle != id {
-		return volume.Target{}, "", false
-	}
-	return pt, id, true
-}
-
-// volDataIndex maps the handles of this driver's inline volumes that the
-// kubelet has on this node (pods/*/volumes/kubernetes.io~csi/*/vol_data.json)
-// to their targets.
-func (d *Driver) volDataIndex() (map[string]string, error) {
-	root := d.opts.Node.KubeletRootDir
-	podsDir := filepath.Join(root, volume.PodsDir)
-	r, err := d.mounter.OpenTarget(root, podsDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]string{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	fsys := r.FS()
-	uids, err := fs.ReadDir(fsys, ".")
-	if err != nil {
-		return nil, err
-	}
-	index := map[string]string{}
-	for _, u := range uids {
-		if !u.IsDir() || !volume.ValidUID(u.Name()) {
-			continue
-		}
-		csiDir := path.Join(u.Name(), volume.VolumesDir, volume.PluginDir)
-		vols, err := fs.ReadDir(fsys, csiDir)
-		if err != nil {
-			continue
-		}
-		for _, vol := range vols {
-			if !vol.IsDir() {
-				continue
-			}
-			t := volume.TargetPath(root, u.Name(), vol.Name())
-			if _, id, ok := d.ownedTarget(t); ok {
-				index[id] = t
-			}
-		}
-	}
-	return index, nil
+// kubelet is what the kubelet's directories say about this driver's volumes.
+func (d *Driver) kubelet() volume.Kubelet {
+	return volume.Kubelet{Root: d.opts.Node.KubeletRootDir, Driver: d.opts.DriverName, Windows: isWindows, Open: d.mounter.OpenTarget}
 }
 
 // finding is a volume the node shows without a record, for the reconcile
@@ -147,7 +61,7 @@ func (d *Driver) unrecordedMounts(ctx context.Context, known map[string]bool) ([
 		if pt, err := volume.ParseTarget(root, t, isWindows); err != nil || known[pt.Handle()] {
 			continue
 		}
-		pt, id, ok := d.ownedTarget(t)
+		pt, id, ok := d.kubelet().Owned(t)
 		if !ok || known[id] {
 			continue
 		}
@@ -278,7 +192,7 @@ func (d *Driver) stampArea(ctx context.Context, inv *inventory) {
 
 // volDataIndexOnce is volDataIndex, read at most once per reconcile.
 func (d *Driver) volDataIndexOnce() func() (map[string]string, error) {
-	return sync.OnceValues(d.volDataIndex)
+	return sync.OnceValues(d.kubelet().Index)
 }
 
 // rebuiltRecord is the record of storage found without one.
