@@ -194,9 +194,14 @@ func (d *Driver) memoryLimitComponent(log klog.Logger) component {
 				log.Info("The memory limit does not hold the driver's memory plan (docs/operations.md, \"The memory plan\"): the kernel may OOM-kill the driver under the load its bounds admit; raise the limit, or lower --content-capacity, --content-bytes-in-flight or --stats-max-walks",
 					logkeys.ContainerLimit, bytes(limit), logkeys.Limit, planString(need))
 			}
-			goLimit := GoMemoryLimit(limit - d.opts.heldCapacity())
+			held := d.opts.heldCapacity()
+			goLimit := GoMemoryLimit(limit - held)
 			prev = setMemoryLimit(goLimit)
-			log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
+			if held > 0 {
+				log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit), logkeys.ContentCapacity, bytes(held))
+			} else {
+				log.V(2).Info("Set Go's soft memory limit from the container's", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
+			}
 			return nil
 		},
 		stop: func() error {

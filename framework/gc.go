@@ -64,7 +64,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	if err != nil {
 		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
 	}
-	p := &gcPass{d: d, results: map[string]gcResult{}}
+	p := &gcPass{d: d, log: log, results: map[string]gcResult{}}
 	due, total := p.due(recs, podsDir, now)
 	// A wholesale disappearance is more likely a replaced or hidden pods
 	// directory than that many pods deleted behind the kubelet's back.
@@ -79,13 +79,14 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 		}
 		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
-	p.remove(ctx, log, p.confirmed(ctx, log, due, now))
+	p.remove(ctx, p.confirmed(ctx, due, now))
 	return p.results, nil
 }
 
 // gcPass is one pass of the orphan GC: what it did with each volume.
 type gcPass struct {
 	d       *Driver
+	log     klog.Logger
 	mu      sync.Mutex // report, from the removals in flight
 	results map[string]gcResult
 }
@@ -133,8 +134,8 @@ func (p *gcPass) due(recs []*store.Record, podsDir string, now time.Time) (due [
 // confirmed are the volumes of due to remove, by backend: with
 // Options.GC.Pods, those whose pod the API server confirms gone; in a dry run
 // none (each is logged).
-func (p *gcPass) confirmed(ctx context.Context, log klog.Logger, due []*store.Record, now time.Time) map[string][]*store.Record {
-	d := p.d
+func (p *gcPass) confirmed(ctx context.Context, due []*store.Record, now time.Time) map[string][]*store.Record {
+	d, log := p.d, p.log
 	byBackend := map[string][]*store.Record{}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
@@ -167,8 +168,8 @@ func (p *gcPass) confirmed(ctx context.Context, log klog.Logger, due []*store.Re
 // share the store's commits, and a backend whose Delete hangs holds up only
 // the removals of its own volumes. A volume busy with another operation is
 // left to the next pass.
-func (p *gcPass) remove(ctx context.Context, log klog.Logger, byBackend map[string][]*store.Record) {
-	d := p.d
+func (p *gcPass) remove(ctx context.Context, byBackend map[string][]*store.Record) {
+	d, log := p.d, p.log
 	var wg sync.WaitGroup
 	for backend, recs := range byBackend {
 		wg.Go(func() {

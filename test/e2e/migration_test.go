@@ -228,10 +228,12 @@ func TestShippedImageMigration(t *testing.T) {
 			c.waitPodReady(t, p, 30*time.Second)
 			// The manifests pass the container's memory limit (320Mi) through the
 			// downward API; Go's soft limit is what is left beside the content
-			// capacity (64Mi); the driver gave its startup pages back before Ready.
+			// capacity, all of it here (these deployments have no content
+			// provider, so no content is held); the driver gave its startup
+			// pages back before Ready.
 			log := c.containerLogText(p)
-			goLimit := resource.NewQuantity(framework.GoMemoryLimit(320<<20-framework.DefaultContentCapacity), resource.BinarySI)
-			for _, want := range []string{`"Set Go's soft memory limit from the container's, less the content capacity"`,
+			goLimit := resource.NewQuantity(framework.GoMemoryLimit(320<<20), resource.BinarySI)
+			for _, want := range []string{`"Set Go's soft memory limit from the container's"`,
 				fmt.Sprintf(`limit="%s" containerLimit="320Mi"`, goLimit), `"Released the binary's startup pages"`} {
 				if !strings.Contains(log, want) {
 					t.Errorf("%s: the driver's log lacks %s:\n%s", dep.name, want, log)

@@ -60,6 +60,7 @@ const (
 	ResidentAfter   = "residentAfter"
 	Limit           = "limit"
 	ContainerLimit  = "containerLimit"
+	ContentCapacity = "contentCapacity"
 	Taint           = "taint"
 	Attempt         = "attempt"
 )
