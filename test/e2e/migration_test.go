@@ -3,11 +3,15 @@
 package e2e
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ephemera-csi/ephemera/framework"
@@ -40,6 +45,12 @@ type deployment struct {
 //
 //   - make image's index is pushed to the registry; a pod naming a wrong digest
 //     of it ends in ImagePullBackOff;
+//   - without the registry first: a release of the index built (cmd/release),
+//     its archive imported with ctr -n k8s.io images import --all-platforms
+//     (installFromRelease), the release's Linux manifests applied unchanged
+//     (REPO:VERSION@DIGEST, IfNotPresent), the node plugin started from the
+//     node's image store without a pull (wantNoPull), a volume published and
+//     unpublished;
 //   - deploy/overlays/linux-embedded-registrar with the image set by digest
 //     (what `kustomize edit set image` writes), its DaemonSet's pod pulled by
 //     containerd through the kubelet; a pod's volume published by it;
@@ -226,23 +237,24 @@ func TestShippedImageMigration(t *testing.T) {
 				t.Fatalf("%v\nevents:\n%s", err, c.podEvents(p))
 			}
 			c.waitPodReady(t, p, 30*time.Second)
-			// The manifests pass the container's memory limit (320Mi) through the
-			// downward API; Go's soft limit is what is left beside the content
-			// capacity, all of it here (these deployments have no content
-			// provider, so no content is held); the driver gave its startup
-			// pages back before Ready.
+			// The manifests pass the container's memory limit through the downward
+			// API; the driver sets Go's from it, less --content-capacity
+			// (framework.GoMemoryLimit), and gave its startup pages back before Ready.
 			log := c.containerLogText(p)
-			goLimit := resource.NewQuantity(framework.GoMemoryLimit(320<<20), resource.BinarySI)
-			for _, want := range []string{`"Set Go's soft memory limit from the container's"`,
-				fmt.Sprintf(`limit="%s" containerLimit="320Mi"`, goLimit), `"Released the binary's startup pages"`} {
-				if !strings.Contains(log, want) {
-					t.Errorf("%s: the driver's log lacks %s:\n%s", dep.name, want, log)
-				}
+			if err := memoryPlanLogged(dep.ds, log); err != nil {
+				t.Errorf("%s: %v:\n%s", dep.name, err, log)
+			}
+			if want := `"Released the binary's startup pages"`; !strings.Contains(log, want) {
+				t.Errorf("%s: the driver's log lacks %s:\n%s", dep.name, want, log)
 			}
 			if n := registrations() - before; n != 1 {
 				t.Errorf("%s: the kubelet registered %s %d times for one node plugin", dep.name, driverName, n)
 			}
-			c.step(dep.name+": node plugin pulled from the registry, Running, Ready, registered", t0)
+			from := "pulled from the registry"
+			if dep.name == "release" {
+				from = "from the imported archive"
+			}
+			c.step(dep.name+": node plugin "+from+", Running, Ready, registered", t0)
 			return p
 		}
 		// uninstall deletes a deployment's DaemonSet (the objects the other keeps
@@ -292,6 +304,23 @@ func TestShippedImageMigration(t *testing.T) {
 			forget(p)
 			c.cleanedUp(t, p, vol)
 		}
+
+		// Registry-less first (docs/operations.md, "Installing a release"): the
+		// release's image archive imported into the node's containerd as an
+		// operator does (ctr -n k8s.io images import --all-platforms: the whole
+		// index with its SBOM artifacts), and the release's manifests applied as
+		// they are: their image, localhost/ephemera-scratch:VERSION@sha256:<index>,
+		// IfNotPresent, is found in the node's image store and never pulled
+		// (localhost serves no registry: a pull would fail). First, because the
+		// kubelet (KubeletEnsureSecretPulledImages, on since 1.35) treats an image
+		// it has pulled before under another name (the registry's, below) as not
+		// preloaded and pulls it again under the new name.
+		rel := c.installFromRelease(t, dir, stateRoot, port, img)
+		r1 := install(rel)
+		c.wantNoPull(t, r1)
+		app3, vol3 := app("release")
+		done(app3, vol3)
+		uninstall(rel, r1)
 
 		k1 := install(kust)
 		app1, vol1 := app("kustomize")
@@ -345,10 +374,166 @@ func TestShippedImageMigration(t *testing.T) {
 		done(app2, vol2) // published by the chart's driver, unpublished by kustomize's
 
 		uninstall(kust, k2)
+
 		if recs, err := boltRecords(filepath.Join(stateRoot, driverName, "state.db")); err != nil || len(recs) > 0 {
 			t.Errorf("state of the deployed driver after both pods: records %v (%v), want none", recs, err)
 		}
 	})
+}
+
+// installFromRelease builds a release of make image's index (test/manifests'
+// cmd/release, the same that make release runs, with the kubectl plugin for
+// linux/amd64), imports its OCI archive into the node's containerd with the
+// command docs/operations.md gives for containerd 1.6 and 2.x, checks that
+// containerd has the index under both names the archive gives it (REPO:VERSION,
+// and REPO@DIGEST, the name the kubelet's REPO:VERSION@DIGEST is looked up by)
+// and every blob of the archive (the three platforms' images and their SBOM
+// artifacts), and returns the release's Linux manifests
+// (manifests/ephemera-scratch-linux.yaml) for this node, the image left as the
+// release names it.
+func (c *cluster) installFromRelease(t *testing.T, dir, stateRoot string, port int, img shippedImage) deployment {
+	t.Helper()
+	t0 := time.Now()
+	ctx := context.Background()
+	plugin := filepath.Join(c.root, "bin", "kubectl-ephemera")
+	if err := c.goBuildIn(ctx, c.repoRoot, plugin, "./drivers/scratch/cmd/kubectl-ephemera"); err != nil {
+		t.Fatal(err)
+	}
+	git := func(args ...string) string {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = c.repoRoot
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("git %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	const version = "v0.0.0-e2e"
+	out := filepath.Join(dir, "release")
+	cmd := exec.Command("go", "run", "./cmd/release", "-version", version, "-image-layout", img.layout,
+		"-release-url", "https://example.com/e2e", "-revision", git("rev-parse", "HEAD"), "-source-date-epoch", git("log", "-1", "--format=%ct"),
+		"-plugin", "linux/amd64="+plugin, "-out", out)
+	cmd.Dir = filepath.Join(c.repoRoot, "test", "manifests")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cmd/release: %v\n%s", err, b)
+	}
+	c.step("release of make image's index built", t0)
+
+	t1 := time.Now()
+	repo := "localhost/ephemera-scratch"
+	names := []string{repo + ":" + version, repo + "@" + img.digest}
+	images := func() map[string]string { // name to target digest
+		ls, err := c.node.ctr(ctx, "images", "ls")
+		if err != nil {
+			t.Fatalf("ctr images ls: %v\n%s", err, ls)
+		}
+		m := map[string]string{}
+		for _, l := range strings.Split(ls, "\n")[1:] {
+			if f := strings.Fields(l); len(f) > 2 {
+				m[f[0]] = f[2]
+			}
+		}
+		return m
+	}
+	for _, n := range names {
+		if d, ok := images()[n]; ok {
+			t.Fatalf("containerd has %s (%s) before the import", n, d)
+		}
+	}
+	archive := filepath.Join(out, "ephemera-scratch-"+version+".oci.tar")
+	t.Cleanup(func() { _, _ = c.node.ctr(context.Background(), append([]string{"images", "rm"}, names...)...) })
+	if b, err := c.node.ctr(ctx, "images", "import", "--all-platforms", archive); err != nil {
+		t.Fatalf("ctr images import --all-platforms %s: %v\n%s", archive, err, b)
+	}
+	got := images()
+	for _, n := range names {
+		if got[n] != img.digest {
+			t.Fatalf("ctr images ls after the import: %s is %q, want make image's index %s (images: %v)", n, got[n], img.digest, got)
+		}
+	}
+	blobs, err := archiveBlobs(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := c.node.ctr(ctx, "content", "ls", "-q")
+	if err != nil {
+		t.Fatalf("ctr content ls: %v\n%s", err, cl)
+	}
+	have := strings.Fields(cl)
+	for _, b := range blobs {
+		if !slices.Contains(have, b) {
+			t.Fatalf("containerd's content store lacks the archive's blob %s after ctr images import --all-platforms", b)
+		}
+	}
+	c.step(fmt.Sprintf("release archive imported into containerd (%d blobs: 3 platforms, 3 SBOMs)", len(blobs)), t1)
+
+	objs, err := readObjects(filepath.Join(out, "manifests", "ephemera-scratch-linux.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := deployment{name: "release"}
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			dep.ds = o
+		}
+		dep.objs = append(dep.objs, o)
+	}
+	if dep.ds == nil {
+		t.Fatal("the release's Linux manifests have no DaemonSet")
+	}
+	want := names[0] + "@" + img.digest
+	if got := driverImage(dep.ds); got != want {
+		t.Fatalf("the release's DaemonSet runs %q, want %s", got, want)
+	}
+	if pp, _, _ := unstructured.NestedString(driverContainer(dep.ds), "imagePullPolicy"); pp != string(corev1.PullIfNotPresent) {
+		t.Fatalf("the release's driver container has imagePullPolicy %q, want IfNotPresent", pp)
+	}
+	if err := c.forThisNode(dep.ds, stateRoot, "", port); err != nil {
+		t.Fatal(err)
+	}
+	return dep
+}
+
+// archiveBlobs returns the digests of an OCI layout archive's blobs.
+func archiveBlobs(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ds []string
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return ds, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if hexd, ok := strings.CutPrefix(h.Name, "blobs/sha256/"); ok && h.Typeflag == tar.TypeReg {
+			ds = append(ds, "sha256:"+hexd)
+		}
+	}
+}
+
+// wantNoPull checks that the kubelet started every container of a running pod
+// from the node's image store ("already present on machine") and never pulled.
+func (c *cluster) wantNoPull(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	c.waitEvent(t, p, regexp.MustCompile(`already present on machine`), 30*time.Second)
+	evs, err := c.cs.CoreV1().Events(p.Namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.name": p.Name}.String(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if e.Reason == "Pulling" || e.Reason == "Failed" || e.Reason == "BackOff" {
+			t.Errorf("%s: the kubelet tried to pull: %s %s", p.Name, e.Reason, e.Message)
+		}
+	}
 }
 
 // renderDeployment renders a target of test/manifests (with values for a Helm
@@ -402,6 +587,44 @@ func driverContainer(ds *unstructured.Unstructured) map[string]any {
 		if ctn, ok := ci.(map[string]any); ok && ctn["name"] == "driver" {
 			return ctn
 		}
+	}
+	return nil
+}
+
+// memoryPlanLogged checks a DaemonSet's driver log for Go's soft memory limit:
+// set from its container's memory limit L (containerLimit="L"), less the
+// content capacity the driver holds (at most its --content-capacity C):
+// limit= between framework.GoMemoryLimit(L-C) and GoMemoryLimit(L).
+func memoryPlanLogged(ds *unstructured.Unstructured, log string) error {
+	ctn := driverContainer(ds)
+	l, _, _ := unstructured.NestedString(ctn, "resources", "limits", "memory")
+	q, err := resource.ParseQuantity(l)
+	if err != nil {
+		return fmt.Errorf("the driver container's memory limit %q: %w", l, err)
+	}
+	capacity := int64(0)
+	args, _, _ := unstructured.NestedStringSlice(ctn, "args")
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--content-capacity="); ok {
+			c, err := resource.ParseQuantity(v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", a, err)
+			}
+			capacity = c.Value()
+		}
+	}
+	re := regexp.MustCompile(`"Set Go's soft memory limit from the container's[^"]*".* limit="([^"]+)" containerLimit="([^"]+)"`)
+	m := re.FindStringSubmatch(log)
+	if m == nil {
+		return fmt.Errorf("the driver's log does not say it set Go's memory limit")
+	}
+	got, err1 := resource.ParseQuantity(m[1])
+	ctnLimit, err2 := resource.ParseQuantity(m[2])
+	if err1 != nil || err2 != nil || ctnLimit.Value() != q.Value() {
+		return fmt.Errorf("the driver set Go's memory limit to %s from a container limit of %s, want the container's %s", m[1], m[2], l)
+	}
+	if lo, hi := framework.GoMemoryLimit(q.Value()-capacity), framework.GoMemoryLimit(q.Value()); got.Value() < lo || got.Value() > hi {
+		return fmt.Errorf("the driver set Go's memory limit to %s, want between %d and %d bytes (container %s, --content-capacity %d bytes)", m[1], lo, hi, l, capacity)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -151,9 +152,18 @@ func (r *Release) Build() (string, error) {
 // ---- the image archive
 
 // writeImageArchive writes the OCI layout as a tar (files in name order, every
-// timestamp the epoch), its index.json's descriptor of the index named
-// ImageRepo:Version for containerd (io.containerd.image.name; `ctr images import`
-// takes the name from it) and tagged Version (org.opencontainers.image.ref.name).
+// timestamp the epoch) whose index.json describes the index twice, as `ctr images
+// export` of the two names would: named ImageRepo:Version for containerd
+// (io.containerd.image.name; `ctr images import` takes the name from it) and
+// tagged Version (org.opencontainers.image.ref.name); and named
+// ImageRepo@<index digest>, untagged. The kubelet looks a pod's
+// REPO:TAG@DIGEST up in containerd's CRI as REPO@DIGEST, a name a plain `ctr
+// images import` creates only from this second descriptor (its --digests names
+// the digest image after --base-name on 1.6, and on containerd 2's transfer
+// service after the layout's own index.json): with it one command loads the
+// release on containerd 1.6 and 2.x, and a pod naming the release by digest
+// finds it without a pull. Tools that pick one image of an OCI layout
+// (skopeo's oci-archive:FILE:TAG) select the first by its tag.
 func (r *Release) writeImageArchive() (string, error) {
 	b, err := os.ReadFile(filepath.Join(r.ImageLayout, "index.json"))
 	if err != nil {
@@ -172,10 +182,13 @@ func (r *Release) writeImageArchive() (string, error) {
 	if mt, _ := desc["mediaType"].(string); mt != mediaTypeOCIIndex || !digestPattern.MatchString(digest) {
 		return "", fmt.Errorf("%s/index.json: the descriptor is %s %s, want an OCI image index", r.ImageLayout, mt, digest)
 	}
+	byDigest := maps.Clone(desc)
 	desc["annotations"] = map[string]any{
 		"io.containerd.image.name":          r.ImageRepo + ":" + r.Version,
 		"org.opencontainers.image.ref.name": r.Version,
 	}
+	byDigest["annotations"] = map[string]any{"io.containerd.image.name": r.ImageRepo + "@" + digest}
+	idx["manifests"] = []any{desc, byDigest}
 	index, err := json.MarshalIndent(idx, "", "   ")
 	if err != nil {
 		return "", err

@@ -1,10 +1,12 @@
 package manifests
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,6 +114,9 @@ func TestRelease(t *testing.T) {
 	if a.Index != digest || a.Name != "registry.example.com/ephemera/scratch:v0.98.7" || len(a.Images) != 3 || len(a.SBOMs) != 3 {
 		t.Fatalf("archive: index %s name %s, %d images, %d SBOMs; want %s, 3 and 3", a.Index, a.Name, len(a.Images), len(a.SBOMs), digest)
 	}
+	if want := "registry.example.com/ephemera/scratch@" + digest; a.ByDigest != want {
+		t.Errorf("archive: the index's second name is %q, want %s", a.ByDigest, want)
+	}
 	for ref, want := range map[string]string{
 		"registry.example.com/ephemera/scratch:v0.98.7@" + digest:                 "",
 		"registry.example.com/ephemera/scratch@" + digest:                         "",
@@ -136,7 +141,20 @@ func TestRelease(t *testing.T) {
 	}
 
 	// A bundle naming the linux/amd64 manifest instead of the index, a krew
-	// manifest with a wrong checksum, a file not in SHA256SUMS.
+	// manifest with a wrong checksum, a file not in SHA256SUMS, an archive whose
+	// index.json names the index by its tag only.
+	archive := filepath.Join(r.Out, r.ImageArchive())
+	if err := editTar(archive, "index.json", func(b []byte) []byte {
+		var idx map[string]any
+		if err := json.Unmarshal(b, &idx); err != nil {
+			t.Fatal(err)
+		}
+		idx["manifests"] = idx["manifests"].([]any)[:1]
+		b, _ = json.Marshal(idx)
+		return b
+	}); err != nil {
+		t.Fatal(err)
+	}
 	linux := filepath.Join(r.Out, ManifestsDir, "ephemera-scratch-linux.yaml")
 	b, err := os.ReadFile(linux)
 	if err != nil {
@@ -161,11 +179,50 @@ func TestRelease(t *testing.T) {
 		"manifests/ephemera-scratch-linux.yaml: sha256",
 		"extra.txt is not listed",
 		"krew/ephemera.yaml: linux/amd64: sha256 abab",
+		"the index is not also named registry.example.com/ephemera/scratch@" + digest,
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("CheckRelease of a broken release: %v; want %q", err, w)
 		}
 	}
+}
+
+// editTar rewrites one file of a tar archive with edit.
+func editTar(path, name string, edit func([]byte) []byte) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var out bytes.Buffer
+	tr, tw := tar.NewReader(f), tar.NewWriter(&out)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			return err
+		}
+		if h.Name == name {
+			b = edit(b)
+			h.Size = int64(len(b))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := tw.Write(b); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(path, out.Bytes(), 0o644)
 }
 
 // TestReleaseVersions: a vX.Y.Z release is its own module version; anything

@@ -54,11 +54,14 @@ type Expect struct {
 
 // Archive is an OCI layout archive read into memory.
 type Archive struct {
-	Name   string // io.containerd.image.name of the index
-	Index  string // the index digest
-	Blobs  map[string][]byte
-	Images map[string]string // platform to image manifest digest
-	SBOMs  map[string]string // platform to SBOM manifest digest
+	Name  string // io.containerd.image.name of the index (REPO:TAG)
+	Index string // the index digest
+	// ByDigest is the name of index.json's second descriptor of the index, if
+	// any (REPO@DIGEST: what ctr images import names it too).
+	ByDigest string
+	Blobs    map[string][]byte
+	Images   map[string]string // platform to image manifest digest
+	SBOMs    map[string]string // platform to SBOM manifest digest
 }
 
 type descriptor struct {
@@ -83,7 +86,7 @@ type ociManifest struct {
 }
 
 // ReadArchive reads and checks an OCI layout archive: oci-layout, one index in
-// index.json, every blob's content matching its digest, and every descriptor of
+// index.json (described once, or twice: by name and by digest), every blob's content matching its digest, and every descriptor of
 // the index, its images and SBOM artifacts resolving to a blob of the declared
 // size.
 func ReadArchive(path string) (*Archive, error) {
@@ -131,11 +134,18 @@ func ReadArchive(path string) (*Archive, error) {
 	if err := json.Unmarshal(files["index.json"], &top); err != nil {
 		return nil, fmt.Errorf("%s: index.json: %w", path, err)
 	}
-	if len(top.Manifests) != 1 {
-		return nil, fmt.Errorf("%s: index.json has %d descriptors, want one index", path, len(top.Manifests))
+	if n := len(top.Manifests); n != 1 && n != 2 {
+		return nil, fmt.Errorf("%s: index.json has %d descriptors, want one index, described once or twice (by name, by digest)", path, n)
 	}
 	d := top.Manifests[0]
 	a.Name, a.Index = d.Annotations["io.containerd.image.name"], d.Digest
+	if len(top.Manifests) == 2 {
+		d2 := top.Manifests[1]
+		if d2.Digest != d.Digest || d2.MediaType != d.MediaType || d2.Size != d.Size {
+			return nil, fmt.Errorf("%s: index.json describes %s %s and %s %s, want one index", path, d.MediaType, d.Digest, d2.MediaType, d2.Digest)
+		}
+		a.ByDigest = d2.Annotations["io.containerd.image.name"]
+	}
 	blob := func(d descriptor, what string) []byte {
 		b, ok := a.Blobs[d.Digest]
 		if !ok {
@@ -239,6 +249,11 @@ func CheckRelease(dir string, want Expect) (*Archive, error) {
 	}
 	if a.Name != want.ImageRepo+":"+want.Version {
 		fail("%s: the index is named %q, want %s:%s", r.ImageArchive(), a.Name, want.ImageRepo, want.Version)
+	}
+	// What a pod's REPO:TAG@DIGEST is looked up as in containerd's CRI.
+	if a.ByDigest != want.ImageRepo+"@"+a.Index {
+		fail("%s: the index is not also named %s@%s (named %q): ctr images import would not create the name a pod's image by digest is looked up by",
+			r.ImageArchive(), want.ImageRepo, a.Index, a.ByDigest)
 	}
 	for _, p := range ImagePlatforms {
 		if a.Images[p] == "" || a.SBOMs[p] == "" {
