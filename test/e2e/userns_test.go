@@ -6,12 +6,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -356,6 +358,32 @@ func TestUserNamespaces(t *testing.T) {
 					t.Errorf("token audience %q, want %q", aud, pluginAudience)
 				}
 			}
+			// The driver cannot tell: the request has no field nor key about the
+			// pod's user namespace, only the pod info and the attributes.
+			for _, v := range []corev1.Volume{r.rw, r.ro} {
+				h := volumeHandle(string(p.UID), v.Name)
+				pub := d.rpcLines(0, "NodePublishVolume", h)
+				if len(pub) == 0 {
+					t.Errorf("%s: no NodePublishVolume for %s in %s", v.Name, h, d.logPath)
+				}
+				for _, l := range pub {
+					fields, keys, err := publishRequest(l)
+					if err != nil {
+						t.Errorf("%s: %v: %s", v.Name, err, l)
+						continue
+					}
+					for _, f := range fields {
+						if !slices.Contains([]string{"volume_id", "target_path", "volume_capability", "readonly", "volume_context"}, f) {
+							t.Errorf("%s: NodePublishVolume has field %s: %s", v.Name, f, l)
+						}
+					}
+					for _, k := range keys {
+						if _, attr := v.CSI.VolumeAttributes[k]; !attr && !slices.Contains(podInfoKeys, k) {
+							t.Errorf("%s: NodePublishVolume's volume_context has %s: %s", v.Name, k, l)
+						}
+					}
+				}
+			}
 			// The node's disk records the pod's IDs, not the host IDs of its range.
 			var hs syscall.Stat_t
 			if err := syscall.Stat(filepath.Join(c.hostVolumePath(p, r.rw), "f"), &hs); err != nil {
@@ -402,4 +430,47 @@ func TestUserNamespaces(t *testing.T) {
 		}
 	})
 	t.Logf("TestUserNamespaces: %v until every row was checked", time.Since(t0).Round(time.Millisecond))
+}
+
+// podInfoKeys are the volume_context keys the kubelet adds to an inline
+// volume's attributes (podInfoOnMount, tokenRequests).
+var podInfoKeys = []string{
+	"csi.storage.k8s.io/ephemeral", "csi.storage.k8s.io/pod.name", "csi.storage.k8s.io/pod.namespace",
+	"csi.storage.k8s.io/pod.uid", "csi.storage.k8s.io/serviceAccount.name", "csi.storage.k8s.io/serviceAccount.tokens",
+}
+
+// publishRequest decodes the request of a driver's "Request" log line for
+// NodePublishVolume (as publishMount) and returns its fields' names and its
+// volume_context's keys, sorted.
+func publishRequest(line string) (fields, keys []string, err error) {
+	_, q, ok := strings.Cut(line, " request=")
+	if !ok {
+		return nil, nil, fmt.Errorf("no request= in the log line")
+	}
+	if q, err = strconv.QuotedPrefix(q); err != nil {
+		return nil, nil, fmt.Errorf("request=: %w", err)
+	}
+	js, err := strconv.Unquote(q)
+	if err != nil {
+		return nil, nil, fmt.Errorf("request=: %w", err)
+	}
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(js), &req); err != nil {
+		return nil, nil, fmt.Errorf("request JSON: %w", err)
+	}
+	var vc map[string]any
+	if b, ok := req["volume_context"]; ok {
+		if err := json.Unmarshal(b, &vc); err != nil {
+			return nil, nil, fmt.Errorf("volume_context: %w", err)
+		}
+	}
+	for f := range req {
+		fields = append(fields, f)
+	}
+	for k := range vc {
+		keys = append(keys, k)
+	}
+	slices.Sort(fields)
+	slices.Sort(keys)
+	return fields, keys, nil
 }
