@@ -141,8 +141,9 @@ func TestUserNamespaces(t *testing.T) {
 	t0 := time.Now()
 	ctx := context.Background()
 
-	// Cleanups run last-registered first: the network goes after the driver,
-	// which goes after the pods (each subtest deletes its own).
+	// Cleanups run last-registered first: the pods go first (registered as
+	// they are created), then the driver's records are checked, the driver and
+	// the plugin stop, and the network goes last.
 	t.Cleanup(c.startPodNetwork(t))
 
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: usernsHandler}, Handler: usernsHandler}
@@ -178,6 +179,11 @@ func TestUserNamespaces(t *testing.T) {
 	if err := c.goBuildIn(ctx, filepath.Join(c.repoRoot, "examples/tokenfile"), tp.bin, "."); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if tp.p != nil {
+			tp.p.stop(10 * time.Second)
+		}
+	})
 	if err := tp.start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -198,11 +204,10 @@ func TestUserNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(d.stop)
 	if err := d.start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tp.p.stop(10 * time.Second) })
-	t.Cleanup(d.stop)
 	var handles []string
 	t.Cleanup(func() {
 		if !t.Failed() {
