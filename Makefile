@@ -80,8 +80,12 @@ test:
 	if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then \
 	  echo "test: building containerd 2 beside them (log: $(OUT)/build-containerd.log)"; \
 	  ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-containerd.sh >$(OUT)/build-containerd.log 2>&1 & echo $$! >$(OUT)/build-containerd.pid ); \
+	  if [ -z "$${EPHEMERA_E2E_RUNC_BIN:-}" ]; then \
+	    echo "test: building runc (user-namespace scenarios) beside them (log: $(OUT)/build-runc.log)"; \
+	    ( setsid nice -n 19 ionice -c 2 -n 7 test/e2e/build-runc.sh >$(OUT)/build-runc.log 2>&1 & echo $$! >$(OUT)/build-runc.pid ); \
+	  fi; \
 	fi; \
-	trap 'for b in k8s containerd; do [ -f $(OUT)/build-$$b.pid ] && kill -TERM -- -$$(cat $(OUT)/build-$$b.pid) 2>/dev/null; rm -f $(OUT)/build-$$b.pid; done' EXIT; \
+	trap 'for b in k8s containerd runc; do [ -f $(OUT)/build-$$b.pid ] && kill -TERM -- -$$(cat $(OUT)/build-$$b.pid) 2>/dev/null; rm -f $(OUT)/build-$$b.pid; done' EXIT; \
 	t0=$$(date +%s); rc=0; beside=; \
 	for s in $(TEST_STEPS); do \
 	  if [ "$$s" = e2e ] && [ -n "$(TEST_BESIDE_E2E)" ]; then \
@@ -97,7 +101,7 @@ test:
 	  echo "--- beside e2e: $(TEST_BESIDE_E2E)"; cat $(OUT)/beside-e2e.log; \
 	fi; \
 	echo "make test: $$(( $$(date +%s) - t0 ))s"; cat $(OUT)/test-times.txt; \
-	grep -h -e '^build-k8s: built' -e '^build-containerd: built' $(OUT)/build-k8s.log $(OUT)/build-containerd.log 2>/dev/null | sed 's/^/background /'; exit $$rc
+	grep -h -e '^build-k8s: built' -e '^build-containerd: built' -e '^build-runc: built' $(OUT)/build-k8s.log $(OUT)/build-containerd.log $(OUT)/build-runc.log 2>/dev/null | sed 's/^/background /'; exit $$rc
 
 ## deps: the Debian packages make test needs (containerd, runc, mkfs, losetup, protoc; root; a no-op when present)
 deps:
@@ -153,7 +157,8 @@ K8S_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' test
 export K8S_VERSION
 # CONTAINERD: the containerd of e2e's containerd runtime: 2 (default), the release test/e2e/containerd/go.mod
 # pins (v2.4.2), built from the Go module proxy by test/e2e/build-containerd.sh (cached, and in make test beside
-# the Kubernetes build), or 1.6, Debian 12's package (install-deps.sh). runc is Debian's for both.
+# the Kubernetes build), or 1.6, Debian 12's package (install-deps.sh). runc is Debian's for both, but for the
+# user-namespace scenarios' RuntimeClass on 2: runc >= 1.2 from the Go module proxy (test/e2e/build-runc.sh, cached).
 CONTAINERD ?= 2
 
 ## e2e: real kubelet + kube-apiserver + etcd + containerd (root; builds Kubernetes $(K8S_VERSION) and containerd 2
@@ -166,10 +171,11 @@ E2E_IMAGE ?= build
 e2e: build-static $(if $(filter beside,$(E2E_IMAGE)),,image)
 	@test/e2e/build-k8s.sh --check
 	test/e2e/install-deps.sh
-	@for b in k8s containerd; do if [ -f $(OUT)/build-$$b.pid ]; then pg=$$(cat $(OUT)/build-$$b.pid); \
+	@for b in k8s containerd runc; do if [ -f $(OUT)/build-$$b.pid ]; then pg=$$(cat $(OUT)/build-$$b.pid); \
 	  renice -n 0 -g $$pg >/dev/null 2>&1; ionice -c 2 -n 4 -P $$pg >/dev/null 2>&1; fi; done; true
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
 	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
+	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_RUNC_BIN:-}" ]; then .ci/step build-runc bash -c 'test/e2e/build-runc.sh >/dev/null'; fi
 	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  EPHEMERA_E2E_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) $(if $(filter beside,$(E2E_IMAGE)),EPHEMERA_E2E_IMAGE_WAIT=30m) \
 	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
@@ -246,6 +252,7 @@ verify: proto-check verify-e2e-modules
 verify-e2e-modules:
 	@cd test/e2e/k8s && for m in go.mod v1.*.mod; do echo "go mod verify -modfile=$$m"; $(GO) mod verify -modfile=$$m || exit 1; done
 	@cd test/e2e/containerd && echo "go mod verify (test/e2e/containerd)" && $(GO) mod verify
+	@cd test/e2e/runc && echo "go mod verify (test/e2e/runc)" && $(GO) mod verify
 
 ## bench: the latency table against the raw-syscall floor, the kubelet-shaped comparison with a
 ## stateless reference driver (ratios; in process, and out of process with the image's binary and a

@@ -240,6 +240,8 @@ func cleanupRoot(dir string) []string {
 	// others' in <root>/nodes/*.
 	nodeDirs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*"))
 	removeContainers(dir, append([]string{dir}, nodeDirs...)...)
+	// TestUserNamespaces' pod network, once its pods are gone.
+	removePodBridge(dir)
 	var problems []string
 	if failed := unmountAllUnder(dir); len(failed) > 0 {
 		problems = append(problems, failed...)
@@ -272,6 +274,21 @@ func removeContainers(dir string, nodeDirs ...string) {
 		for _, id := range ids[nd] {
 			_ = exec.Command(runc, "--root", runcRoot, "delete", "--force", id.Name()).Run()
 		}
+	}
+	// The user-namespace handler's containers, with the runc that made them
+	// (usernsRuntime); they live in the same containerd, so their shims and
+	// sockets are handled with the others' below.
+	for _, nd := range nodeDirs {
+		bin, err := os.ReadFile(usernsRuncRoot(nd) + ".bin")
+		if err != nil {
+			continue
+		}
+		root := filepath.Join(usernsRuncRoot(nd), "k8s.io")
+		es, _ := os.ReadDir(root)
+		for _, id := range es {
+			_ = exec.Command(string(bin), "--root", root, "delete", "--force", id.Name()).Run()
+		}
+		ids[nd] = append(ids[nd], es...)
 	}
 	killByCmdline(dir + "/")
 	// A SIGKILLed shim leaves its socket in /run/containerd/s (containerd 1.6 puts it
@@ -323,6 +340,12 @@ func (c *cluster) start(ctx context.Context) error {
 		return err
 	}
 	c.root = root
+	// Searchable by all, as /run/containerd is (MkdirTemp makes it 0700): the init
+	// of a container in a user namespace (TestUserNamespaces) runs as an unprivileged
+	// host ID there and must reach its rootfs below the root.
+	if err := os.Chmod(root, 0o711); err != nil {
+		return err
+	}
 	// The owner file lets a concurrent run tell a live root from a crashed one.
 	if st, err := procStartTime(os.Getpid()); err == nil {
 		_ = os.WriteFile(filepath.Join(root, "owner"), []byte(fmt.Sprintf("%d %s\n", os.Getpid(), st)), 0o644)

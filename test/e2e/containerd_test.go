@@ -44,7 +44,18 @@ type containerdInstall struct {
 	shim    string // containerd-shim-runc-v2
 	ctr     string // ctr of the same release
 	dir     string // the directory of the three, put first on containerd's PATH
+	// usernsRunc is the runc build-runc.sh built (containerd 2 only): the binary
+	// of the runtime handler usernsHandler, which TestUserNamespaces' pods use
+	// through the RuntimeClass of the same name. Empty with usernsErr saying why
+	// (the other scenarios do not need it).
+	usernsRunc string
+	usernsErr  error
 }
+
+// usernsHandler is containerd 2's runtime handler (and the RuntimeClass) whose
+// runc can make ID-mapped mounts (runc >= 1.2, build-runc.sh); the default
+// handler "runc" runs Debian's 1.1.5, which cannot.
+const usernsHandler = "runc-userns"
 
 // findContainerd finds the containerd of EPHEMERA_E2E_CONTAINERD: for 2 the
 // binaries build-containerd.sh prints (a no-op when cached) unless
@@ -65,6 +76,10 @@ func (c *cluster) findContainerd(ctx context.Context) error {
 			ci.dir = strings.TrimSpace(string(out))
 		}
 		ci.bin, ci.shim, ci.ctr = filepath.Join(ci.dir, "containerd"), filepath.Join(ci.dir, "containerd-shim-runc-v2"), filepath.Join(ci.dir, "ctr")
+		ci.usernsRunc, ci.usernsErr = c.findUsernsRunc(ctx)
+		if ci.usernsErr != nil {
+			c.logf("no runtime handler %s (TestUserNamespaces will fail): %v", usernsHandler, ci.usernsErr)
+		}
 	case containerd16:
 		for _, b := range []*struct {
 			name string
@@ -104,6 +119,29 @@ func (c *cluster) findContainerd(ctx context.Context) error {
 	c.ctrd = ci
 	c.logf("containerd %s (%s), runc %s", ci.version, ci.dir, runcVersion(ctx))
 	return nil
+}
+
+// findUsernsRunc is the runc build-runc.sh prints the directory of (a no-op
+// when cached), or the one in EPHEMERA_E2E_RUNC_BIN's directory.
+func (c *cluster) findUsernsRunc(ctx context.Context) (string, error) {
+	dir := os.Getenv("EPHEMERA_E2E_RUNC_BIN")
+	if dir == "" {
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join(c.repoRoot, "test/e2e/build-runc.sh"))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("test/e2e/build-runc.sh: %w", err)
+		}
+		dir = strings.TrimSpace(string(out))
+	}
+	bin := filepath.Join(dir, "runc")
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	c.logf("runtime handler %s: %s", usernsHandler, first)
+	return bin, nil
 }
 
 // runcVersion is the first line of runc --version ("runc version 1.1.5+ds1").
@@ -227,12 +265,41 @@ disabled_plugins = [%s]
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = %q
-
+%s
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = [%q]
     conf_dir = %q
-`, pauseImageRef, n.registryConfigDir(), ci.shim, n.runcRoot, filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
+`, pauseImageRef, n.registryConfigDir(), ci.shim, n.runcRoot, n.usernsRuntime(), filepath.Join(d, "cni-bin"), filepath.Join(d, "cni-conf"))
 }
+
+// usernsRuntime is containerd 2's runtime handler usernsHandler: the same shim
+// with build-runc.sh's runc (BinaryName) and a runc root of its own
+// (usernsRuncRoot: a state written by runc 1.5 is not Debian 1.1.5's to delete).
+// The CRI plugin asks that runc for its features at start and reports the
+// handler as supporting user namespaces (RuntimeHandlerFeatures.user_namespaces,
+// which the kubelet requires for a hostUsers: false pod) when they list the
+// user namespace and ID-mapped mounts.
+func (n *node) usernsRuntime() string {
+	ci := n.c.ctrd
+	if ci.usernsRunc == "" {
+		return ""
+	}
+	return fmt.Sprintf(`
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = %q
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s.options]
+        BinaryName = %q
+        SystemdCgroup = false
+        Root = %q
+`, usernsHandler, ci.shim, usernsHandler, ci.usernsRunc, usernsRuncRoot(n.dir))
+}
+
+// usernsRuncRoot is the runc root of the usernsHandler runtime of the node
+// whose files are in dir; usernsRuncRoot(dir)+".bin" names the runc that
+// created its containers (removeContainers deletes them with it).
+func usernsRuncRoot(dir string) string { return filepath.Join(dir, "runc-userns") }
 
 func (n *node) startContainerd(ctx context.Context) error {
 	c := n.c
@@ -246,6 +313,11 @@ func (n *node) startContainerd(ctx context.Context) error {
 	// runc keeps its state in <Root>/<namespace>; below the run root a later run can
 	// find and delete containers that a crashed run left behind.
 	n.runcRoot = filepath.Join(n.dir, "runc")
+	if c.ctrd.usernsRunc != "" {
+		if err := os.WriteFile(usernsRuncRoot(n.dir)+".bin", []byte(c.ctrd.usernsRunc), 0o644); err != nil {
+			return err
+		}
+	}
 	cfg := filepath.Join(d, "config.toml")
 	if err := os.WriteFile(cfg, []byte(n.containerdConfig()), 0o644); err != nil {
 		return err

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -31,6 +32,7 @@ type tokensPlugin struct {
 	c        *cluster
 	bin      string
 	endpoint string
+	proc     string // its process and log name; "" is plugin-tokens
 	p        *proc
 }
 
@@ -38,7 +40,7 @@ type tokensPlugin struct {
 // plugin's socket file stays behind, so its existence proves nothing).
 func (tp *tokensPlugin) start(ctx context.Context) error {
 	var err error
-	tp.p, err = tp.c.startProc("plugin-tokens", tp.bin, []string{"plugin", "--endpoint=" + tp.endpoint, "--v=4"}, nil)
+	tp.p, err = tp.c.startProc(cmp.Or(tp.proc, "plugin-tokens"), tp.bin, []string{"plugin", "--endpoint=" + tp.endpoint, "--v=4"}, nil)
 	if err != nil {
 		return err
 	}
