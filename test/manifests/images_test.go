@@ -170,17 +170,7 @@ func TestImageDigest(t *testing.T) {
 		}
 		k := "resources:\n- " + rel + "\nimages:\n- name: " + driverImage +
 			"\n  newName: registry.example.com/scratch\n  digest: " + digest + "\n"
-		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		b, err := Kustomize(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs, err := Decode(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		objs := kustomizeText(t, dir, k)
 		got := driverContainer(t, rendered{Target{Name: overlay}, objs}).Get("image")
 		if got != "registry.example.com/scratch@"+digest {
 			t.Errorf("%s with images.digest: driver image %v, want registry.example.com/scratch@%s", overlay, got, digest)

@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,6 +38,24 @@ func renderAll(t *testing.T) []rendered {
 		out = append(out, rendered{tg, objs})
 	}
 	return out
+}
+
+// kustomizeText renders a kustomization.yaml of text written into dir (an
+// operator's overlay of the shipped ones).
+func kustomizeText(t *testing.T, dir, text string) []Object {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Kustomize(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
 }
 
 func (r rendered) find(kind string) []Object {

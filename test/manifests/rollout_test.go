@@ -1,7 +1,6 @@
 package manifests
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 )
@@ -83,16 +82,6 @@ patches:
   patch: |-
     - {op: replace, path: /spec/updateStrategy/rollingUpdate/maxUnavailable, value: 1}
 `
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := Kustomize(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Decode(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := kustomizeText(t, dir, kust)
 	checkStrategy(t, rendered{Target{Name: "patched"}, objs}.driverDaemonSet(t), float64(1))
 }

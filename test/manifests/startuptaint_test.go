@@ -2,7 +2,6 @@ package manifests
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -29,17 +28,7 @@ func startupTaintKustomize(t *testing.T, overlay string) rendered {
 	}
 	kust := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel(overlay) +
 		"\ncomponents:\n- " + rel("deploy/components/startup-taint") + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := Kustomize(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Decode(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := kustomizeText(t, dir, kust)
 	return rendered{Target{Name: overlay + "+startup-taint"}, objs}
 }
 
