@@ -383,33 +383,40 @@ func checkSums(dir string) error {
 }
 
 func checkChartMeta(chart string, r *Release) error {
-	f, err := os.Open(chart)
+	b, err := tarGzFile(chart, "ephemera-driver/Chart.yaml")
 	if err != nil {
 		return err
+	}
+	var meta struct{ Version, AppVersion string }
+	if err := yaml.Unmarshal(b, &meta); err != nil {
+		return err
+	}
+	if meta.Version != strings.TrimPrefix(r.ModuleVersion(), "v") || meta.AppVersion != r.Version {
+		return fmt.Errorf("version %q appVersion %q, want %s and %s", meta.Version, meta.AppVersion, strings.TrimPrefix(r.ModuleVersion(), "v"), r.Version)
+	}
+	return nil
+}
+
+// tarGzFile reads the file name out of the .tar.gz archive at path.
+func tarGzFile(path, name string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
 	}
 	defer f.Close()
 	gz, err := gzip.NewReader(f)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tr := tar.NewReader(gz)
 	for {
 		h, err := tr.Next()
 		if err != nil {
-			return fmt.Errorf("no ephemera-driver/Chart.yaml (%v)", err)
+			return nil, fmt.Errorf("no %s (%v)", name, err)
 		}
-		if h.Name != "ephemera-driver/Chart.yaml" {
-			continue
+		if h.Name == name {
+			return io.ReadAll(tr)
 		}
-		var meta struct{ Version, AppVersion string }
-		b, _ := io.ReadAll(tr)
-		if err := yaml.Unmarshal(b, &meta); err != nil {
-			return err
-		}
-		if meta.Version != strings.TrimPrefix(r.ModuleVersion(), "v") || meta.AppVersion != r.Version {
-			return fmt.Errorf("version %q appVersion %q, want %s and %s", meta.Version, meta.AppVersion, strings.TrimPrefix(r.ModuleVersion(), "v"), r.Version)
-		}
-		return nil
 	}
 }
 
@@ -452,55 +459,36 @@ func checkKrew(dir string, r *Release, want Expect) error {
 
 // checkPluginArchive: the archive holds bin, an executable of the platform.
 func checkPluginArchive(path, bin, platform string) error {
-	f, err := os.Open(path)
+	b, err := tarGzFile(path, bin)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	gz, err := gzip.NewReader(f)
-	if err != nil {
-		return err
-	}
-	tr := tar.NewReader(gz)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			return fmt.Errorf("no %s (%v)", bin, err)
-		}
-		if h.Name != bin {
-			continue
-		}
-		b, err := io.ReadAll(tr)
+	goos, goarch, _ := strings.Cut(platform, "/")
+	var arch string
+	switch goos {
+	case "linux":
+		ef, err := elf.NewFile(bytes.NewReader(b))
 		if err != nil {
 			return err
 		}
-		goos, goarch, _ := strings.Cut(platform, "/")
-		var arch string
-		switch goos {
-		case "linux":
-			ef, err := elf.NewFile(bytes.NewReader(b))
-			if err != nil {
-				return err
-			}
-			arch = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64"}[ef.Machine]
-		case "darwin":
-			mf, err := macho.NewFile(bytes.NewReader(b))
-			if err != nil {
-				return err
-			}
-			arch = map[macho.Cpu]string{macho.CpuAmd64: "amd64", macho.CpuArm64: "arm64"}[mf.Cpu]
-		case "windows":
-			pf, err := pe.NewFile(bytes.NewReader(b))
-			if err != nil {
-				return err
-			}
-			arch = map[uint16]string{pe.IMAGE_FILE_MACHINE_AMD64: "amd64", pe.IMAGE_FILE_MACHINE_ARM64: "arm64"}[pf.Machine]
+		arch = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64"}[ef.Machine]
+	case "darwin":
+		mf, err := macho.NewFile(bytes.NewReader(b))
+		if err != nil {
+			return err
 		}
-		if arch != goarch {
-			return fmt.Errorf("%s is a %s/%q executable, want %s", bin, goos, arch, platform)
+		arch = map[macho.Cpu]string{macho.CpuAmd64: "amd64", macho.CpuArm64: "arm64"}[mf.Cpu]
+	case "windows":
+		pf, err := pe.NewFile(bytes.NewReader(b))
+		if err != nil {
+			return err
 		}
-		return nil
+		arch = map[uint16]string{pe.IMAGE_FILE_MACHINE_AMD64: "amd64", pe.IMAGE_FILE_MACHINE_ARM64: "arm64"}[pf.Machine]
 	}
+	if arch != goarch {
+		return fmt.Errorf("%s is a %s/%q executable, want %s", bin, goos, arch, platform)
+	}
+	return nil
 }
 
 func checkModuleProxy(dir string, r *Release, want Expect) error {
