@@ -17,6 +17,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/registration"
 )
 
@@ -131,24 +132,24 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 		d.httpComponent(log),
 		{name: "reconcile", start: func(ctx context.Context) error {
 			start := time.Now()
-			if err := d.reconcile(ctx); err != nil {
+			if err := d.engine.Reconcile(klog.NewContext(ctx, log)); err != nil {
 				return fmt.Errorf("startup reconcile: %w", err)
 			}
-			n, used := d.capacity.snapshot()
+			n, used := d.engine.Volumes()
 			log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
 			// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-			_ = d.checkPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
+			_ = d.engine.CheckPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
 			return nil
 		}},
 		d.runnablesComponent(log),
 		{
 			name:  "refresher",
-			start: func(ctx context.Context) error { d.refresher.start(klog.NewContext(ctx, log)); return nil },
-			stop:  func() error { d.refresher.stop(); return nil },
+			start: func(ctx context.Context) error { d.engine.StartRefresher(klog.NewContext(ctx, log)); return nil },
+			stop:  func() error { d.engine.StopRefresher(); return nil },
 		},
 		{name: "gc", run: func(ctx context.Context) error {
 			if d.opts.GC.Interval > 0 {
-				d.runGC(ctx)
+				d.engine.RunGC(ctx)
 			}
 			return nil
 		}},
@@ -168,7 +169,7 @@ func planString(n int64) string {
 	if n < 0 {
 		return "unbounded (--content-capacity=-1)"
 	}
-	return bytes(n)
+	return words.Bytes(n)
 }
 
 // setMemoryLimit is debug.SetMemoryLimit, replaced by tests.
@@ -192,15 +193,15 @@ func (d *Driver) memoryLimitComponent(log klog.Logger) component {
 			}
 			if need := d.opts.memoryNeeded(); need < 0 || need > limit {
 				log.Info("The memory limit does not hold the driver's memory plan (docs/operations.md, \"The memory plan\"): the kernel may OOM-kill the driver under the load its bounds admit; raise the limit, or lower --content-capacity, --content-bytes-in-flight or --stats-max-walks",
-					logkeys.ContainerLimit, bytes(limit), logkeys.Limit, planString(need))
+					logkeys.ContainerLimit, words.Bytes(limit), logkeys.Limit, planString(need))
 			}
 			held := d.opts.heldCapacity()
 			goLimit := GoMemoryLimit(limit - held)
 			prev = setMemoryLimit(goLimit)
 			if held > 0 {
-				log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit), logkeys.ContentCapacity, bytes(held))
+				log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, words.Bytes(goLimit), logkeys.ContainerLimit, words.Bytes(limit), logkeys.ContentCapacity, words.Bytes(held))
 			} else {
-				log.V(2).Info("Set Go's soft memory limit from the container's", logkeys.Limit, bytes(goLimit), logkeys.ContainerLimit, bytes(limit))
+				log.V(2).Info("Set Go's soft memory limit from the container's", logkeys.Limit, words.Bytes(goLimit), logkeys.ContainerLimit, words.Bytes(limit))
 			}
 			return nil
 		},
@@ -233,7 +234,7 @@ func (d *Driver) binaryPagesComponent(log klog.Logger) component {
 			log.Error(err, "Cannot release the binary's startup pages; they stay resident")
 		default:
 			log.V(2).Info("Released the binary's startup pages", logkeys.Mappings, res.Mappings,
-				logkeys.ResidentBefore, bytes(int64(res.ResidentBefore)), logkeys.ResidentAfter, bytes(int64(res.ResidentAfter)))
+				logkeys.ResidentBefore, words.Bytes(int64(res.ResidentBefore)), logkeys.ResidentAfter, words.Bytes(int64(res.ResidentAfter)))
 		}
 		return nil
 	}}
@@ -246,21 +247,22 @@ func (d *Driver) stateComponent(log klog.Logger) component {
 	return component{
 		name: "state",
 		start: func(context.Context) error {
-			if d.store != nil {
+			if d.engine.Store() != nil {
 				return nil
 			}
 			st, err := d.openState(log)
 			if err != nil {
 				return err
 			}
-			d.store, opened = st, true
+			d.engine.SetStore(st)
+			opened = true
 			return nil
 		},
 		stop: func() error {
 			if !opened {
 				return nil
 			}
-			if err := d.store.Close(); err != nil {
+			if err := d.engine.Store().Close(); err != nil {
 				return fmt.Errorf("closing driver state: %w", err)
 			}
 			return nil
@@ -289,7 +291,7 @@ func (d *Driver) runnablesComponent(log klog.Logger) component {
 		if d.opts.Observability.CSIDrivers != nil {
 			wg.Go(func() { d.checkCSIDriverObject(klog.NewContext(ctx, log)) })
 		} else {
-			log.Info(d.words.say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"))
+			log.Info(d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"))
 		}
 		for _, r := range d.opts.Runnables {
 			wg.Go(func() {

@@ -11,12 +11,12 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
+	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
-	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
-	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // StateFile is the name of the bbolt file in Options.Node.StateDir.
@@ -27,18 +27,11 @@ const StateFile = "state.db"
 // New and serve with Run.
 type Driver struct {
 	opts    Options
-	words   words             // the operator's words for opts' fields (words.go)
+	words   words.Words       // the operator's words for opts' fields
 	csi     *csiserver.Server // the CSI services (node.go)
-	mounter mount.Interface
-	store   store.Store
-
-	lanes     *lanes // the volume locks and the bulkheads (lanes.go)
-	capacity  *capacity
-	refresher *refresher
-	orphans   orphans
-	stats     *stats.Cache // walks of directory volumes (internal/stats)
-	ready     atomic.Bool
-	running   atomic.Bool
+	engine  *lifecycle.Engine // the volumes' lifecycle (internal/lifecycle)
+	ready   atomic.Bool
+	running atomic.Bool
 
 	metrics *metrics.Metrics // observability.go
 	http    httpState
@@ -48,36 +41,32 @@ type Driver struct {
 // Run to serve.
 func New(opts Options) (*Driver, error) {
 	opts.setDefaults()
-	w := newWords(opts.flagNames)
+	w := words.New(opts.flagNames)
 	if err := opts.validate(); err != nil {
-		return nil, w.err(fmt.Errorf("invalid driver options: %w", err))
+		return nil, w.Err(fmt.Errorf("invalid driver options: %w", err))
 	}
-	d := &Driver{
-		opts:     opts,
-		words:    w,
-		mounter:  opts.Volumes.Mounter,
-		store:    opts.State.Store,
-		capacity: newCapacity(opts.Limits.MaxVolumesPerNode, opts.Limits.MaxVolumesPerPod, opts.Limits.Capacity).withWords(w),
-	}
-	if d.mounter == nil && opts.Volumes.WindowsMode == WindowsCSIProxy {
+	mounter := opts.Volumes.Mounter
+	if mounter == nil && opts.Volumes.WindowsMode == WindowsCSIProxy {
 		m, err := mount.NewCSIProxy(mount.CSIProxyOptions{})
 		if err != nil {
 			return nil, err
 		}
-		d.mounter = m
+		mounter = m
 	}
-	if d.mounter == nil {
-		d.mounter = mount.New()
+	if mounter == nil {
+		mounter = mount.New()
 	}
-	d.refresher = newRefresher(d)
-	lanes, err := newLanes(&opts)
+	d := &Driver{opts: opts, words: w}
+	engine, err := lifecycle.New(*opts.engineConfig(), w, mounter, &d.running)
 	if err != nil {
-		return nil, w.err(fmt.Errorf("invalid driver options: %w", err))
+		return nil, w.Err(fmt.Errorf("invalid driver options: %w", err))
 	}
-	d.lanes = lanes
-	d.stats = stats.NewCache(stats.Limits(opts.Limits.StatsWalk))
+	d.engine = engine
+	if opts.State.Store != nil {
+		engine.SetStore(opts.State.Store)
+	}
 	d.initObservability()
-	d.stats.Observe = func(b stats.Bound) { d.metrics.StatsWalked(b.Names()...) } // before Run: no lock needed
+	engine.SetMetrics(d.metrics)
 	d.csi = &csiserver.Server{
 		Node:    node{d},
 		Parser:  d.parser(),
@@ -103,7 +92,7 @@ func nodeCapabilities() []*csi.NodeServiceCapability {
 	for _, c := range []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
-		legacyVolumeCondition,
+		lifecycle.LegacyVolumeCondition,
 		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{
@@ -162,4 +151,18 @@ func stopGracefully(srv *grpc.Server, grace time.Duration) {
 		srv.Stop()
 		<-done
 	}
+}
+
+// Refresh rewrites the content of one volume now (asynchronously, within the
+// refresh concurrency cap), with the secrets and tokens of its last publish.
+// It returns an error when the driver is not running or the volume is unknown.
+func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
+	return d.engine.Refresh(ctx, volumeID)
+}
+
+// RefreshAll rewrites the content of every published volume, for an event such
+// as a CA rotation. Volumes start at random offsets within spread (0: at once)
+// and never more than Options.Volumes.RefreshConcurrency at a time.
+func (d *Driver) RefreshAll(ctx context.Context, spread time.Duration) error {
+	return d.engine.RefreshAll(ctx, spread)
 }

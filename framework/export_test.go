@@ -7,20 +7,20 @@ import "context"
 // SetStatsWalkHook makes every later walk of d call visited after each entry,
 // with the walk's context and the running count of entries.
 func SetStatsWalkHook(d *Driver, visited func(ctx context.Context, entries int64)) {
-	d.stats.SetVisited(visited)
+	d.engine.Stats().SetVisited(visited)
 }
 
 // StatsWalks is the number of walks d started.
-func StatsWalks(d *Driver) int64 { return d.stats.Walks() }
+func StatsWalks(d *Driver) int64 { return d.engine.Stats().Walks() }
 
 // StatsWaiters is the number of calls waiting for the walk of volume id.
-func StatsWaiters(d *Driver, id string) int { return d.stats.Waiting(id) }
+func StatsWaiters(d *Driver, id string) int { return d.engine.Stats().Waiting(id) }
 
 // StatsCached is the number of volumes with a stats answer or walk.
-func StatsCached(d *Driver) int { return d.stats.Size() }
+func StatsCached(d *Driver) int { return d.engine.Stats().Size() }
 
 // WaitStatsWalks waits for d's walks in progress to end.
-func WaitStatsWalks(d *Driver) { d.stats.WaitIdle() }
+func WaitStatsWalks(d *Driver) { d.engine.Stats().WaitIdle() }
 
 // StatsForget drops the stats answer of volume id.
-func StatsForget(d *Driver, id string) { d.stats.Forget(id) }
+func StatsForget(d *Driver, id string) { d.engine.Stats().Forget(id) }

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
@@ -130,7 +131,7 @@ func (b bytesFlag) String() string {
 	if b.n == nil {
 		return "0"
 	}
-	return bytes(*b.n)
+	return words.Bytes(*b.n)
 }
 
 func (b bytesFlag) Set(v string) error {
@@ -155,7 +156,7 @@ func (c capacityFlag) String() string {
 	if *c.n < 0 {
 		return "-1"
 	}
-	return bytes(*c.n)
+	return words.Bytes(*c.n)
 }
 
 func (c capacityFlag) Set(v string) error {

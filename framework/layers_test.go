@@ -26,6 +26,7 @@ var layers = map[string]int{
 	"framework/internal/metrics":           0,
 	"framework/internal/unixsock":          0,
 	"framework/internal/winpath":           0,
+	"framework/internal/words":             0,
 	"api":                                  1,
 	"framework/store":                      2,
 	"framework/content":                    2,
@@ -45,7 +46,10 @@ var layers = map[string]int{
 	"drivers/tmpfs":                        5,
 	"drivers/vhdx":                         5,
 	"drivers/scratch/internal/volumetable": 5,
-	"framework/internal/csiserver":         6,
+	// The request side and the volume side of the driver: one layer, so
+	// that neither can import the other; package framework joins them.
+	"framework/internal/csiserver": 6,
+	"framework/internal/lifecycle": 6,
 	// The public surface: Options, New, Run, the extension interfaces.
 	"framework":                            7,
 	"framework/plugin":                     8,

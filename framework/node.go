@@ -17,8 +17,7 @@ import (
 type node struct{ d *Driver }
 
 func (n node) Publish(ctx context.Context, p *csiserver.Publish) error {
-	pr := &publishRequest{vol: p.Volume, backend: n.d.opts.Backends[p.Volume.Backend], params: p.Params, hash: p.Hash}
-	return n.d.nodePublishVolume(ctx, pr)
+	return n.d.engine.Publish(ctx, p.Volume, p.Params, p.Hash)
 }
 
 // Unpublish drops the volume's stats answer, and stops a walk of it in
@@ -26,20 +25,15 @@ func (n node) Publish(ctx context.Context, p *csiserver.Publish) error {
 // after the unpublish: a volume published again under the same ID is walked
 // afresh.
 func (n node) Unpublish(ctx context.Context, id, target string) error {
-	n.d.stats.Forget(id)
-	err := n.d.nodeUnpublishVolume(ctx, id, target)
-	if err == nil {
-		n.d.stats.Forget(id)
-	}
-	return err
+	return n.d.engine.Unpublish(ctx, id, target)
 }
 
 func (n node) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	return n.d.nodeGetVolumeStats(ctx, req)
+	return n.d.engine.VolumeStats(ctx, req)
 }
 
 func (n node) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	return n.d.nodeGetVolumeHealth(ctx, req)
+	return n.d.engine.VolumeHealth(ctx, req)
 }
 
 func (n node) Healthy(ctx context.Context) error { return n.d.healthy(ctx) }
@@ -48,10 +42,11 @@ func (n node) Ready() bool { return n.d.ready.Load() }
 
 // healthy reports whether the state store answers.
 func (d *Driver) healthy(ctx context.Context) error {
-	if d.store == nil {
+	st := d.engine.Store()
+	if st == nil {
 		return errors.New("state store is not open")
 	}
-	if _, err := d.store.Get(ctx, "\x00probe"); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.Get(ctx, "\x00probe"); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("state store: %w", err)
 	}
 	return nil

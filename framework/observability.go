@@ -13,11 +13,9 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
-	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
-	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
 // httpState is the driver's metrics and health endpoint.
@@ -50,11 +48,11 @@ func (d *Driver) initObservability() {
 		Backends:   backendNames(d.opts.Backends),
 		Capacity:   d.opts.Limits.Capacity,
 		Methods:    methods,
-		Usage:      d.capacity.usage,
-		Inflight:   d.inFlight,
+		Usage:      d.engine.Usage,
+		Inflight:   d.engine.InFlight,
 	}
-	if d.anyContent() {
-		cfg.ContentHeld, cfg.ContentCapacity = d.lanes.held.inUse, d.opts.Volumes.ContentCapacity
+	if d.engine.AnyContent() {
+		cfg.ContentHeld, cfg.ContentCapacity = d.engine.HeldContent, d.opts.Volumes.ContentCapacity
 	}
 	d.metrics = metrics.New(cfg)
 	mux := http.NewServeMux()
@@ -140,36 +138,6 @@ func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
 		d.http.server = nil
 		d.http.mu.Unlock()
 	}, nil
-}
-
-// event sends an event about pod to Options.Observability.Events, if set.
-func (d *Driver) event(pod api.Pod, eventType, reason, message string) {
-	if d.opts.Observability.Events == nil || pod.Name == "" || pod.Namespace == "" {
-		return
-	}
-	d.opts.Observability.Events.Event(pod, eventType, reason, message)
-}
-
-// refreshed counts a content refresh of a live volume and reports a failure to
-// the pod's events.
-func (d *Driver) refreshed(v *api.Volume, err error) {
-	d.metrics.Refreshed(err)
-	if err != nil {
-		d.event(v.Pod, EventTypeWarning, ReasonRefreshFailed,
-			fmt.Sprintf("volume %q keeps its last good content; refresh failed: %v", v.Name, err))
-	}
-}
-
-// gcObserved is the orphan GC's single reporting call, once per volume and
-// pass: it counts result in ephemera_gc_total{result} (a fixed label value such
-// as "removed", "failed", "pending"; never a volume or pod name), and for
-// metrics.GCRemoved emits a Normal OrphanRemoved event on the volume's pod.
-func (d *Driver) gcObserved(rec *store.Record, result string) {
-	d.metrics.GC(result)
-	if result == metrics.GCRemoved && rec != nil {
-		d.event(rec.Pod, EventTypeNormal, ReasonOrphanRemoved,
-			fmt.Sprintf("removed volume %q left behind by the deleted pod (uid %s)", rec.VolumeName, rec.Pod.UID))
-	}
 }
 
 // validateMetricsAddress accepts "" and "host:port" with a numeric port.

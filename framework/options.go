@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -14,7 +15,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -387,7 +390,7 @@ func MemoryNeeded(contentBytesInFlight, contentCapacity int64, statsWalks int) i
 // provider, no content is in flight or held; on Windows none is held.
 func (o *Options) memoryNeeded() int64 {
 	switch {
-	case len(contentProviders(o)) == 0:
+	case len(lifecycle.ContentProviders(o.engineConfig())) == 0:
 		return MemoryNeeded(0, 0, o.Limits.StatsWalk.MaxConcurrent)
 	case o.Volumes.ContentCapacity == NoContentCapacity && !isWindows:
 		return -1
@@ -400,7 +403,7 @@ func (o *Options) memoryNeeded() int64 {
 // without a bound (NoContentCapacity: then MemoryNeeded says no limit holds
 // the plan, and Go's limit leaves nothing out).
 func (o *Options) heldCapacity() int64 {
-	if len(contentProviders(o)) == 0 || isWindows {
+	if len(lifecycle.ContentProviders(o.engineConfig())) == 0 || isWindows {
 		return 0
 	}
 	return max(o.Volumes.ContentCapacity, 0)
@@ -653,7 +656,7 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %d is too small for the driver: give the container more than 32 MiB, or 0 to leave Go's memory limit alone", o.Limits.MemoryLimit))
 	} else if held := o.heldCapacity(); o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit-held) <= 0 {
 		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %s (--memory-limit) leaves the driver nothing beside Volumes.ContentCapacity %s (--content-capacity), the content its volumes may hold in memory: raise the one or lower the other",
-			bytes(o.Limits.MemoryLimit), bytes(held)))
+			words.Bytes(o.Limits.MemoryLimit), words.Bytes(held)))
 	}
 	if o.Limits.MaxVolumeSize < NoMaxVolumeSize {
 		errs = append(errs, fmt.Errorf("Limits.MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.Limits.MaxVolumeSize))
@@ -671,7 +674,7 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("Volumes.RefreshInterval and Volumes.RefreshConcurrency must not be negative"))
 	}
 	errs = append(errs, o.validateContentBounds()...)
-	if err := o.checkContentShares(); err != nil {
+	if err := lifecycle.CheckContentShares(o.engineConfig()); err != nil {
 		errs = append(errs, err)
 	}
 	for _, name := range slices.Sorted(maps.Keys(o.Volumes.MountOptions)) {
@@ -770,4 +773,54 @@ func backendNames(m map[string]Backend) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// defaultPerBackend is LimitOptions.MaxInFlightPerBackend's default for a
+// node-wide maxInFlight: half of it, at least 8, at most all of it; all of
+// it for a driver of one backend.
+func defaultPerBackend(maxInFlight, backends int) int {
+	if backends == 1 {
+		return maxInFlight
+	}
+	return min(maxInFlight, max(8, maxInFlight/2))
+}
+
+// defaultReserved is LimitOptions.InFlightReservedPerBackend's default: 4, or
+// less where the backends' reserves would not fit maxInFlight.
+func defaultReserved(maxInFlight, backends, perBackend int) int {
+	if backends == 0 {
+		return 0
+	}
+	return max(0, min(4, maxInFlight/backends, perBackend))
+}
+
+// checkLanes validates the lanes' options after defaults.
+func (l *LimitOptions) checkLanes(backends int) error {
+	switch {
+	case l.MaxInFlight <= 0:
+		return fmt.Errorf("Limits.MaxInFlight %d (--max-in-flight) must be positive", l.MaxInFlight)
+	case l.MaxInFlightPerBackend <= 0 || l.MaxInFlightPerBackend > l.MaxInFlight:
+		return fmt.Errorf("Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend) must be between 1 and Limits.MaxInFlight %d (--max-in-flight)", l.MaxInFlightPerBackend, l.MaxInFlight)
+	case l.InFlightReservedPerBackend < 0 || l.InFlightReservedPerBackend > l.MaxInFlightPerBackend:
+		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) must be between 0 and Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend)", l.InFlightReservedPerBackend, l.MaxInFlightPerBackend)
+	case int64(l.InFlightReservedPerBackend)*int64(backends) > int64(l.MaxInFlight):
+		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) for each of %d backends is %d slots, more than Limits.MaxInFlight %d (--max-in-flight): lower the one or raise the other",
+			l.InFlightReservedPerBackend, backends, l.InFlightReservedPerBackend*backends, l.MaxInFlight)
+	case l.MaxVolumesPerPod < NoMaxVolumesPerPod || l.MaxVolumesPerPod > math.MaxInt32:
+		return fmt.Errorf("Limits.MaxVolumesPerPod %d (--max-volumes-per-pod) must be positive, or NoMaxVolumesPerPod (-1) for no cap", l.MaxVolumesPerPod)
+	}
+	return nil
+}
+
+// validateCapacity checks Options.Limits.Capacity against the backends.
+func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
+	for name, n := range budgets {
+		if _, ok := backends[name]; !ok {
+			return fmt.Errorf("Limits.Capacity names backend %q, which the driver does not have", name)
+		}
+		if n <= 0 {
+			return fmt.Errorf("Limits.Capacity for backend %q must be positive, got %d", name, n)
+		}
+	}
+	return nil
 }

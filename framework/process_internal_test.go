@@ -10,6 +10,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
 
@@ -181,11 +182,11 @@ func TestGoMemoryLimit(t *testing.T) {
 func TestMemoryNeeded(t *testing.T) {
 	need := MemoryNeeded(DefaultContentBytesInFlight, DefaultContentCapacity, defaultStatsWalks)
 	if need <= 256<<20 || need > 320<<20 {
-		t.Errorf("MemoryNeeded of the defaults = %s, want more than 256Mi and at most the DaemonSet's 320Mi", bytes(need))
+		t.Errorf("MemoryNeeded of the defaults = %s, want more than 256Mi and at most the DaemonSet's 320Mi", words.Bytes(need))
 	}
 	goNeeds := 3*DefaultContentBytesInFlight + defaultStatsWalks*stats.WalkMemory
 	if got := GoMemoryLimit(need - DefaultContentCapacity); got < goNeeds {
-		t.Errorf("Go's soft limit at the plan's limit = %s, less than the %s it must hold", bytes(got), bytes(goNeeds))
+		t.Errorf("Go's soft limit at the plan's limit = %s, less than the %s it must hold", words.Bytes(got), words.Bytes(goNeeds))
 	}
 	if got := GoMemoryLimit(need - 1<<20 - DefaultContentCapacity); got >= goNeeds && need-1<<20 >= DefaultContentCapacity+goNeeds+goReserve {
 		t.Errorf("MemoryNeeded is not the least limit: 1Mi less still holds the plan")

@@ -2,25 +2,12 @@ package framework
 
 import (
 	"errors"
-	"maps"
 	"slices"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
-	"github.com/ephemera-csi/ephemera/framework/store"
 )
-
-// publishRequest is a read and checked NodePublishVolumeRequest
-// (csiserver.Publish) with its backend.
-type publishRequest struct {
-	vol     *api.Volume
-	backend Backend
-	// params are all user attributes, including the framework's own; they are
-	// persisted and hashed.
-	params api.Params
-	hash   string
-}
 
 // parser reads the CSI requests by o (csiserver.Parser).
 func (d *Driver) parser() *csiserver.Parser {
@@ -52,25 +39,4 @@ func (d *Driver) allAccepted(err error) error {
 	accepted := slices.Concat(ue.Accepted, d.opts.Volumes.AcceptedAttributes.Keys(), volume.FrameworkParams)
 	slices.Sort(accepted)
 	return &api.UnknownAttributesError{Unknown: ue.Unknown, Accepted: slices.Compact(accepted)}
-}
-
-// fromRecord is the backend's and content provider's view of a persisted
-// volume (volume.FromRecord), with the driver's declared attributes parsed
-// again from the record's and taken out of Params. Should the declaration have
-// changed since the publish so that they no longer parse, Attributes hold what
-// still does.
-func (d *Driver) fromRecord(rec *store.Record) *api.Volume {
-	v := volume.FromRecord(rec)
-	attrs := declared(d.opts.Volumes.AcceptedAttributes, d.opts.Backends[rec.Backend])
-	if len(attrs) == 0 {
-		return v
-	}
-	v.Values = make(api.Values, len(attrs))
-	for _, a := range attrs {
-		if vals, err := (api.Attributes{a}).Parse(v.Params); err == nil {
-			maps.Copy(v.Values, vals)
-		}
-	}
-	v.Params = attrs.Split(v.Params)
-	return v
 }

@@ -147,10 +147,9 @@ func (d *Driver) RebuildState(ctx context.Context) (aside string, err error) {
 		return "", err
 	}
 	defer st.Close()
-	prev := d.store
-	d.store = st
-	defer func() { d.store = prev }()
-	return aside, d.reconcile(ctx)
+	prev := d.engine.SetStore(st)
+	defer d.engine.SetStore(prev)
+	return aside, d.engine.Reconcile(ctx)
 }
 
 var _ store.Identifier = (*boltstore.Store)(nil)
@@ -162,5 +161,5 @@ func (d *Driver) Records(ctx context.Context) ([]*store.Record, error) {
 	if !d.ready.Load() {
 		return nil, errors.New("the driver is not running")
 	}
-	return d.store.List(ctx)
+	return d.engine.Store().List(ctx)
 }

@@ -44,7 +44,7 @@ func DescribeVolumes(recs []*store.Record, kubeletRoot string, m mount.Interface
 
 // describeMount fills v.Mounted and v.Usage.
 func describeMount(v *api.VolumeInfo, rec *store.Record, kubeletRoot string, m mount.Interface) {
-	mounted, err := isMountPointNow(m, kubeletRoot, rec.TargetPath)
+	mounted, err := mount.IsMountPointNow(m, kubeletRoot, rec.TargetPath)
 	if err != nil {
 		v.Error = fmt.Sprintf("checking the target: %v", err)
 		return
@@ -90,7 +90,7 @@ func (d *Driver) serveVolumes(w http.ResponseWriter, r *http.Request) {
 		Driver:  d.opts.DriverName,
 		Node:    d.opts.Node.ID,
 		Version: d.opts.Node.Version,
-		Volumes: DescribeVolumes(recs, d.opts.Node.KubeletRootDir, d.mounter),
+		Volumes: DescribeVolumes(recs, d.opts.Node.KubeletRootDir, d.engine.Mounter()),
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

@@ -120,6 +120,16 @@ type UnsettledChecker interface {
 	IsMountPointUnsettled(root, target string) (bool, error)
 }
 
+// IsMountPointNow reports whether target is a mount point, for an answer that
+// only reports what is there: m's IsMountPointUnsettled when it has one
+// (UnsettledChecker), IsMountPoint otherwise.
+func IsMountPointNow(m Interface, root, target string) (bool, error) {
+	if u, ok := m.(UnsettledChecker); ok {
+		return u.IsMountPointUnsettled(root, target)
+	}
+	return m.IsMountPoint(root, target)
+}
+
 // Mounted describes what is published at a target.
 type Mounted struct {
 	// ID is the kernel's mount ID (0 on Windows).

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -15,12 +15,12 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// legacyVolumeCondition is the node capability VOLUME_CONDITION (value 4) of
+// LegacyVolumeCondition is the node capability VOLUME_CONDITION (value 4) of
 // CSI spec 1.3-1.12, which kubelets up to at least 1.34 still use (behind the
 // CSIVolumeHealth feature gate). CSI 1.13 replaced it with GET_VOLUME_HEALTH and
 // removed the enum value and the volume_condition field from the generated code;
 // both are still valid on the wire.
-const legacyVolumeCondition csi.NodeServiceCapability_RPC_Type = 4
+const LegacyVolumeCondition csi.NodeServiceCapability_RPC_Type = 4
 
 // health is the outcome of a volume's health check.
 type health struct {
@@ -34,7 +34,7 @@ func (h health) ok() bool { return h.reason == "" }
 // lookup finds the record of a published volume for the stats and health RPCs.
 // Missing arguments are InvalidArgument; an unknown ID is NotFound, and so is a
 // path other than the volume's target (when one is given).
-func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
+func (d *Engine) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
 	if id == "" {
 		return nil, errkind.Invalidf("volume_id is required")
 	}
@@ -54,32 +54,21 @@ func (d *Driver) lookup(ctx context.Context, id, path string, pathRequired bool)
 	return rec, nil
 }
 
-// isMountPointNow reports whether target is a mount point, for an answer
-// that only reports what is there (stats, health, the volume listing, the
-// reconcile's log): without IsMountPoint's settle when the mounter can
-// (mount.UnsettledChecker). Every answer that makes a publish OK uses
-// IsMountPoint, and so does the refresh, which writes into the mount.
-func isMountPointNow(m mount.Interface, root, target string) (bool, error) {
-	if u, ok := m.(mount.UnsettledChecker); ok {
-		return u.IsMountPointUnsettled(root, target)
-	}
-	return m.IsMountPoint(root, target)
-}
-
 // check reports whether a published volume is usable: its record complete, its
 // target mounted, and its backend's storage intact.
-func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
+func (d *Engine) check(ctx context.Context, rec *store.Record) (health, error) {
 	if rec.Phase != store.PhasePublished {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
 	}
-	mounted, err := isMountPointNow(d.mounter, d.opts.Node.KubeletRootDir, rec.TargetPath)
+	mounted, err := mount.IsMountPointNow(d.mounter, d.cfg.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return health{}, errkind.Transient(fmt.Errorf("checking target: %w", err))
 	}
 	if !mounted {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
-	if hc, ok := As[HealthChecker](d.opts.Backends[rec.Backend]); ok {
+	if b, ok := d.cfg.Backends[rec.Backend]; ok && b.HealthChecker() != nil {
+		hc := b.HealthChecker()
 		if err := hc.Check(ctx, d.fromRecord(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}
@@ -87,11 +76,11 @@ func (d *Driver) check(ctx context.Context, rec *store.Record) (health, error) {
 	return health{}, nil
 }
 
-// nodeGetVolumeStats implements csi.NodeServer. The kubelet calls it with the
+// VolumeStats implements csi.NodeServer. The kubelet calls it with the
 // volume handle and the target path of a mounted volume. It takes no volume lock:
 // stats never delay or abort a publish. The volume is looked up first, so an
 // unknown ID is NotFound whatever the path.
-func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+func (d *Engine) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePath(), true)
 	if err != nil {
 		return nil, err
@@ -103,7 +92,7 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	resp := &csi.NodeGetVolumeStatsResponse{}
 	if h.ok() {
 		var u stats.Usage
-		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, rec.TargetPath)
+		r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, rec.TargetPath)
 		if err == nil {
 			u, err = stats.Filesystem(r, rec.TargetPath)
 			r.Close()
@@ -135,10 +124,10 @@ func (d *Driver) nodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // Options.Limits.StatsWalk. A walk stopped by a bound gives what it counted, a lower
 // bound. It returns ctx's error as soon as ctx ends; the walk then goes on
 // for the other callers, if any, within its own bounds.
-func (d *Driver) directoryUsage(ctx context.Context, rec *store.Record, u stats.Usage) (stats.Usage, error) {
+func (d *Engine) directoryUsage(ctx context.Context, rec *store.Record, u stats.Usage) (stats.Usage, error) {
 	key := stats.Key{Target: rec.TargetPath, Created: rec.Created}
 	w, err := d.stats.Usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim stats.Limits, visited func(context.Context, int64)) (stats.Result, error) {
-		r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, key.Target)
+		r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, key.Target)
 		if err != nil {
 			return stats.Result{}, err
 		}
@@ -170,8 +159,8 @@ func setLegacyCondition(resp *csi.NodeGetVolumeStatsResponse, abnormal bool, msg
 	resp.ProtoReflect().SetUnknown(raw)
 }
 
-// nodeGetVolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
-func (d *Driver) nodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+// VolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
+func (d *Engine) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePublishPath(), false)
 	if err != nil {
 		return nil, err

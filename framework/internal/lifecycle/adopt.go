@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -31,8 +31,8 @@ import (
 func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
 
 // kubelet is what the kubelet's directories say about this driver's volumes.
-func (d *Driver) kubelet() volume.Kubelet {
-	return volume.Kubelet{Root: d.opts.Node.KubeletRootDir, Driver: d.opts.DriverName, Windows: isWindows, Open: d.mounter.OpenTarget}
+func (d *Engine) kubelet() volume.Kubelet {
+	return volume.Kubelet{Root: d.cfg.Node.KubeletRootDir, Driver: d.cfg.DriverName, Windows: isWindows, Open: d.mounter.OpenTarget}
 }
 
 // finding is a volume the node shows without a record, for the reconcile
@@ -47,9 +47,9 @@ type finding struct {
 // its target (the mount table, or links on Windows) but has no record in
 // known: the state was lost while pods used the volumes. Each gets a rebuilt
 // record (whenFoundMounted).
-func (d *Driver) unrecordedMounts(ctx context.Context, known map[string]bool) ([]finding, error) {
-	log := d.opts.Observability.Logger.WithName("reconcile")
-	root := d.opts.Node.KubeletRootDir
+func (d *Engine) unrecordedMounts(ctx context.Context, known map[string]bool) ([]finding, error) {
+	log := d.cfg.Observability.Logger.WithName("reconcile")
+	root := d.cfg.Node.KubeletRootDir
 	targets, err := d.mounter.Published(root)
 	if err != nil {
 		return nil, fmt.Errorf("listing published targets: %w", err)
@@ -76,9 +76,9 @@ func (d *Driver) unrecordedMounts(ctx context.Context, known map[string]bool) ([
 			Phase: store.PhasePublished, Rebuilt: true, ReadOnly: mt.ReadOnly,
 			Created: time.Now().UTC(), Updated: time.Now().UTC(),
 		}
-		for _, name := range backendNames(d.opts.Backends) {
+		for _, name := range backendNames(d.cfg.Backends) {
 			v := &api.Volume{ID: id, Name: pt.VolumeName, TargetPath: t, Backend: name, Pod: rec.Pod}
-			src, found, err := d.findStorage(ctx, d.opts.Backends[name], v)
+			src, found, err := d.findStorage(ctx, d.cfg.Backends[name], v)
 			if err != nil || !found {
 				continue
 			}
@@ -119,11 +119,11 @@ type inventory struct {
 // vol_data.json) is whenFoundPodded. Other storage without a record is
 // whenFoundProven only when the backend's stamp proves the store has known
 // the area all along; otherwise it is whenFoundUnproven.
-func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, known map[string]bool, index func() (map[string]string, error)) *inventory {
+func (d *Engine) unrecordedStorage(ctx context.Context, name string, b Backend, known map[string]bool, index func() (map[string]string, error)) *inventory {
 	inv := &inventory{name: name, b: b}
-	log := d.opts.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
-	lister, ok := As[Lister](b)
-	if !ok {
+	log := d.cfg.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, name)
+	lister := b.Lister()
+	if lister == nil {
 		return inv
 	}
 	ids, err := d.listStorage(ctx, name, lister)
@@ -134,7 +134,8 @@ func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, 
 		return inv
 	}
 	storeID := d.storeID()
-	stamper, isStamper := As[Stamper](b)
+	stamper := b.Stamper()
+	isStamper := stamper != nil
 	proven := false
 	if isStamper && storeID != "" {
 		st, err := stamper.Stamp(ctx)
@@ -158,7 +159,7 @@ func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, 
 			continue
 		}
 		if t, ok := idx[id]; ok {
-			pt, _ := volume.ParseTarget(d.opts.Node.KubeletRootDir, t, isWindows)
+			pt, _ := volume.ParseTarget(d.cfg.Node.KubeletRootDir, t, isWindows)
 			rec := d.rebuiltRecord(id, name, store.PhasePublished)
 			rec.VolumeName, rec.TargetPath, rec.Pod = pt.VolumeName, t, api.Pod{UID: pt.PodUID}
 			inv.found = append(inv.found, finding{when: whenFoundPodded, op: op{rec: rec, b: b, log: vlog}})
@@ -176,12 +177,12 @@ func (d *Driver) unrecordedStorage(ctx context.Context, name string, b Backend, 
 
 // stampArea stamps a backend's storage area with the state store's identity
 // once every piece of its storage has a record (inv.stamp).
-func (d *Driver) stampArea(ctx context.Context, inv *inventory) {
+func (d *Engine) stampArea(ctx context.Context, inv *inventory) {
 	if !inv.stamp {
 		return
 	}
-	log := d.opts.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, inv.name)
-	stamper, _ := As[Stamper](inv.b)
+	log := d.cfg.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, inv.name)
+	stamper := inv.b.Stamper()
 	storeID := d.storeID()
 	if err := stamper.SetStamp(ctx, storeID); err != nil {
 		log.Error(err, "Stamping the storage area with the state store's identity; storage without a record stays protected")
@@ -191,12 +192,12 @@ func (d *Driver) stampArea(ctx context.Context, inv *inventory) {
 }
 
 // volDataIndexOnce is volDataIndex, read at most once per reconcile.
-func (d *Driver) volDataIndexOnce() func() (map[string]string, error) {
+func (d *Engine) volDataIndexOnce() func() (map[string]string, error) {
 	return sync.OnceValues(d.kubelet().Index)
 }
 
 // rebuiltRecord is the record of storage found without one.
-func (d *Driver) rebuiltRecord(id, backend string, phase store.Phase) *store.Record {
+func (d *Engine) rebuiltRecord(id, backend string, phase store.Phase) *store.Record {
 	now := time.Now().UTC()
 	return &store.Record{VolumeID: id, Backend: backend, Phase: phase, Rebuilt: true, Created: now, Updated: now}
 }

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"fmt"
@@ -6,11 +6,10 @@ import (
 	"math/bits"
 	"sync"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -42,7 +41,7 @@ type capacity struct {
 	maxVolumes int64
 	maxPerPod  int64            // volumes of one pod; <= 0: no cap
 	budgets    map[string]int64 // backend → bytes; absent: unlimited
-	words      words            // the flags of the limits, for the messages
+	words      words.Words      // the flags of the limits, for the messages
 
 	mu      sync.Mutex
 	volumes int64
@@ -82,7 +81,7 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 }
 
 // withWords makes the messages of c name the flags w knows for its limits.
-func (c *capacity) withWords(w words) *capacity {
+func (c *capacity) withWords(w words.Words) *capacity {
 	c.words = w
 	return c
 }
@@ -100,24 +99,24 @@ func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxVolumes > 0 && c.volumes >= c.maxVolumes {
-		return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("node already has %d volumes of %s, its maximum (Limits.MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)))
+		return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.Say(fmt.Sprintf("node already has %d volumes of %s, its maximum (Limits.MaxVolumesPerNode %d); the pod can start once other pods on this node end", c.volumes, driver, c.maxVolumes)))
 	}
 	if c.maxPerPod > 0 && c.pods[pod] >= c.maxPerPod {
-		return errkind.Invalidf("%s", c.words.say(fmt.Sprintf("the pod already has %d volumes of %s on this node, the most one pod may have (Limits.MaxVolumesPerPod %d); retrying does not help: give the pod fewer volumes of this driver",
+		return errkind.Invalidf("%s", c.words.Say(fmt.Sprintf("the pod already has %d volumes of %s on this node, the most one pod may have (Limits.MaxVolumesPerPod %d); retrying does not help: give the pod fewer volumes of this driver",
 			c.pods[pod], driver, c.maxPerPod)))
 	}
 	if budget, ok := c.budgets[backend]; ok {
 		if size > budget {
-			return errkind.Invalidf("%s", c.words.say(fmt.Sprintf("backend %s on this node has a capacity budget of %s (Limits.Capacity); a volume of %s is larger than the whole budget and never fits on this node, retrying does not help: ask for less, or raise the budget",
-				backend, bytes(budget), bytes(size))))
+			return errkind.Invalidf("%s", c.words.Say(fmt.Sprintf("backend %s on this node has a capacity budget of %s (Limits.Capacity); a volume of %s is larger than the whole budget and never fits on this node, retrying does not help: ask for less, or raise the budget",
+				backend, words.Bytes(budget), words.Bytes(size))))
 		}
 		// used may exceed the budget after a reset from records admitted under
 		// a larger one; then nothing fits, not even a volume of 0 bytes. Else
 		// 0 <= used <= budget, exactly, and budget-used cannot overflow.
 		if s := c.bytesOf(backend); s.over(budget) || size > budget-s.int64() {
 			used := s.int64()
-			return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.say(fmt.Sprintf("backend %s on this node has %s of its %s capacity in use; %s more does not fit (Limits.Capacity); the kubelet retries",
-				backend, bytes(used), bytes(budget), bytes(size))))
+			return errkind.Errorf(api.ErrResourceExhausted, "%s", c.words.Say(fmt.Sprintf("backend %s on this node has %s of its %s capacity in use; %s more does not fit (Limits.Capacity); the kubelet retries",
+				backend, words.Bytes(used), words.Bytes(budget), words.Bytes(size))))
 		}
 	}
 	c.volumes++
@@ -215,23 +214,6 @@ func (s *byteSum) int64() int64 {
 		return math.MaxInt64
 	}
 	return int64(s.lo)
-}
-
-func bytes(n int64) string {
-	return resource.NewQuantity(n, resource.BinarySI).String()
-}
-
-// validateCapacity checks Options.Limits.Capacity against the backends.
-func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
-	for name, n := range budgets {
-		if _, ok := backends[name]; !ok {
-			return fmt.Errorf("Limits.Capacity names backend %q, which the driver does not have", name)
-		}
-		if n <= 0 {
-			return fmt.Errorf("Limits.Capacity for backend %q must be positive, got %d", name, n)
-		}
-	}
-	return nil
 }
 
 // adopt accounts a volume that exists whatever the budget says (adopted, not

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
@@ -49,12 +50,12 @@ type heldVolume struct {
 }
 
 // newHeldContent builds the accounting from validated options.
-func newHeldContent(o *Options) (*heldContent, error) {
+func newHeldContent(o *Config) (*heldContent, error) {
 	h := &heldContent{size: o.Volumes.ContentCapacity, page: int64(os.Getpagesize()), vols: map[string]heldVolume{}}
 	if h.size == NoContentCapacity {
 		return h, nil
 	}
-	providers := contentProviders(o)
+	providers := ContentProviders(o)
 	shares := make(map[string]admission.Share, len(providers))
 	other := admission.Share{Max: h.size}
 	if len(providers) > 1 {
@@ -68,15 +69,15 @@ func newHeldContent(o *Options) (*heldContent, error) {
 	return h, err
 }
 
-// contentProviders returns the content party (contentParty) of every
+// ContentProviders returns the content party (contentParty) of every
 // provider, bounded or not.
-func contentProviders(o *Options) []string {
+func ContentProviders(o *Config) []string {
 	var ps []string
 	if o.Content != nil {
 		ps = append(ps, contentOption)
 	}
 	for _, name := range backendNames(o.Backends) {
-		if _, ok := o.Backends[name].(ContentProvider); ok {
+		if _, ok := o.Backends[name].Unwrap().(ContentProvider); ok {
 			ps = append(ps, name)
 		}
 	}
@@ -98,16 +99,16 @@ func (h *heldContent) reserve(id, party string, n int64, files int) (*admission.
 	if !errors.As(err, &r) {
 		return nil, errkind.Errorf(errkind.ErrInternal, "admitting the content of volume %s: %v", id, err)
 	}
-	what := fmt.Sprintf("the content of volume %s takes %s of node memory in its tmpfs (%d files: data in whole pages, and %s per file, directory and link)", id, bytes(n), files, bytes(content.InodeCharge))
+	what := fmt.Sprintf("the content of volume %s takes %s of node memory in its tmpfs (%d files: data in whole pages, and %s per file, directory and link)", id, words.Bytes(n), files, words.Bytes(content.InodeCharge))
 	if r.Never {
 		return nil, errkind.Invalidf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: make the content smaller, or raise --content-capacity and the driver's memory limit with it",
-			what, bytes(r.Max), bytes(h.size))
+			what, words.Bytes(r.Max), words.Bytes(h.size))
 	}
 	h.mu.Lock()
 	held := h.held
 	h.mu.Unlock()
 	return nil, errkind.Errorf(api.ErrResourceExhausted, "%s; the content of this node's volumes already takes %s of the driver's content capacity (--content-capacity %s), %s of it this provider's (at most %s): the pod can start once other pods on this node end, and the kubelet retries",
-		what, bytes(held), bytes(h.size), bytes(r.Held), bytes(r.Max))
+		what, words.Bytes(held), words.Bytes(h.size), words.Bytes(r.Held), words.Bytes(r.Max))
 }
 
 // set makes g (n bytes) what volume id's content holds, releasing what it
@@ -163,7 +164,7 @@ func (h *heldContent) inUse() int64 {
 // an earlier run, it is still charged to the memory cgroup that wrote it.
 // It is counted whatever the capacity says; a volume whose content cannot
 // be read is logged and counted by its next write.
-func (d *Driver) countHeldContent(ctx context.Context) {
+func (d *Engine) countHeldContent(ctx context.Context) {
 	log := klog.FromContext(ctx)
 	if !d.anyContent() {
 		return
@@ -188,14 +189,14 @@ func (d *Driver) countHeldContent(ctx context.Context) {
 		}
 	}
 	if n := held.inUse(); n > 0 {
-		log.V(2).Info("Counted the content of published volumes in memory", logkeys.Size, bytes(n), logkeys.Limit, bytes(held.size))
+		log.V(2).Info("Counted the content of published volumes in memory", logkeys.Size, words.Bytes(n), logkeys.Limit, words.Bytes(held.size))
 	}
 }
 
 // chargedContent is what the content at target holds in memory: 0 when its
 // filesystem is not memory-backed.
-func (d *Driver) chargedContent(target string) (int64, error) {
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, target)
+func (d *Engine) chargedContent(target string) (int64, error) {
+	r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, target)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return 0, nil

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 )
 
 // This file holds what fills a volume, as the lifecycle calls it
@@ -21,13 +22,13 @@ import (
 // first publish (authorizers).
 
 // fills reports whether fill writes into v.
-func (d *Driver) fills(v *api.Volume) bool {
+func (d *Engine) fills(v *api.Volume) bool {
 	return (v.FSGroup != nil && !isWindows) || d.contentFor(v.Backend) != nil
 }
 
 // fill gives a mounted volume to the pod's fsGroup and writes its content.
 // Both steps are idempotent.
-func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
+func (d *Engine) fill(ctx context.Context, v *api.Volume) error {
 	if v.FSGroup != nil && !isWindows {
 		if err := d.applyFSGroup(v.TargetPath, int(*v.FSGroup)); err != nil {
 			return fmt.Errorf("applying fsGroup %d: %w", *v.FSGroup, err)
@@ -48,8 +49,8 @@ func (d *Driver) fill(ctx context.Context, v *api.Volume) error {
 // does for volumes it owns: group ownership, group read/write/search, and setgid
 // so new files inherit the group. The driver advertises VOLUME_MOUNT_GROUP, so the
 // kubelet leaves this to the driver and never walks the volume itself.
-func (d *Driver) applyFSGroup(target string, gid int) error {
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, target)
+func (d *Engine) applyFSGroup(target string, gid int) error {
+	r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, target)
 	if err != nil {
 		return err
 	}
@@ -67,7 +68,7 @@ func (d *Driver) applyFSGroup(target string, gid int) error {
 // refreshContent asks the content provider for v's files and swaps them in,
 // making a read-only volume writable only for the swap. The caller holds the
 // volume's lock. On any error the previous content stays in place.
-func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) {
+func (d *Engine) refreshContent(ctx context.Context, v *api.Volume) (err error) {
 	defer func() { d.refreshed(v, err) }()
 	slot, err := d.lanes.refresh.Acquire(ctx, d.contentParty(v.Backend), 1)
 	if err != nil {
@@ -80,11 +81,11 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 	}
 	defer release()
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, false); err != nil {
+		if err := d.mounter.SetReadOnly(d.cfg.Node.KubeletRootDir, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable for the refresh: %w", err)
 		}
 		defer func() {
-			if rerr := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); rerr != nil {
+			if rerr := d.mounter.SetReadOnly(d.cfg.Node.KubeletRootDir, v.TargetPath, true); rerr != nil {
 				klog.FromContext(ctx).Error(rerr, "Making volume read-only again after a refresh")
 			}
 		}()
@@ -97,13 +98,13 @@ func (d *Driver) refreshContent(ctx context.Context, v *api.Volume) (err error) 
 // ContentBytesInFlight budget: its bound is reserved before the call, and
 // release returns it once the caller has written the files (until then they
 // are in memory). release is never nil.
-func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]api.File, release func(), err error) {
+func (d *Engine) content(ctx context.Context, v *api.Volume) (files map[string]api.File, release func(), err error) {
 	release = func() {}
 	cp := d.contentFor(v.Backend)
 	if cp == nil {
 		return nil, release, fmt.Errorf("backend %s has no content provider", v.Backend)
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.opts.Volumes.ContentTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Volumes.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
 		if release, err = d.lanes.content.reserve(ctx, d.contentParty(v.Backend), cb.ContentLimits().MaxBytes); err != nil {
@@ -124,7 +125,7 @@ func (d *Driver) content(ctx context.Context, v *api.Volume) (files map[string]a
 // is done, the previous content in place. In a memory-backed volume the new
 // files' charge is reserved from the content capacity before they are
 // written (heldContent), and replaces what the old ones held once they are.
-func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
+func (d *Engine) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
 	var opts content.Options
 	if !isWindows {
 		opts.FSGroup = v.FSGroup
@@ -132,7 +133,7 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	if cb, ok := d.contentFor(v.Backend).(ContentBounder); ok {
 		opts.Limits = cb.ContentLimits()
 	}
-	r, err := d.mounter.OpenTarget(d.opts.Node.KubeletRootDir, v.TargetPath)
+	r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, v.TargetPath)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
@@ -165,7 +166,7 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 		}
 	}
 	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {
-		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, bytes(v.Size))
+		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, words.Bytes(v.Size))
 	}
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
@@ -176,21 +177,22 @@ func (d *Driver) writeContent(ctx context.Context, v *api.Volume, files map[stri
 // contentFor returns what fills the volumes of the named backend: the backend
 // itself when it is a ContentProvider (a plugin that provides content),
 // otherwise Options.Content; nil when neither.
-func (d *Driver) contentFor(backend string) ContentProvider {
-	if cp, ok := As[ContentProvider](d.opts.Backends[backend]); ok {
+func (d *Engine) contentFor(backend string) ContentProvider {
+	if b, ok := d.cfg.Backends[backend]; ok && b.ContentProvider() != nil {
+		cp := b.ContentProvider()
 		return cp
 	}
-	return d.opts.Content
+	return d.cfg.Content
 }
 
 // anyContent reports whether any volume of this driver may have content:
 // Options.Content is set or a backend's type is a ContentProvider.
-func (d *Driver) anyContent() bool {
-	if d.opts.Content != nil {
+func (d *Engine) anyContent() bool {
+	if d.cfg.Content != nil {
 		return true
 	}
-	for _, b := range d.opts.Backends {
-		if _, ok := b.(ContentProvider); ok {
+	for _, b := range d.cfg.Backends {
+		if _, ok := b.Unwrap().(ContentProvider); ok {
 			return true
 		}
 	}
@@ -200,12 +202,13 @@ func (d *Driver) anyContent() bool {
 // authorizers returns what approves a first publish of a volume of the named
 // backend: Options.Authorizer, then the backend itself when it is an
 // Authorizer. Each must approve.
-func (d *Driver) authorizers(backend string) []Authorizer {
+func (d *Engine) authorizers(backend string) []Authorizer {
 	var as []Authorizer
-	if d.opts.Volumes.Authorizer != nil {
-		as = append(as, d.opts.Volumes.Authorizer)
+	if d.cfg.Volumes.Authorizer != nil {
+		as = append(as, d.cfg.Volumes.Authorizer)
 	}
-	if a, ok := As[Authorizer](d.opts.Backends[backend]); ok {
+	if b, ok := d.cfg.Backends[backend]; ok && b.Authorizer() != nil {
+		a := b.Authorizer()
 		as = append(as, a)
 	}
 	return as

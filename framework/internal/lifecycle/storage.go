@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // record is written (durably, or relaxed).
 
 // createStorage is Backend.Create, timed.
-func (d *Driver) createStorage(ctx context.Context, b Backend, v *api.Volume) (api.Source, error) {
+func (d *Engine) createStorage(ctx context.Context, b Backend, v *api.Volume) (api.Source, error) {
 	start := time.Now()
 	src, err := b.Create(ctx, v)
 	d.metrics.ObserveBackend(v.Backend, metrics.OpCreate, err, time.Since(start))
@@ -30,7 +30,7 @@ func (d *Driver) createStorage(ctx context.Context, b Backend, v *api.Volume) (a
 }
 
 // deleteStorage is Backend.Delete, timed.
-func (d *Driver) deleteStorage(ctx context.Context, b Backend, v *api.Volume) error {
+func (d *Engine) deleteStorage(ctx context.Context, b Backend, v *api.Volume) error {
 	start := time.Now()
 	err := b.Delete(ctx, v)
 	d.metrics.ObserveBackend(v.Backend, metrics.OpDelete, err, time.Since(start))
@@ -38,7 +38,7 @@ func (d *Driver) deleteStorage(ctx context.Context, b Backend, v *api.Volume) er
 }
 
 // listStorage is Lister.List, timed.
-func (d *Driver) listStorage(ctx context.Context, backend string, l Lister) ([]string, error) {
+func (d *Engine) listStorage(ctx context.Context, backend string, l Lister) ([]string, error) {
 	start := time.Now()
 	ids, err := l.List(ctx)
 	d.metrics.ObserveBackend(backend, metrics.OpList, err, time.Since(start))
@@ -46,7 +46,7 @@ func (d *Driver) listStorage(ctx context.Context, backend string, l Lister) ([]s
 }
 
 // storeID returns the state store's identity, "" for a store without one.
-func (d *Driver) storeID() string {
+func (d *Engine) storeID() string {
 	if s, ok := d.store.(store.Identifier); ok {
 		return s.ID()
 	}
@@ -55,9 +55,9 @@ func (d *Driver) storeID() string {
 
 // findStorage asks a Finder backend which source v's existing storage is
 // mounted from. found is false when the backend has none (or cannot tell).
-func (d *Driver) findStorage(ctx context.Context, b Backend, v *api.Volume) (src api.Source, found bool, err error) {
-	f, ok := As[Finder](b)
-	if !ok {
+func (d *Engine) findStorage(ctx context.Context, b Backend, v *api.Volume) (src api.Source, found bool, err error) {
+	f := b.Finder()
+	if f == nil {
 		return api.Source{}, false, nil
 	}
 	src, err = f.Find(ctx, v)
@@ -75,12 +75,12 @@ func (d *Driver) findStorage(ctx context.Context, b Backend, v *api.Volume) (src
 // mount table shows v's storage mounted anywhere: deleting it would take data
 // from whoever uses that mount. The source checked is what the backend finds
 // now (a Finder), else the one recorded at publish.
-func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, recorded *api.Source) error {
+func (d *Engine) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, recorded *api.Source) error {
 	src, found, err := d.findStorage(ctx, b, v)
 	if err != nil {
 		return errkind.Transient(err)
 	}
-	if !implements[Finder](b) && recorded != nil {
+	if b.Finder() == nil && recorded != nil {
 		src, found = *recorded, true
 	}
 	if !found {
@@ -108,8 +108,8 @@ func (d *Driver) refuseIfMounted(ctx context.Context, b Backend, v *api.Volume, 
 
 // otherVolumesTarget reports whether p (a mount point as the mount table
 // shows it) is the target of an inline volume other than id.
-func (d *Driver) otherVolumesTarget(p, id string) bool {
-	for _, root := range []string{d.opts.Node.KubeletRootDir, d.realRoot()} {
+func (d *Engine) otherVolumesTarget(p, id string) bool {
+	for _, root := range []string{d.cfg.Node.KubeletRootDir, d.realRoot()} {
 		if t, err := volume.ParseTarget(root, p, isWindows); err == nil {
 			return t.Handle() != id
 		}
@@ -119,11 +119,11 @@ func (d *Driver) otherVolumesTarget(p, id string) bool {
 
 // realRoot is the kubelet root with symbolic links resolved, as the mount
 // table shows paths below it.
-func (d *Driver) realRoot() string {
-	if r, err := filepath.EvalSymlinks(d.opts.Node.KubeletRootDir); err == nil {
+func (d *Engine) realRoot() string {
+	if r, err := filepath.EvalSymlinks(d.cfg.Node.KubeletRootDir); err == nil {
 		return r
 	}
-	return d.opts.Node.KubeletRootDir
+	return d.cfg.Node.KubeletRootDir
 }
 
 // needsIntent reports whether the first publish of a volume of b writes its
@@ -138,10 +138,10 @@ func (d *Driver) realRoot() string {
 // republish of a rebuilt record: completeMounted, completeUnmounted), or the
 // storage goes with its pod. One durable commit less per publish.
 func needsIntent(b Backend) bool {
-	if !implements[Finder](b) {
+	if b.Finder() == nil {
 		return true
 	}
-	lists, mountOnly := implements[Lister](b), implements[MountOnly](b)
+	lists, mountOnly := b.Lister() != nil, b.MountOnly()
 	return !lists && !mountOnly
 }
 
@@ -153,18 +153,18 @@ func needsIntent(b Backend) bool {
 // the largest single cost of a tmpfs publish and unpublish (docs/design.md,
 // "Durability").
 func relaxed(b Backend) bool {
-	finds, mountOnly := implements[Finder](b), implements[MountOnly](b)
+	finds, mountOnly := b.Finder() != nil, b.MountOnly()
 	return finds && mountOnly
 }
 
 // putRecord saves rec of a volume of backend b: relaxed when b allows it and
 // the store can, durably otherwise.
-func (d *Driver) putRecord(ctx context.Context, b Backend, rec *store.Record) error {
+func (d *Engine) putRecord(ctx context.Context, b Backend, rec *store.Record) error {
 	return d.putRecordRelaxed(ctx, relaxed(b), rec)
 }
 
 // putRecordRelaxed saves rec, relaxed when relax and the store can.
-func (d *Driver) putRecordRelaxed(ctx context.Context, relax bool, rec *store.Record) error {
+func (d *Engine) putRecordRelaxed(ctx context.Context, relax bool, rec *store.Record) error {
 	if rs, ok := d.store.(store.Relaxed); ok && relax {
 		return rs.PutRelaxed(ctx, rec)
 	}
@@ -173,7 +173,7 @@ func (d *Driver) putRecordRelaxed(ctx context.Context, relax bool, rec *store.Re
 
 // deleteRecord deletes the record id of a volume of backend b (nil when the
 // driver no longer has it), as putRecord saves it.
-func (d *Driver) deleteRecord(ctx context.Context, b Backend, id string) error {
+func (d *Engine) deleteRecord(ctx context.Context, b Backend, id string) error {
 	if rs, ok := d.store.(store.Relaxed); ok && b != nil && relaxed(b) {
 		return rs.DeleteRelaxed(ctx, id)
 	}

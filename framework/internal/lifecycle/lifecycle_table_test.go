@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"flag"
@@ -14,7 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-var updateLifecycleDoc = flag.Bool("update-lifecycle-doc", false, "rewrite the table of docs/design.md's Lifecycle section from framework/lifecycle.go")
+var updateLifecycleDoc = flag.Bool("update-lifecycle-doc", false, "rewrite the table of docs/design.md's Lifecycle section from framework/internal/lifecycle/lifecycle.go")
 
 // impossible are the state × event pairs that cannot happen: a publish is
 // the event of a volume without a record, a republish that of one with a
@@ -114,14 +114,14 @@ func renderLifecycleTable() string {
 }
 
 const (
-	lifecycleBegin = "<!-- lifecycle table: generated from framework/lifecycle.go by TestLifecycleDoc; go test ./framework/ -run TestLifecycleDoc -update-lifecycle-doc -->\n"
+	lifecycleBegin = "<!-- lifecycle table: generated from framework/internal/lifecycle/lifecycle.go by TestLifecycleDoc; go test ./framework/internal/lifecycle/ -run TestLifecycleDoc -update-lifecycle-doc -->\n"
 	lifecycleEnd   = "<!-- end of lifecycle table -->"
 )
 
 // TestLifecycleDoc fails when the table in docs/design.md's Lifecycle
 // section is not the one lifecycle.go runs.
 func TestLifecycleDoc(t *testing.T) {
-	path := filepath.Join("..", "docs", "design.md")
+	path := filepath.Join("..", "..", "..", "docs", "design.md")
 	doc, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -142,18 +142,15 @@ func TestLifecycleDoc(t *testing.T) {
 		}
 		return
 	}
-	t.Errorf("the lifecycle table of %s differs from framework/lifecycle.go; run go test ./framework/ -run TestLifecycleDoc -update-lifecycle-doc\ngot:\n%s\nwant:\n%s", path, got, want)
+	t.Errorf("the lifecycle table of %s differs from framework/internal/lifecycle/lifecycle.go; run go test ./framework/internal/lifecycle/ -run TestLifecycleDoc -update-lifecycle-doc\ngot:\n%s\nwant:\n%s", path, got, want)
 }
 
 // lifecycleEntries are the only calls into lifecycle.go from the package's
 // other files: the event sources, each calling its event's function.
 var lifecycleEntries = map[string][]string{
-	"node.go Publish":          {"nodePublishVolume"},
-	"node.go Unpublish":        {"nodeUnpublishVolume"},
-	"components.go components": {"reconcile"},
-	"state.go RebuildState":    {"reconcile"},
-	"gc.go remove":             {"collectOrphan"},
-	"refresh.go schedule":      {"refreshVolume"},
+	"request.go Publish":  {"nodePublishVolume"},
+	"gc.go remove":        {"collectOrphan"},
+	"refresh.go schedule": {"refreshVolume"},
 }
 
 // TestLifecycleEntries checks that nothing the lifecycle calls calls back
@@ -189,7 +186,7 @@ func TestLifecycleEntries(t *testing.T) {
 			}
 		}
 	}
-	if !ours["nodePublishVolume"] || !ours["reconcile"] {
+	if !ours["nodePublishVolume"] || !ours["Reconcile"] {
 		t.Fatal("lifecycle.go does not hold the lifecycle")
 	}
 	for _, path := range paths {

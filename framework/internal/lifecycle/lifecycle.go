@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 //
 //   - the store: d.store, putRecord, deleteRecord (storage.go);
 //   - the backend: createStorage, deleteStorage, findStorage,
-//     refuseIfMounted (storage.go);
+//     refuseIfMounted (storage.go), through Backend (backend.go);
 //   - the mounter: d.mounter;
 //   - capacity: d.capacity (capacity.go), the content capacity
 //     d.lanes.held (heldcontent.go) and countHeldContent;
@@ -39,13 +39,14 @@ import (
 //     (refresh.go);
 //   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
 //     (adopt.go);
-//   - events and metrics: observability.go, d.metrics.
+//   - events and metrics: events.go, d.metrics.
 //
-// The event functions are entered only from the event sources: the CSI
-// handlers below (through servers.go), Run's state component (components.go)
-// and RebuildState (reconcile), the orphan GC (gc.go) and the refresher's
-// timers (refresh.go).
-// TestLifecycleEntries checks it.
+// The event functions are entered only from the event sources: Engine's
+// Publish (request.go), Unpublish and Reconcile below, which package
+// framework calls for the CSI handlers, Run's startup and RebuildState; the
+// orphan GC (gc.go) and the refresher's timers (refresh.go).
+// TestLifecycleEntries checks it; package framework and internal/csiserver
+// cannot import each other's way back (TestLayers).
 
 // volState is where a volume is in its life, as its record says (stateOf).
 type volState string
@@ -163,7 +164,7 @@ type transition struct {
 	When cond
 	Do   string
 	To   string
-	run  func(d *Driver, ctx context.Context, o *op) error
+	run  func(d *Engine, ctx context.Context, o *op) error
 }
 
 // transitions is the life of a volume. An error before a row runs (a store or
@@ -181,109 +182,109 @@ func lifecycleTable() []transition {
 		{From: []volState{stateNone}, On: evPublish, When: whenTargetFree,
 			Do:  "create: reserve capacity, [intent], Create, mount, fsGroup, content, read-only, save",
 			To:  "published; none after a rollback (publishing when the rollback is incomplete)",
-			run: (*Driver).createVolume},
+			run: (*Engine).createVolume},
 		{From: []volState{stateNone}, On: evPublish, When: whenOwnMount,
 			Do:  "adopt: fsGroup, content, read-only again, save",
 			To:  "published",
-			run: (*Driver).adoptMounted},
+			run: (*Engine).adoptMounted},
 		{From: []volState{stateNone}, On: evPublish, When: whenOtherMount,
 			Do:  "refuse FailedPrecondition (never mount over a mount)",
 			To:  "none",
-			run: (*Driver).refuseOtherMount},
+			run: (*Engine).refuseOtherMount},
 
 		{From: []volState{statePublished, statePublishing, stateUnpublishing}, On: evRepublish, When: whenChanged,
 			Do:  "refuse AlreadyExists",
 			To:  "unchanged",
-			run: (*Driver).refuseChanged},
+			run: (*Engine).refuseChanged},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameMounted,
 			Do:  "answer OK (nothing is remounted)",
 			To:  "published",
-			run: (*Driver).alreadyPublished},
+			run: (*Engine).alreadyPublished},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameRefresh,
 			Do:  "refresh content with the request's secrets and tokens; a failure keeps the last good content and schedules a retry",
 			To:  "published",
-			run: (*Driver).republishContent},
+			run: (*Engine).republishContent},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameUnmounted,
 			Do:  "repair: Create, mount, fsGroup, content, read-only, save",
 			To:  "published",
-			run: (*Driver).repairMount},
+			run: (*Engine).repairMount},
 		{From: []volState{statePublishing, stateUnpublishing}, On: evRepublish, When: whenSame,
 			Do:  "finish the interrupted operation: teardown, then publish",
 			To:  "as publish from none",
-			run: (*Driver).finishInterrupted},
+			run: (*Engine).finishInterrupted},
 		{From: []volState{stateRebuilt, stateUnclaimed}, On: evRepublish, When: whenMounted,
 			Do:  "complete: fsGroup, content, read-only again, save the record completed from the request",
 			To:  "published",
-			run: (*Driver).completeMounted},
+			run: (*Engine).completeMounted},
 		{From: []volState{stateRebuilt, stateUnclaimed}, On: evRepublish, When: whenUnmounted,
 			Do:  "complete: Create, mount, fsGroup, content, read-only, save the record completed from the request",
 			To:  "published",
-			run: (*Driver).completeUnmounted},
+			run: (*Engine).completeUnmounted},
 
 		{From: []volState{stateNone}, On: evUnpublish, When: whenAlways,
 			Do:  "clean the target best-effort (unmount, remove the directory)",
 			To:  "none",
-			run: (*Driver).cleanTarget},
+			run: (*Engine).cleanTarget},
 		{From: []volState{stateUnclaimed}, On: evUnpublish, When: whenAlways,
 			Do:  "teardown at the request's target",
 			To:  "none",
-			run: (*Driver).unpublishVolume},
+			run: (*Engine).unpublishVolume},
 		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evUnpublish, When: whenOtherTarget,
 			Do:  "refuse InvalidArgument, nothing touched",
 			To:  "unchanged",
-			run: (*Driver).refuseOtherTarget},
+			run: (*Engine).refuseOtherTarget},
 		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evUnpublish, When: whenItsTarget,
 			Do:  "teardown: unmount, remove target, Delete (Aborted while mounted anywhere), delete record",
 			To:  "none; unchanged on failure (the kubelet retries)",
-			run: (*Driver).unpublishVolume},
+			run: (*Engine).unpublishVolume},
 
 		{From: []volState{statePublished, stateRebuilt, stateUnclaimed}, On: evReconcile, When: whenAlways,
 			Do:  "keep (a published volume not mounted is logged: a republish repairs it)",
 			To:  "unchanged",
-			run: (*Driver).keepRecord},
+			run: (*Engine).keepRecord},
 		{From: []volState{statePublishing, stateUnpublishing}, On: evReconcile, When: whenAlways,
 			Do:  "roll back: teardown",
 			To:  "none; unchanged on failure (retried by the next operation)",
-			run: (*Driver).rollBack},
+			run: (*Engine).rollBack},
 		{From: []volState{stateNone}, On: evReconcile, When: whenFoundMounted,
 			Do:  "adopt: save a rebuilt record, account its capacity",
 			To:  "rebuilt",
-			run: (*Driver).adoptMountedFound},
+			run: (*Engine).adoptMountedFound},
 		{From: []volState{stateNone}, On: evReconcile, When: whenFoundPodded,
 			Do:  "adopt as published, not mounted: save a rebuilt record, account its capacity",
 			To:  "rebuilt",
-			run: (*Driver).adoptStorageFound},
+			run: (*Engine).adoptStorageFound},
 		{From: []volState{stateNone}, On: evReconcile, When: whenFoundProven,
 			Do:  "Delete the storage (not while mounted anywhere)",
 			To:  "none",
-			run: (*Driver).deleteLeftover},
+			run: (*Engine).deleteLeftover},
 		{From: []volState{stateNone}, On: evReconcile, When: whenFoundUnproven,
 			Do:  "keep as unclaimed: save a rebuilt record, account its capacity",
 			To:  "unclaimed",
-			run: (*Driver).keepUnclaimed},
+			run: (*Engine).keepUnclaimed},
 
 		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing}, On: evGC, When: whenPodGone,
 			Do:  "teardown",
 			To:  "none; unchanged on failure (next pass)",
-			run: (*Driver).collectOrphanVolume},
+			run: (*Engine).collectOrphanVolume},
 
 		{From: []volState{statePublished}, On: evRefresh, When: whenRefreshable,
 			Do:  "refresh content with the last publish's secrets and tokens; a failure keeps the last good content and schedules a retry",
 			To:  "published",
-			run: (*Driver).refreshPublished},
+			run: (*Engine).refreshPublished},
 		{From: []volState{statePublished, stateRebuilt, statePublishing, stateUnpublishing, stateUnclaimed}, On: evRefresh, When: whenStale,
 			Do:  "nothing (a rebuilt or unmounted volume gets fresh content at its next republish); without content, forget the volume",
 			To:  "unchanged",
-			run: (*Driver).skipRefresh},
+			run: (*Engine).skipRefresh},
 		{From: []volState{stateNone}, On: evRefresh, When: whenAlways,
 			Do:  "forget the volume",
 			To:  "none",
-			run: (*Driver).forgetRefresh},
+			run: (*Engine).forgetRefresh},
 	}
 }
 
 // fire runs the row of the table for event on in state from, case when.
-func (d *Driver) fire(ctx context.Context, on event, from volState, when cond, o *op) error {
+func (d *Engine) fire(ctx context.Context, on event, from volState, when cond, o *op) error {
 	for i := range transitions {
 		t := &transitions[i]
 		if t.On == on && t.When == when && hasState(t.From, from) {
@@ -305,13 +306,13 @@ func hasState(states []volState, s volState) bool {
 // nodePublishVolume is NodePublishVolume of a read request: the volume's
 // lock and its record, then the publish event (no record) or the republish
 // event.
-func (d *Driver) nodePublishVolume(ctx context.Context, pr *publishRequest) error {
+func (d *Engine) nodePublishVolume(ctx context.Context, pr *publishRequest) error {
 	release, err := d.beginPublish(pr.vol)
 	if err != nil {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Limits.OperationTimeout)
 	defer cancel()
 	log := klog.FromContext(ctx).WithValues(logkeys.Backend, pr.vol.Backend)
 	ctx = klog.NewContext(ctx, log)
@@ -333,7 +334,7 @@ func (d *Driver) nodePublishVolume(ctx context.Context, pr *publishRequest) erro
 // case. A failure posts no event: the kubelet's FailedMount event on the pod
 // carries the same message (the gRPC error it got), and a second event per
 // attempt would double the API writes of a failing fleet.
-func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
+func (d *Engine) publish(ctx context.Context, pr *publishRequest) (err error) {
 	v := pr.vol
 	for _, a := range d.authorizers(v.Backend) {
 		if err := a.Authorize(ctx, v); err != nil {
@@ -357,9 +358,9 @@ func (d *Driver) publish(ctx context.Context, pr *publishRequest) (err error) {
 // targetCase tells a first publish's target apart: not a mount point, a mount
 // of this volume's own storage (o.src; its record was lost), or another mount
 // (o.mt), which Ephemera never mounts over.
-func (d *Driver) targetCase(ctx context.Context, o *op) (cond, error) {
+func (d *Engine) targetCase(ctx context.Context, o *op) (cond, error) {
 	v := o.pr.vol
-	root := d.opts.Node.KubeletRootDir
+	root := d.cfg.Node.KubeletRootDir
 	isMount, err := d.mounter.IsMountPoint(root, v.TargetPath)
 	if err != nil {
 		if errors.Is(err, mount.ErrSymlink) {
@@ -398,7 +399,7 @@ func (d *Driver) targetCase(ctx context.Context, o *op) (cond, error) {
 // republish is the republish event: a NodePublishVolume of a volume with a
 // record. A rebuilt or unclaimed record is completed from the request
 // (whatever its hash: it has none); any other must match the request.
-func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.Record) error {
+func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.Record) error {
 	o := &op{pr: pr, rec: rec}
 	from := stateOf(rec)
 	var when cond
@@ -412,7 +413,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 			return err
 		}
 		o.full = full
-		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, full.TargetPath)
+		isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, full.TargetPath)
 		if err != nil {
 			return errkind.Transient(fmt.Errorf("checking target: %w", err))
 		}
@@ -423,7 +424,7 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		when = whenChanged
 	case from == statePublished:
-		isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath)
+		isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath)
 		if err != nil {
 			return errkind.Transient(fmt.Errorf("checking target: %w", err))
 		}
@@ -441,16 +442,25 @@ func (d *Driver) republish(ctx context.Context, pr *publishRequest, rec *store.R
 	return d.fire(ctx, evRepublish, from, when, o)
 }
 
-// nodeUnpublishVolume is NodeUnpublishVolume of a checked volume ID and
-// target path: the volume's lock, then the unpublish event. It is OK when
-// anything is already gone.
-func (d *Driver) nodeUnpublishVolume(ctx context.Context, id, target string) error {
+// Unpublish is NodeUnpublishVolume of a checked volume ID and target path:
+// the volume's lock, then the unpublish event. It is OK when anything is
+// already gone. The volume's stats answer is dropped before and after.
+func (d *Engine) Unpublish(ctx context.Context, id, target string) error {
+	d.stats.Forget(id)
+	err := d.nodeUnpublishVolume(ctx, id, target)
+	if err == nil {
+		d.stats.Forget(id)
+	}
+	return err
+}
+
+func (d *Engine) nodeUnpublishVolume(ctx context.Context, id, target string) error {
 	release, err := d.lockVolume(id)
 	if err != nil {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, d.opts.Limits.OperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Limits.OperationTimeout)
 	defer cancel()
 	return d.unpublish(ctx, id, target)
 }
@@ -458,7 +468,7 @@ func (d *Driver) nodeUnpublishVolume(ctx context.Context, id, target string) err
 // unpublish is the unpublish event of volume id at target, in the teardown
 // lane of the volume's backend (read from its record): never behind
 // publishes, nor behind another backend's teardowns.
-func (d *Driver) unpublish(ctx context.Context, id, target string) error {
+func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 	rec, err := d.store.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -487,7 +497,7 @@ func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 	return d.fire(ctx, evUnpublish, from, when, o)
 }
 
-// reconcile is the reconcile event, run at startup before the driver serves.
+// Reconcile is the reconcile event, run at startup before the driver serves.
 // It compares the records (what the driver promised), the mount table (what
 // is published) and the backends' inventories (what storage exists):
 //
@@ -509,8 +519,8 @@ func (d *Driver) unpublish(ctx context.Context, id, target string) error {
 // Failures to clean one volume are logged and left for the next attempt (a later
 // NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
 // store fails the startup. Nothing is ever deleted because a record is missing.
-func (d *Driver) reconcile(ctx context.Context) error {
-	log := d.opts.Observability.Logger.WithName("reconcile")
+func (d *Engine) Reconcile(ctx context.Context) error {
+	log := d.cfg.Observability.Logger.WithName("reconcile")
 	recs, err := d.store.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing volume records: %w", err)
@@ -541,8 +551,8 @@ func (d *Driver) reconcile(ctx context.Context) error {
 		known[f.op.rec.VolumeID] = true
 	}
 	index := d.volDataIndexOnce()
-	for _, name := range backendNames(d.opts.Backends) {
-		inv := d.unrecordedStorage(ctx, name, d.opts.Backends[name], known, index)
+	for _, name := range backendNames(d.cfg.Backends) {
+		inv := d.unrecordedStorage(ctx, name, d.cfg.Backends[name], known, index)
 		bfailed := inv.failed
 		for _, f := range inv.found {
 			if err := d.fire(ctx, evReconcile, stateNone, f.when, &f.op); err != nil {
@@ -567,14 +577,14 @@ func (d *Driver) reconcile(ctx context.Context) error {
 
 // collectOrphan is the gc event: the orphan GC (gc.go) found rec's pod gone
 // and holds the volume's lock.
-func (d *Driver) collectOrphan(ctx context.Context, rec *store.Record) error {
+func (d *Engine) collectOrphan(ctx context.Context, rec *store.Record) error {
 	return d.fire(ctx, evGC, stateOf(rec), whenPodGone, &op{rec: rec})
 }
 
 // refreshVolume is the refresh event of volume id: a driver-initiated
 // refresh of its content (the refresher's timers call it).
-func (d *Driver) refreshVolume(ctx context.Context, id string) {
-	log := d.opts.Observability.Logger.WithValues(logkeys.VolumeID, id)
+func (d *Engine) refreshVolume(ctx context.Context, id string) {
+	log := d.cfg.Observability.Logger.WithValues(logkeys.VolumeID, id)
 	if !d.lanes.locks.TryAcquire(id) {
 		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
 		return
@@ -593,7 +603,7 @@ func (d *Driver) refreshVolume(ctx context.Context, id string) {
 	if from != stateNone {
 		when = whenStale
 		if from == statePublished && d.contentFor(rec.Backend) != nil {
-			if isMount, err := d.mounter.IsMountPoint(d.opts.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
+			if isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
 				when = whenRefreshable
 			}
 		}
@@ -607,28 +617,28 @@ func (d *Driver) refreshVolume(ctx context.Context, id string) {
 // Planner), durable intent (when the backend needs one: needsIntent, or the
 // plan), backend, target, mount, content, durable completion. On failure
 // everything is rolled back.
-func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
+func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	log := klog.FromContext(ctx)
 	pr := o.pr
 	v := pr.vol
-	if err := d.capacity.reserve(d.opts.DriverName, v.Backend, v.Pod.UID, v.Size); err != nil {
+	if err := d.capacity.reserve(d.cfg.DriverName, v.Backend, v.Pod.UID, v.Size); err != nil {
 		return err
 	}
 	var intent, relax bool
-	if p, ok := As[Planner](pr.backend); !ok {
+	if p := pr.backend.Planner(); p == nil {
 		intent, relax = needsIntent(pr.backend), relaxed(pr.backend)
 	} else {
 		// What Create will do is decided once, here, and recorded in
 		// v.State: the intent record and the decisions below follow it, not
 		// a later answer of a backend that may have changed (a plugin
 		// restarted as another version) or be down at teardown.
-		plan, err := p.Plan(ctx, v)
+		mountOnly, err := p.Plan(ctx, v)
 		if err != nil {
 			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
 			return fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
 		}
-		_, finds := pr.backend.(Finder)
-		relax = plan.MountOnly && finds
+		_, finds := pr.backend.Unwrap().(Finder)
+		relax = mountOnly && finds
 		intent = !relax
 	}
 	rec := newRecord(pr, store.PhasePublishing)
@@ -688,7 +698,7 @@ func (d *Driver) createVolume(ctx context.Context, o *op) (err error) {
 // adoptMounted answers a first publish whose target shows this volume's own
 // storage (its record was lost): the volume is recorded as published for
 // this request, refreshed like a republish, and answered OK.
-func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
+func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 	pr, v := o.pr, o.pr.vol
 	// Whatever mounted it may not have finished (fsGroup, content, read-only).
 	if err := d.finishMounted(ctx, pr, nil); err != nil {
@@ -711,7 +721,7 @@ func (d *Driver) adoptMounted(ctx context.Context, o *op) error {
 
 // refuseOtherMount refuses a first publish whose target is a mount that is
 // not this volume's storage, and leaves it as it is.
-func (d *Driver) refuseOtherMount(_ context.Context, o *op) error {
+func (d *Engine) refuseOtherMount(_ context.Context, o *op) error {
 	v := o.pr.vol
 	return errkind.Errorf(errkind.ErrFailedPrecondition,
 		"target %s is already a mount point (%s %s) that is not this volume's %s storage; Ephemera never mounts over another mount: unmount it, or delete and recreate the pod",
@@ -720,12 +730,12 @@ func (d *Driver) refuseOtherMount(_ context.Context, o *op) error {
 
 // refuseChanged refuses a publish that asks for another volume than the one
 // recorded under its ID.
-func (d *Driver) refuseChanged(_ context.Context, o *op) error {
+func (d *Engine) refuseChanged(_ context.Context, o *op) error {
 	return errkind.Errorf(api.ErrAlreadyExists, "volume %s is already published with different attributes, readOnly, fsType or fsGroup; the volume of a running pod cannot change: delete and recreate the pod", o.pr.vol.ID)
 }
 
 // alreadyPublished answers the republish of a mounted volume without content.
-func (d *Driver) alreadyPublished(ctx context.Context, _ *op) error {
+func (d *Engine) alreadyPublished(ctx context.Context, _ *op) error {
 	klog.FromContext(ctx).V(2).Info("Volume already published")
 	return nil
 }
@@ -734,7 +744,7 @@ func (d *Driver) alreadyPublished(ctx context.Context, _ *op) error {
 // content with the fresh secrets and tokens. A failure never touches the live
 // volume: it keeps its last good content, the kubelet gets OK, and a retry is
 // scheduled. It never unmounts a live volume.
-func (d *Driver) republishContent(ctx context.Context, o *op) error {
+func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
 	d.refresher.remember(v)
@@ -750,7 +760,7 @@ func (d *Driver) republishContent(ctx context.Context, o *op) error {
 // repairMount publishes again a volume answered OK whose mount vanished (node
 // reboot, someone unmounted it). A failure keeps the record: the kubelet
 // retries or unpublishes.
-func (d *Driver) repairMount(ctx context.Context, o *op) error {
+func (d *Engine) repairMount(ctx context.Context, o *op) error {
 	pr, rec := o.pr, o.rec
 	klog.FromContext(ctx).Info("Published volume is not mounted; repairing")
 	src, err := d.remount(ctx, pr, rec.State)
@@ -767,7 +777,7 @@ func (d *Driver) repairMount(ctx context.Context, o *op) error {
 // finishInterrupted handles a publish or unpublish that was cut short and not
 // yet reconciled (its rollback failed earlier): it finishes tearing it down,
 // then publishes afresh.
-func (d *Driver) finishInterrupted(ctx context.Context, o *op) error {
+func (d *Engine) finishInterrupted(ctx context.Context, o *op) error {
 	rec := o.rec
 	klog.FromContext(ctx).Info("Finishing interrupted operation before publishing", logkeys.Phase, rec.Phase)
 	if err := d.teardown(ctx, rec); err != nil {
@@ -784,12 +794,12 @@ func (d *Driver) finishInterrupted(ctx context.Context, o *op) error {
 // steps after the mount again (finishMounted), one that is not is mounted
 // (remount). Only then is the completed record saved; until then the record
 // stays rebuilt and a retry does it all again (every step is idempotent).
-func (d *Driver) completeMounted(ctx context.Context, o *op) error {
+func (d *Engine) completeMounted(ctx context.Context, o *op) error {
 	err := d.finishMounted(ctx, o.pr, o.rec.State)
 	return d.completeRebuilt(ctx, o, err)
 }
 
-func (d *Driver) completeUnmounted(ctx context.Context, o *op) error {
+func (d *Engine) completeUnmounted(ctx context.Context, o *op) error {
 	src, err := d.remount(ctx, o.pr, o.rec.State)
 	if err == nil {
 		o.full.Source = &src
@@ -799,7 +809,7 @@ func (d *Driver) completeUnmounted(ctx context.Context, o *op) error {
 
 // completeRebuilt saves the completed record once the publish is finished
 // (err nil) and moves its capacity to what the request says.
-func (d *Driver) completeRebuilt(ctx context.Context, o *op, err error) error {
+func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 	pr, rec, full := o.pr, o.rec, o.full
 	if err != nil {
 		return errkind.Transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
@@ -819,13 +829,13 @@ func (d *Driver) completeRebuilt(ctx context.Context, o *op, err error) error {
 // cleanTarget answers the unpublish of an unknown volume: it cleans the
 // target best-effort (a mount stacked by an older driver, an empty
 // directory) and succeeds.
-func (d *Driver) cleanTarget(_ context.Context, o *op) error {
+func (d *Engine) cleanTarget(_ context.Context, o *op) error {
 	return d.unpublishTarget(o.target)
 }
 
 // refuseOtherTarget refuses an unpublish at a target that is not the
 // volume's.
-func (d *Driver) refuseOtherTarget(_ context.Context, o *op) error {
+func (d *Engine) refuseOtherTarget(_ context.Context, o *op) error {
 	return errkind.Invalidf("volume %s is published at %s, not at %s; nothing was touched", o.rec.VolumeID, o.rec.TargetPath, o.target)
 }
 
@@ -834,7 +844,7 @@ func (d *Driver) refuseOtherTarget(_ context.Context, o *op) error {
 // retries (or the orphan GC, once the pod is gone, tears down what is left).
 // Every step of teardown is OK when already done. Unclaimed storage is torn
 // down at the target the kubelet names: it is the pod's.
-func (d *Driver) unpublishVolume(ctx context.Context, o *op) error {
+func (d *Engine) unpublishVolume(ctx context.Context, o *op) error {
 	rec := o.rec
 	if rec.Phase == store.PhaseUnclaimed {
 		rec.TargetPath = o.target
@@ -849,12 +859,12 @@ func (d *Driver) unpublishVolume(ctx context.Context, o *op) error {
 // keepRecord keeps a record at startup. A published volume whose target is
 // not mounted is logged: a republish repairs it, an unpublish or the orphan
 // GC removes it.
-func (d *Driver) keepRecord(_ context.Context, o *op) error {
+func (d *Engine) keepRecord(_ context.Context, o *op) error {
 	rec := o.rec
 	if rec.Phase != store.PhasePublished {
 		return nil
 	}
-	isMount, err := isMountPointNow(d.mounter, d.opts.Node.KubeletRootDir, rec.TargetPath)
+	isMount, err := mount.IsMountPointNow(d.mounter, d.cfg.Node.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		o.log.Error(err, "Checking target of published volume")
 	} else if !isMount {
@@ -864,7 +874,7 @@ func (d *Driver) keepRecord(_ context.Context, o *op) error {
 }
 
 // rollBack tears down an operation cut short, at startup.
-func (d *Driver) rollBack(ctx context.Context, o *op) error {
+func (d *Engine) rollBack(ctx context.Context, o *op) error {
 	if err := d.teardown(ctx, o.rec); err != nil {
 		o.log.Error(err, "Rolling back interrupted operation failed; will retry")
 		d.metrics.Reconciled(metrics.ReconcileFailed)
@@ -877,7 +887,7 @@ func (d *Driver) rollBack(ctx context.Context, o *op) error {
 
 // adoptMountedFound adopts a volume published at its target without a
 // record.
-func (d *Driver) adoptMountedFound(ctx context.Context, o *op) error {
+func (d *Engine) adoptMountedFound(ctx context.Context, o *op) error {
 	rec := o.rec
 	if err := d.saveRebuilt(ctx, rec); err != nil {
 		return err
@@ -894,7 +904,7 @@ func (d *Driver) adoptMountedFound(ctx context.Context, o *op) error {
 // adoptStorageFound adopts backend storage without a record whose pod still
 // has the volume, as a published volume that is not mounted (a republish
 // mounts it again, an unpublish or the orphan GC removes it).
-func (d *Driver) adoptStorageFound(ctx context.Context, o *op) error {
+func (d *Engine) adoptStorageFound(ctx context.Context, o *op) error {
 	if err := d.saveRebuilt(ctx, o.rec); err != nil {
 		return err
 	}
@@ -905,7 +915,7 @@ func (d *Driver) adoptStorageFound(ctx context.Context, o *op) error {
 
 // keepUnclaimed keeps backend storage without a record or a pod, which the
 // store cannot prove a leftover, as unclaimed.
-func (d *Driver) keepUnclaimed(ctx context.Context, o *op) error {
+func (d *Engine) keepUnclaimed(ctx context.Context, o *op) error {
 	if err := d.saveRebuilt(ctx, o.rec); err != nil {
 		return err
 	}
@@ -915,7 +925,7 @@ func (d *Driver) keepUnclaimed(ctx context.Context, o *op) error {
 }
 
 // saveRebuilt saves a rebuilt record and accounts its storage.
-func (d *Driver) saveRebuilt(ctx context.Context, rec *store.Record) error {
+func (d *Engine) saveRebuilt(ctx context.Context, rec *store.Record) error {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return fmt.Errorf("saving the rebuilt record of volume %s: %w", rec.VolumeID, err)
 	}
@@ -925,7 +935,7 @@ func (d *Driver) saveRebuilt(ctx context.Context, rec *store.Record) error {
 
 // deleteLeftover deletes storage without a record that the backend's stamp
 // proves a leftover of this store, unless it is mounted anywhere.
-func (d *Driver) deleteLeftover(ctx context.Context, o *op) error {
+func (d *Engine) deleteLeftover(ctx context.Context, o *op) error {
 	v := volume.Orphan(o.rec.VolumeID, o.rec.Backend)
 	err := d.refuseIfMounted(ctx, o.b, v, nil)
 	if err == nil {
@@ -942,13 +952,13 @@ func (d *Driver) deleteLeftover(ctx context.Context, o *op) error {
 }
 
 // collectOrphanVolume tears down a volume whose pod is gone.
-func (d *Driver) collectOrphanVolume(ctx context.Context, o *op) error {
+func (d *Engine) collectOrphanVolume(ctx context.Context, o *op) error {
 	return d.teardown(ctx, o.rec)
 }
 
 // refreshPublished rewrites the content of a published, mounted volume with
 // the secrets and tokens of its last publish this process saw.
-func (d *Driver) refreshPublished(ctx context.Context, o *op) error {
+func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 	v := d.fromRecord(o.rec)
 	c := d.refresher.credsOf(v.ID)
 	v.Secrets, v.Tokens = c.secrets, c.tokens
@@ -966,7 +976,7 @@ func (d *Driver) refreshPublished(ctx context.Context, o *op) error {
 // publish, which refreshes the content itself), not mounted (the next
 // republish repairs it, with fresh content), not published. A published
 // volume whose backend has no content any more is forgotten.
-func (d *Driver) skipRefresh(_ context.Context, o *op) error {
+func (d *Engine) skipRefresh(_ context.Context, o *op) error {
 	if o.rec.Phase == store.PhasePublished && d.contentFor(o.rec.Backend) == nil {
 		d.refresher.forget(o.rec.VolumeID)
 	}
@@ -974,7 +984,7 @@ func (d *Driver) skipRefresh(_ context.Context, o *op) error {
 }
 
 // forgetRefresh drops the refresh state of a volume that is gone.
-func (d *Driver) forgetRefresh(_ context.Context, o *op) error {
+func (d *Engine) forgetRefresh(_ context.Context, o *op) error {
 	d.refresher.forget(o.id)
 	return nil
 }
@@ -986,7 +996,7 @@ func (d *Driver) forgetRefresh(_ context.Context, o *op) error {
 // finds or re-creates the storage, then the whole of mountAndFill runs. A
 // failure after the mount unmounts again, so that a retry repeats it all and
 // never takes a half-finished mount for a published volume.
-func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
+func (d *Engine) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
 	v := pr.vol
 	v.State = state
 	src, err := d.createStorage(ctx, pr.backend, v)
@@ -994,7 +1004,7 @@ func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[stri
 		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
 	if err := d.mountAndFill(ctx, pr, src); err != nil {
-		if uerr := d.mounter.Unmount(d.opts.Node.KubeletRootDir, v.TargetPath); uerr != nil {
+		if uerr := d.mounter.Unmount(d.cfg.Node.KubeletRootDir, v.TargetPath); uerr != nil {
 			return api.Source{}, fmt.Errorf("%w; unmounting the unfinished volume: %w", err, uerr)
 		}
 		return api.Source{}, err
@@ -1006,10 +1016,10 @@ func (d *Driver) remount(ctx context.Context, pr *publishRequest, state map[stri
 // content, read-only) again on a volume mounted at its target, whose publish
 // may have been cut short after the mount. Unlike a refresh, a failure fails
 // the publish: there may be no good content to keep.
-func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
+func (d *Engine) finishMounted(ctx context.Context, pr *publishRequest, state map[string]string) (err error) {
 	v := pr.vol
 	v.State = state
-	root := d.opts.Node.KubeletRootDir
+	root := d.cfg.Node.KubeletRootDir
 	if v.ReadOnly && d.fills(v) {
 		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable to finish its publish: %w", err)
@@ -1026,14 +1036,14 @@ func (d *Driver) finishMounted(ctx context.Context, pr *publishRequest, state ma
 
 // mountAndFill creates the target, publishes src there, writes the content and
 // applies read-only.
-func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.Source) error {
+func (d *Engine) mountAndFill(ctx context.Context, pr *publishRequest, src api.Source) error {
 	v := pr.vol
-	if err := d.mounter.MakeTarget(d.opts.Node.KubeletRootDir, v.TargetPath); err != nil {
+	if err := d.mounter.MakeTarget(d.cfg.Node.KubeletRootDir, v.TargetPath); err != nil {
 		return fmt.Errorf("creating target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMkdir)
-	src.MountOptions = d.opts.Volumes.MountOptions[v.Backend] // the operator's, never a backend's
-	if err := d.mounter.Mount(d.opts.Node.KubeletRootDir, src, v.TargetPath); err != nil {
+	src.MountOptions = d.cfg.Volumes.MountOptions[v.Backend] // the operator's, never a backend's
+	if err := d.mounter.Mount(d.cfg.Node.KubeletRootDir, src, v.TargetPath); err != nil {
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
@@ -1042,7 +1052,7 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
 	if v.ReadOnly {
-		if err := d.mounter.SetReadOnly(d.opts.Node.KubeletRootDir, v.TargetPath, true); err != nil {
+		if err := d.mounter.SetReadOnly(d.cfg.Node.KubeletRootDir, v.TargetPath, true); err != nil {
 			return fmt.Errorf("making volume read-only: %w", err)
 		}
 	}
@@ -1050,12 +1060,12 @@ func (d *Driver) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 }
 
 // unpublishTarget unmounts everything at target and removes the directory.
-func (d *Driver) unpublishTarget(target string) error {
-	if err := d.mounter.Unmount(d.opts.Node.KubeletRootDir, target); err != nil {
+func (d *Engine) unpublishTarget(target string) error {
+	if err := d.mounter.Unmount(d.cfg.Node.KubeletRootDir, target); err != nil {
 		return fmt.Errorf("unmounting target: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterUnmount)
-	if err := d.mounter.RemoveTarget(d.opts.Node.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := d.mounter.RemoveTarget(d.cfg.Node.KubeletRootDir, target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing target directory: %w", err)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterRemoveDir)
@@ -1065,11 +1075,11 @@ func (d *Driver) unpublishTarget(target string) error {
 // teardown undoes everything a record stands for, in reverse order: unmount,
 // target directory, backend storage, record. Every step is OK when already done,
 // so it serves rollback, unpublish, reconcile, the GC and retries alike.
-func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
+func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	if err := d.unpublishTarget(rec.TargetPath); err != nil {
 		return err
 	}
-	if b, ok := d.opts.Backends[rec.Backend]; ok {
+	if b, ok := d.cfg.Backends[rec.Backend]; ok {
 		v := d.fromRecord(rec)
 		if err := d.refuseIfMounted(ctx, b, v, rec.Source); err != nil {
 			return err
@@ -1081,7 +1091,7 @@ func (d *Driver) teardown(ctx context.Context, rec *store.Record) error {
 		return fmt.Errorf("volume uses backend %q, which this driver no longer has; re-enable it to clean up", rec.Backend)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterDelete)
-	if err := d.deleteRecord(ctx, d.opts.Backends[rec.Backend], rec.VolumeID); err != nil {
+	if err := d.deleteRecord(ctx, d.cfg.Backends[rec.Backend], rec.VolumeID); err != nil {
 		return errkind.Transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.release(rec.Backend, rec.Pod.UID, rec.Size)

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -33,7 +33,7 @@ const (
 // of each volume, so a driver-initiated refresh can hand them to the content
 // provider.
 type refresher struct {
-	d *Driver
+	d *Engine
 
 	mu      sync.Mutex
 	ctx     context.Context // set while the driver runs
@@ -48,7 +48,7 @@ type creds struct {
 	tokens  api.Tokens
 }
 
-func newRefresher(d *Driver) *refresher {
+func newRefresher(d *Engine) *refresher {
 	return &refresher{
 		d:       d,
 		creds:   map[string]creds{},
@@ -62,7 +62,7 @@ func (r *refresher) start(ctx context.Context) {
 	r.mu.Lock()
 	r.ctx = ctx
 	r.mu.Unlock()
-	if iv := r.d.opts.Volumes.RefreshInterval; iv > 0 && r.d.anyContent() {
+	if iv := r.d.cfg.Volumes.RefreshInterval; iv > 0 && r.d.anyContent() {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -174,10 +174,8 @@ func (r *refresher) succeeded(id string) {
 	delete(r.backoff, id)
 }
 
-// Refresh rewrites the content of one volume now (asynchronously, within the
-// refresh concurrency cap), with the secrets and tokens of its last publish.
-// It returns an error when the driver is not running or the volume is unknown.
-func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
+// Refresh is framework.Driver.Refresh.
+func (d *Engine) Refresh(ctx context.Context, volumeID string) error {
 	if !d.anyContent() {
 		return errors.New("the driver has no content provider")
 	}
@@ -191,17 +189,15 @@ func (d *Driver) Refresh(ctx context.Context, volumeID string) error {
 	return nil
 }
 
-// RefreshAll rewrites the content of every published volume, for an event such
-// as a CA rotation. Volumes start at random offsets within spread (0: at once)
-// and never more than RefreshConcurrency at a time.
-func (d *Driver) RefreshAll(ctx context.Context, spread time.Duration) error {
+// RefreshAll is framework.Driver.RefreshAll.
+func (d *Engine) RefreshAll(ctx context.Context, spread time.Duration) error {
 	if !d.anyContent() {
 		return errors.New("the driver has no content provider")
 	}
 	return d.refreshAll(ctx, spread)
 }
 
-func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
+func (d *Engine) refreshAll(ctx context.Context, spread time.Duration) error {
 	recs, err := d.store.List(ctx)
 	if err != nil {
 		return err
@@ -223,7 +219,7 @@ func (d *Driver) refreshAll(ctx context.Context, spread time.Duration) error {
 // the content provider refused the volume's inputs (ErrInvalidParams, e.g. a
 // token the kubelet did not send): retrying the same inputs cannot succeed, so
 // the volume waits for its next republish.
-func (d *Driver) refreshFailed(ctx context.Context, id string, err error) {
+func (d *Engine) refreshFailed(ctx context.Context, id string, err error) {
 	log := klog.FromContext(ctx)
 	if errors.Is(err, api.ErrInvalidParams) {
 		log.Error(err, "Content refresh refused its inputs; keeping the last good content until the next republish")

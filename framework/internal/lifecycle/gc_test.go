@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func (p podSet) PodExists(_ context.Context, uid string) (bool, error) {
 // gcDriver returns a driver (not running) with a fake mounter, a memory store
 // holding one published dir-backend volume per pod UID, and those pods'
 // directories for the UIDs in live.
-func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Driver, *mount.Fake, store.Store) {
+func gcDriver(t *testing.T, gc GCConfig, uids []string, live ...string) (*Engine, *mount.Fake, store.Store) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "kubelet")
 	if err := os.MkdirAll(filepath.Join(root, "pods"), 0o750); err != nil {
@@ -34,16 +34,19 @@ func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Drive
 	}
 	deleted := map[string]int{}
 	fake, st := mount.NewFake(), memstore.New()
-	opts.DriverName, opts.Node.ID, opts.Node.KubeletRootDir, opts.Node.StateDir = "gc.test", "n", root, t.TempDir()
-	opts.Volumes.Mounter, opts.State.Store = fake, st
-	opts.Backends = map[string]Backend{"dir": BackendFuncs{
-		CreateFunc: func(context.Context, *api.Volume) (api.Source, error) { return api.Source{Path: "/src"}, nil },
-		DeleteFunc: func(_ context.Context, v *api.Volume) error { deleted[v.ID]++; return nil },
-	}}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
+	cfg := testConfig(root, map[string]any{"dir": funcs{
+		create: func(context.Context, *api.Volume) (api.Source, error) { return api.Source{Path: "/src"}, nil },
+		del:    func(_ context.Context, v *api.Volume) error { deleted[v.ID]++; return nil },
+	}})
+	if gc.Interval == 0 {
+		gc.Interval = cfg.GC.Interval
 	}
+	if gc.MaxOrphanShare == 0 {
+		gc.MaxOrphanShare = cfg.GC.MaxOrphanShare
+	}
+	cfg.GC = gc
+	d := newTestEngine(t, cfg, fake)
+	d.SetStore(st)
 	for _, uid := range uids {
 		target := filepath.Join(root, "pods", uid, "volumes", "kubernetes.io~csi", "v", "mount")
 		rec := &store.Record{VolumeID: api.VolumeHandle(uid, "v"), VolumeName: "v", TargetPath: target,
@@ -64,7 +67,7 @@ func gcDriver(t *testing.T, opts Options, uids []string, live ...string) (*Drive
 }
 
 func TestGCRemovesOrphansAfterGrace(t *testing.T) {
-	d, fake, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Minute}}, []string{"live", "gone"}, "live")
+	d, fake, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Minute}, []string{"live", "gone"}, "live")
 	ctx, now := t.Context(), time.Now()
 
 	res, err := d.collectGarbage(ctx, now)
@@ -81,7 +84,7 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	if _, err := st.Get(ctx, api.VolumeHandle("gone", "v")); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("orphan record kept: %v", err)
 	}
-	if fake.MountCount(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "gone", "volumes", "kubernetes.io~csi", "v", "mount")) != 0 {
+	if fake.MountCount(filepath.Join(d.cfg.Node.KubeletRootDir, "pods", "gone", "volumes", "kubernetes.io~csi", "v", "mount")) != 0 {
 		t.Error("orphan still mounted")
 	}
 	if _, err := st.Get(ctx, api.VolumeHandle("live", "v")); err != nil {
@@ -93,12 +96,12 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 }
 
 func TestGCPodReappearingResetsGrace(t *testing.T) {
-	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Minute}}, []string{"flap"})
+	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Minute}, []string{"flap"})
 	ctx, now := t.Context(), time.Now()
 	d.collectGarbage(ctx, now)
-	os.MkdirAll(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "flap"), 0o750)
+	os.MkdirAll(filepath.Join(d.cfg.Node.KubeletRootDir, "pods", "flap"), 0o750)
 	d.collectGarbage(ctx, now.Add(30*time.Second))
-	os.Remove(filepath.Join(d.opts.Node.KubeletRootDir, "pods", "flap"))
+	os.Remove(filepath.Join(d.cfg.Node.KubeletRootDir, "pods", "flap"))
 	res, _ := d.collectGarbage(ctx, now.Add(70*time.Second))
 	if res[api.VolumeHandle("flap", "v")] != gcPending {
 		t.Fatalf("grace not restarted after the pod dir came back: %v", res)
@@ -110,7 +113,7 @@ func TestGCPodReappearingResetsGrace(t *testing.T) {
 
 func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 	pods := podSet{"in-api": true}
-	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond, Pods: pods}}, []string{"in-api", "api-down", "gone"})
+	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond, Pods: pods}, []string{"in-api", "api-down", "gone"})
 	ctx, now := t.Context(), time.Now()
 	d.collectGarbage(ctx, now)
 	res, _ := d.collectGarbage(ctx, now.Add(time.Second))
@@ -128,7 +131,7 @@ func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 		t.Errorf("%d records left, want 2", len(recs))
 	}
 
-	d2, _, st2 := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond, DryRun: true}}, []string{"gone"})
+	d2, _, st2 := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond, DryRun: true}, []string{"gone"})
 	d2.collectGarbage(ctx, now)
 	res, _ = d2.collectGarbage(ctx, now.Add(time.Second))
 	if res[api.VolumeHandle("gone", "v")] != gcWouldRm {
@@ -140,7 +143,7 @@ func TestGCDryRunAndAPIConfirmation(t *testing.T) {
 }
 
 func TestGCSafety(t *testing.T) {
-	d, _, st := gcDriver(t, Options{GC: GCOptions{OrphanGracePeriod: time.Nanosecond}}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
+	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
 	ctx, now := t.Context(), time.Now()
 	// A volume busy with another operation is left for the next pass.
 	if !d.lanes.locks.TryAcquire(api.VolumeHandle("a", "v")) {
@@ -153,7 +156,7 @@ func TestGCSafety(t *testing.T) {
 		t.Errorf("busy volume removed: %v", err)
 	}
 	// A wrong kubelet root (no pods directory) must not make everything orphaned.
-	if err := os.RemoveAll(filepath.Join(d.opts.Node.KubeletRootDir, "pods")); err != nil {
+	if err := os.RemoveAll(filepath.Join(d.cfg.Node.KubeletRootDir, "pods")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.collectGarbage(ctx, now.Add(time.Hour)); err == nil {

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -53,10 +53,10 @@ type orphans struct {
 // Options.GC.MaxOrphanShare of the volumes look orphaned at once removes only
 // volumes the API server confirms gone (none without Options.GC.Pods). Storage
 // still mounted anywhere is never deleted (teardown).
-func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]gcResult, error) {
-	log := d.opts.Observability.Logger.WithName("gc")
-	podsDir := filepath.Join(d.opts.Node.KubeletRootDir, "pods")
-	if err := d.checkPodsDir(podsDir); err != nil {
+func (d *Engine) collectGarbage(ctx context.Context, now time.Time) (map[string]gcResult, error) {
+	log := d.cfg.Observability.Logger.WithName("gc")
+	podsDir := filepath.Join(d.cfg.Node.KubeletRootDir, "pods")
+	if err := d.CheckPodsDir(podsDir); err != nil {
 		d.metrics.GC(string(gcRefused))
 		return nil, err
 	}
@@ -68,10 +68,10 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 	due, total := p.due(recs, podsDir, now)
 	// A wholesale disappearance is more likely a replaced or hidden pods
 	// directory than that many pods deleted behind the kubelet's back.
-	if len(due) > max(1, int(d.opts.GC.MaxOrphanShare*float64(total))) {
-		if d.opts.GC.Pods == nil {
-			log.Error(nil, d.words.say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
-				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.opts.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
+	if len(due) > max(1, int(d.cfg.GC.MaxOrphanShare*float64(total))) {
+		if d.cfg.GC.Pods == nil {
+			log.Error(nil, d.words.Say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
+				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, d.cfg.GC.MaxOrphanShare, logkeys.PodsDir, podsDir)
 			for _, rec := range due {
 				p.report(rec, gcRefused)
 			}
@@ -85,7 +85,7 @@ func (d *Driver) collectGarbage(ctx context.Context, now time.Time) (map[string]
 
 // gcPass is one pass of the orphan GC: what it did with each volume.
 type gcPass struct {
-	d       *Driver
+	d       *Engine
 	log     klog.Logger
 	mu      sync.Mutex // report, from the removals in flight
 	results map[string]gcResult
@@ -121,7 +121,7 @@ func (p *gcPass) due(recs []*store.Record, podsDir string, now time.Time) (due [
 			continue
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
-		if now.Sub(first) < d.opts.GC.OrphanGracePeriod {
+		if now.Sub(first) < d.cfg.GC.OrphanGracePeriod {
 			p.report(rec, gcPending)
 			continue
 		}
@@ -139,8 +139,8 @@ func (p *gcPass) confirmed(ctx context.Context, due []*store.Record, now time.Ti
 	byBackend := map[string][]*store.Record{}
 	for _, rec := range due {
 		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
-		if d.opts.GC.Pods != nil {
-			exists, err := d.opts.GC.Pods.PodExists(ctx, rec.Pod.UID)
+		if d.cfg.GC.Pods != nil {
+			exists, err := d.cfg.GC.Pods.PodExists(ctx, rec.Pod.UID)
 			if err != nil {
 				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
 				p.report(rec, gcFailed)
@@ -152,7 +152,7 @@ func (p *gcPass) confirmed(ctx context.Context, due []*store.Record, now time.Ti
 			}
 		}
 		first := d.orphans.mark(rec.VolumeID, now)
-		if d.opts.GC.DryRun {
+		if d.cfg.GC.DryRun {
 			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
 			p.report(rec, gcWouldRm)
 			continue
@@ -210,11 +210,11 @@ func (p *gcPass) remove(ctx context.Context, byBackend map[string][]*store.Recor
 	wg.Wait()
 }
 
-// checkPodsDir fails unless the kubelet's pods directory exists and is the
+// CheckPodsDir fails unless the kubelet's pods directory exists and is the
 // directory the GC saw first (same device and inode). Without it every volume
 // would look orphaned: a wrong --kubelet-root, a pods directory replaced by an
 // empty one, or a mount over it lazily unmounted must not delete anything.
-func (d *Driver) checkPodsDir(podsDir string) error {
+func (d *Engine) CheckPodsDir(podsDir string) error {
 	fi, err := os.Stat(podsDir)
 	if err != nil {
 		return fmt.Errorf("orphan GC skipped: kubelet pods directory %s: %w", podsDir, err)
@@ -260,10 +260,10 @@ func (o *orphans) forgetExcept(keep map[string]bool) {
 	}
 }
 
-// runGC runs the orphan GC at startup and every GCInterval until ctx ends.
-func (d *Driver) runGC(ctx context.Context) {
-	log := d.opts.Observability.Logger.WithName("gc")
-	t := time.NewTicker(d.opts.GC.Interval)
+// RunGC runs the orphan GC at startup and every GCInterval until ctx ends.
+func (d *Engine) RunGC(ctx context.Context) {
+	log := d.cfg.Observability.Logger.WithName("gc")
+	t := time.NewTicker(d.cfg.GC.Interval)
 	defer t.Stop()
 	for {
 		results, err := d.collectGarbage(ctx, time.Now())

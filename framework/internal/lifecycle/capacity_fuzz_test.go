@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 // it once, however often it is called; one provider holding all it may
 // leaves another its reserve.
 func TestBudget(t *testing.T) {
-	o := Options{Volumes: VolumeOptions{ContentBytesInFlight: 30, RefreshConcurrency: 1}, Limits: LimitOptions{MaxInFlight: 2, MaxInFlightPerBackend: 1},
-		Backends: map[string]Backend{"hung": boundedProvider{10}, "ok": boundedProvider{10}}}
+	o := Config{Volumes: VolumeConfig{ContentBytesInFlight: 30, RefreshConcurrency: 1}, Limits: LimitConfig{MaxInFlight: 2, MaxInFlightPerBackend: 1},
+		Backends: map[string]Backend{"hung": static{boundedProvider{10}}, "ok": static{boundedProvider{10}}}}
 	l, err := newLanes(&o)
 	if err != nil {
 		t.Fatal(err)

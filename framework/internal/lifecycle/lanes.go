@@ -1,4 +1,4 @@
-package framework
+package lifecycle
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
 )
 
 // lanes are the node's bulkheads (DESIGN 4f): every node-wide resource that one
@@ -48,7 +49,7 @@ type lanes struct {
 const noRecord = ""
 
 // newLanes builds the pools from validated options.
-func newLanes(o *Options) (*lanes, error) {
+func newLanes(o *Config) (*lanes, error) {
 	l := &lanes{}
 	names := backendNames(o.Backends)
 	per, reserved := int64(o.Limits.MaxInFlightPerBackend), int64(o.Limits.InFlightReservedPerBackend)
@@ -103,16 +104,16 @@ func newLanes(o *Options) (*lanes, error) {
 // (ContentBounder) reserve from the budget. Static: a plugin's handshake is
 // not known yet, so a plugin backend counts as a provider whatever it says
 // later.
-func contentParties(o *Options) map[string]int64 {
+func contentParties(o *Config) map[string]int64 {
 	parties := map[string]int64{}
 	if cb, ok := o.Content.(ContentBounder); ok {
 		parties[contentOption] = cb.ContentLimits().MaxBytes
 	}
 	for name, b := range o.Backends {
-		if _, ok := b.(ContentProvider); !ok {
+		if _, ok := b.Unwrap().(ContentProvider); !ok {
 			continue
 		}
-		if cb, ok := b.(ContentBounder); ok {
+		if cb, ok := b.Unwrap().(ContentBounder); ok {
 			parties[name] = cb.ContentLimits().MaxBytes
 		}
 	}
@@ -125,8 +126,8 @@ const contentOption = ""
 
 // contentParty returns the party whose share the content of backend's
 // volumes is charged to.
-func (d *Driver) contentParty(backend string) string {
-	if _, ok := As[ContentProvider](d.opts.Backends[backend]); ok {
+func (d *Engine) contentParty(backend string) string {
+	if b, ok := d.cfg.Backends[backend]; ok && b.ContentProvider() != nil {
 		return backend
 	}
 	return contentOption
@@ -135,7 +136,7 @@ func (d *Driver) contentParty(backend string) string {
 // beginPublish admits a publish of v: its backend's share of the publish lane
 // (ResourceExhausted at once when taken), then the volume's lock (Aborted).
 // The returned func releases both.
-func (d *Driver) beginPublish(v *api.Volume) (func(), error) {
+func (d *Engine) beginPublish(v *api.Volume) (func(), error) {
 	g, err := d.lanes.publishes.TryAcquire(v.Backend, 1)
 	if err != nil {
 		return nil, d.laneRefused("publishes", v.Backend, err)
@@ -151,7 +152,7 @@ func (d *Driver) beginPublish(v *api.Volume) (func(), error) {
 }
 
 // lockVolume takes id's lock (Aborted when another operation holds it).
-func (d *Driver) lockVolume(id string) (func(), error) {
+func (d *Engine) lockVolume(id string) (func(), error) {
 	if !d.lanes.locks.TryAcquire(id) {
 		return nil, errkind.Errorf(api.ErrBusy, "an operation for volume %s is already in progress", id)
 	}
@@ -160,7 +161,7 @@ func (d *Driver) lockVolume(id string) (func(), error) {
 
 // beginTeardown admits a teardown of a volume of backend (noRecord: the
 // volume has no record) in the teardown lane, at once or not at all.
-func (d *Driver) beginTeardown(backend string) (func(), error) {
+func (d *Engine) beginTeardown(backend string) (func(), error) {
 	g, err := d.lanes.teardowns.TryAcquire(backend, 1)
 	if err != nil {
 		return nil, d.laneRefused("unpublishes", backend, err)
@@ -169,7 +170,7 @@ func (d *Driver) beginTeardown(backend string) (func(), error) {
 }
 
 // laneRefused is the ResourceExhausted of a lane that refused backend.
-func (d *Driver) laneRefused(what, backend string, err error) error {
+func (d *Engine) laneRefused(what, backend string, err error) error {
 	var r *admission.Refusal
 	if !errors.As(err, &r) {
 		return errkind.Errorf(errkind.ErrInternal, "admitting the volume operation: %v", err)
@@ -183,7 +184,7 @@ func (d *Driver) laneRefused(what, backend string, err error) error {
 			r.Held, what, name, r.Max)
 	}
 	return errkind.Errorf(api.ErrResourceExhausted, "%s has %d %s in flight and the node's other slots are taken by other backends (--max-in-flight %d, %d reserved per backend: --in-flight-reserved-per-backend); the kubelet retries",
-		name, r.Held, what, d.opts.Limits.MaxInFlight, d.opts.Limits.InFlightReservedPerBackend)
+		name, r.Held, what, d.cfg.Limits.MaxInFlight, d.cfg.Limits.InFlightReservedPerBackend)
 }
 
 // budget is Options.Volumes.ContentBytesInFlight: the bytes that content
@@ -210,7 +211,7 @@ func (b *budget) reserve(ctx context.Context, party string, n int64) (release fu
 			inUse += x.Held
 		}
 		return nil, errkind.Errorf(api.ErrResourceExhausted, "content answers in flight take this content provider's share of the driver's budget of %s (--content-bytes-in-flight, %s of it in use, %s by this provider); its volume needs %s of it: the kubelet retries",
-			bytes(b.size), bytes(inUse), bytes(u[party].Held), bytes(n))
+			words.Bytes(b.size), words.Bytes(inUse), words.Bytes(u[party].Held), words.Bytes(n))
 	}
 	return g.Release, nil
 }
@@ -224,47 +225,10 @@ func (b *budget) inUse() int64 {
 	return n
 }
 
-// defaultPerBackend is LimitOptions.MaxInFlightPerBackend's default for a
-// node-wide maxInFlight: half of it, at least 8, at most all of it; all of
-// it for a driver of one backend.
-func defaultPerBackend(maxInFlight, backends int) int {
-	if backends == 1 {
-		return maxInFlight
-	}
-	return min(maxInFlight, max(8, maxInFlight/2))
-}
-
-// defaultReserved is LimitOptions.InFlightReservedPerBackend's default: 4, or
-// less where the backends' reserves would not fit maxInFlight.
-func defaultReserved(maxInFlight, backends, perBackend int) int {
-	if backends == 0 {
-		return 0
-	}
-	return max(0, min(4, maxInFlight/backends, perBackend))
-}
-
-// checkLanes validates the lanes' options after defaults.
-func (l *LimitOptions) checkLanes(backends int) error {
-	switch {
-	case l.MaxInFlight <= 0:
-		return fmt.Errorf("Limits.MaxInFlight %d (--max-in-flight) must be positive", l.MaxInFlight)
-	case l.MaxInFlightPerBackend <= 0 || l.MaxInFlightPerBackend > l.MaxInFlight:
-		return fmt.Errorf("Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend) must be between 1 and Limits.MaxInFlight %d (--max-in-flight)", l.MaxInFlightPerBackend, l.MaxInFlight)
-	case l.InFlightReservedPerBackend < 0 || l.InFlightReservedPerBackend > l.MaxInFlightPerBackend:
-		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) must be between 0 and Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend)", l.InFlightReservedPerBackend, l.MaxInFlightPerBackend)
-	case int64(l.InFlightReservedPerBackend)*int64(backends) > int64(l.MaxInFlight):
-		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) for each of %d backends is %d slots, more than Limits.MaxInFlight %d (--max-in-flight): lower the one or raise the other",
-			l.InFlightReservedPerBackend, backends, l.InFlightReservedPerBackend*backends, l.MaxInFlight)
-	case l.MaxVolumesPerPod < NoMaxVolumesPerPod || l.MaxVolumesPerPod > math.MaxInt32:
-		return fmt.Errorf("Limits.MaxVolumesPerPod %d (--max-volumes-per-pod) must be positive, or NoMaxVolumesPerPod (-1) for no cap", l.MaxVolumesPerPod)
-	}
-	return nil
-}
-
-// checkContentShares validates that the content budget holds one answer of
+// CheckContentShares validates that the content budget holds one answer of
 // every bounded content provider at once: each provider has its bound
 // reserved, so that one that never answers cannot take the others' turn.
-func (o *Options) checkContentShares() error {
+func CheckContentShares(o *Config) error {
 	var sum int64
 	parties := contentParties(o)
 	for _, bound := range parties {
@@ -276,14 +240,14 @@ func (o *Options) checkContentShares() error {
 	}
 	if len(parties) > 1 && sum > o.Volumes.ContentBytesInFlight {
 		return fmt.Errorf("Volumes.ContentBytesInFlight %s (--content-bytes-in-flight) holds less than one answer of each of the %d content providers at once (%s, the sum of their bounds): each has its bound reserved, so that a provider that never answers cannot hold the others up; raise the budget (and the memory limit, about three times the budget) or lower the providers' bounds (a plugin's max-content-bytes)",
-			bytes(o.Volumes.ContentBytesInFlight), len(parties), bytes(sum))
+			words.Bytes(o.Volumes.ContentBytesInFlight), len(parties), words.Bytes(sum))
 	}
 	return nil
 }
 
 // inFlight returns the volume operations in flight, publishes and teardowns,
 // for the metrics.
-func (d *Driver) inFlight() int {
+func (d *Engine) inFlight() int {
 	var n int64
 	for _, p := range []*admission.Pool{d.lanes.publishes, d.lanes.teardowns} {
 		for _, u := range p.Usage() {

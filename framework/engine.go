@@ -1,0 +1,141 @@
+package framework
+
+import (
+	"context"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+)
+
+// engineConfig is what the lifecycle engine (internal/lifecycle) takes of o.
+func (o *Options) engineConfig() *lifecycle.Config {
+	backends := make(map[string]lifecycle.Backend, len(o.Backends))
+	for name, b := range o.Backends {
+		backends[name] = backend{b}
+	}
+	cfg := &lifecycle.Config{
+		DriverName: o.DriverName,
+		Node:       lifecycle.NodeConfig{KubeletRootDir: o.Node.KubeletRootDir},
+		Backends:   backends,
+		Limits: lifecycle.LimitConfig{
+			OperationTimeout:           o.Limits.OperationTimeout,
+			MaxVolumesPerNode:          o.Limits.MaxVolumesPerNode,
+			MaxVolumesPerPod:           o.Limits.MaxVolumesPerPod,
+			MaxInFlight:                o.Limits.MaxInFlight,
+			MaxInFlightPerBackend:      o.Limits.MaxInFlightPerBackend,
+			InFlightReservedPerBackend: o.Limits.InFlightReservedPerBackend,
+			Capacity:                   o.Limits.Capacity,
+			StatsWalk:                  stats.Limits(o.Limits.StatsWalk),
+		},
+		Volumes: lifecycle.VolumeConfig{
+			AcceptedAttributes:   o.Volumes.AcceptedAttributes,
+			MountOptions:         o.Volumes.MountOptions,
+			ContentTimeout:       o.Volumes.ContentTimeout,
+			ContentBytesInFlight: o.Volumes.ContentBytesInFlight,
+			ContentCapacity:      o.Volumes.ContentCapacity,
+			RefreshInterval:      o.Volumes.RefreshInterval,
+			RefreshConcurrency:   o.Volumes.RefreshConcurrency,
+		},
+		GC: lifecycle.GCConfig{
+			Interval:          o.GC.Interval,
+			OrphanGracePeriod: o.GC.OrphanGracePeriod,
+			DryRun:            o.GC.DryRun,
+			MaxOrphanShare:    o.GC.MaxOrphanShare,
+		},
+		Observability: lifecycle.ObservabilityConfig{Logger: o.Observability.Logger},
+	}
+	// Interfaces are set only when non-nil: a nil interface of framework's
+	// type would become a non-nil one of the engine's.
+	if o.Content != nil {
+		cfg.Content = o.Content
+	}
+	if o.Volumes.Authorizer != nil {
+		cfg.Volumes.Authorizer = o.Volumes.Authorizer
+	}
+	if o.GC.Pods != nil {
+		cfg.GC.Pods = o.GC.Pods
+	}
+	if o.Observability.Events != nil {
+		cfg.Observability.Events = o.Observability.Events
+	}
+	return cfg
+}
+
+// backend is a driver author's Backend as the engine takes it
+// (lifecycle.Backend): each optional interface as As answers it now.
+type backend struct{ b Backend }
+
+func (a backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
+	return a.b.Create(ctx, v)
+}
+
+func (a backend) Delete(ctx context.Context, v *api.Volume) error { return a.b.Delete(ctx, v) }
+
+func (a backend) Lister() lifecycle.Lister {
+	if l, ok := As[Lister](a.b); ok {
+		return l
+	}
+	return nil
+}
+
+func (a backend) Finder() lifecycle.Finder {
+	if f, ok := As[Finder](a.b); ok {
+		return f
+	}
+	return nil
+}
+
+func (a backend) MountOnly() bool { return implements[MountOnly](a.b) }
+
+func (a backend) Planner() lifecycle.Planner {
+	if p, ok := As[Planner](a.b); ok {
+		return planner{p}
+	}
+	return nil
+}
+
+func (a backend) Stamper() lifecycle.Stamper {
+	if s, ok := As[Stamper](a.b); ok {
+		return s
+	}
+	return nil
+}
+
+func (a backend) ContentProvider() lifecycle.ContentProvider {
+	if cp, ok := As[ContentProvider](a.b); ok {
+		return cp
+	}
+	return nil
+}
+
+func (a backend) Authorizer() lifecycle.Authorizer {
+	if au, ok := As[Authorizer](a.b); ok {
+		return au
+	}
+	return nil
+}
+
+func (a backend) HealthChecker() lifecycle.HealthChecker {
+	if hc, ok := As[HealthChecker](a.b); ok {
+		return hc
+	}
+	return nil
+}
+
+func (a backend) Attributes() api.Attributes {
+	if ad, ok := As[AttributeDeclarer](a.b); ok {
+		return ad.Attributes()
+	}
+	return nil
+}
+
+func (a backend) Unwrap() any { return a.b }
+
+// planner is a Planner as the engine takes it.
+type planner struct{ p Planner }
+
+func (p planner) Plan(ctx context.Context, v *api.Volume) (bool, error) {
+	plan, err := p.p.Plan(ctx, v)
+	return plan.MountOnly, err
+}

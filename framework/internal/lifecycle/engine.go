@@ -1,0 +1,171 @@
+package lifecycle
+
+import (
+	"context"
+	"maps"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
+	"github.com/ephemera-csi/ephemera/framework/mount"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// isWindows selects the Windows rules of the platform seam, the paths and
+// the stats; the logic behind them lives in untagged files, tested on Linux.
+var isWindows = runtime.GOOS == "windows"
+
+// Config is what the lifecycle needs of framework.Options, validated and
+// with defaults applied; the fields keep Options' names and paths.
+type Config struct {
+	DriverName    string
+	Node          NodeConfig
+	Backends      map[string]Backend
+	Content       ContentProvider // Options.Content; nil: none
+	Limits        LimitConfig
+	Volumes       VolumeConfig
+	GC            GCConfig
+	Observability ObservabilityConfig
+}
+
+// NodeConfig is Options.Node's part the lifecycle reads.
+type NodeConfig struct {
+	KubeletRootDir string
+}
+
+// LimitConfig is Options.Limits' part the lifecycle reads.
+type LimitConfig struct {
+	OperationTimeout           time.Duration
+	MaxVolumesPerNode          int64
+	MaxVolumesPerPod           int
+	MaxInFlight                int
+	MaxInFlightPerBackend      int
+	InFlightReservedPerBackend int
+	Capacity                   map[string]int64
+	StatsWalk                  stats.Limits
+}
+
+// VolumeConfig is Options.Volumes' part the lifecycle reads.
+type VolumeConfig struct {
+	AcceptedAttributes   api.Attributes
+	MountOptions         map[string][]string
+	Authorizer           Authorizer // nil: none
+	ContentTimeout       time.Duration
+	ContentBytesInFlight int64
+	ContentCapacity      int64 // NoContentCapacity: no bound
+	RefreshInterval      time.Duration
+	RefreshConcurrency   int
+}
+
+// NoContentCapacity is framework.NoContentCapacity.
+const NoContentCapacity = -1
+
+// GCConfig is Options.GC.
+type GCConfig struct {
+	Interval          time.Duration
+	OrphanGracePeriod time.Duration
+	DryRun            bool
+	MaxOrphanShare    float64
+	Pods              PodChecker // nil: no API confirmation
+}
+
+// ObservabilityConfig is Options.Observability's part the lifecycle reads.
+type ObservabilityConfig struct {
+	Logger klog.Logger
+	Events EventSink // nil: no events
+}
+
+// Engine runs the life of the driver's volumes: the events of lifecycle.go
+// and the collaborators they call down into. Package framework builds one per
+// Driver and feeds it the CSI calls, the startup, the GC and the refreshes.
+type Engine struct {
+	cfg     Config
+	words   words.Words // the operator's words for Options' fields
+	mounter mount.Interface
+	store   store.Store // set by SetStore once the state is open
+	running *atomic.Bool
+	metrics *metrics.Metrics
+
+	lanes     *lanes // the volume locks and the bulkheads (lanes.go)
+	capacity  *capacity
+	refresher *refresher
+	orphans   orphans
+	stats     *stats.Cache // walks of directory volumes (internal/stats)
+}
+
+// New builds the engine of a validated cfg. running tells whether the driver
+// serves (Refresh needs it).
+func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Bool) (*Engine, error) {
+	d := &Engine{
+		cfg:      cfg,
+		words:    w,
+		mounter:  mounter,
+		running:  running,
+		capacity: newCapacity(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).withWords(w),
+		stats:    stats.NewCache(cfg.Limits.StatsWalk),
+	}
+	d.refresher = newRefresher(d)
+	var err error
+	if d.lanes, err = newLanes(&cfg); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// SetMetrics gives the engine the driver's metrics (they read the engine's
+// usage, so they are made after it). Before Run.
+func (d *Engine) SetMetrics(m *metrics.Metrics) {
+	d.metrics = m
+	d.stats.Observe = func(b stats.Bound) { m.StatsWalked(b.Names()...) }
+}
+
+// SetStore sets the state store the engine reads and writes, and returns the
+// one it replaces.
+func (d *Engine) SetStore(st store.Store) store.Store {
+	prev := d.store
+	d.store = st
+	return prev
+}
+
+// Store is the state store set by SetStore.
+func (d *Engine) Store() store.Store { return d.store }
+
+// Stats is the cache of the walks of directory volumes.
+func (d *Engine) Stats() *stats.Cache { return d.stats }
+
+// Mounter is the engine's mounter.
+func (d *Engine) Mounter() mount.Interface { return d.mounter }
+
+// backendNames returns the names of m, sorted.
+func backendNames(m map[string]Backend) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+// Volumes returns the volume count and the bytes in use per backend.
+func (d *Engine) Volumes() (int64, map[string]int64) { return d.capacity.snapshot() }
+
+// Usage is the capacity in use per backend, for the metrics.
+func (d *Engine) Usage() map[string]metrics.Usage { return d.capacity.usage() }
+
+// InFlight returns the volume operations in flight, for the metrics.
+func (d *Engine) InFlight() int { return d.inFlight() }
+
+// HeldContent returns the bytes of content held (Options.Volumes.ContentCapacity).
+func (d *Engine) HeldContent() int64 { return d.lanes.held.inUse() }
+
+// AnyContent reports whether any volume of this driver may have content.
+func (d *Engine) AnyContent() bool { return d.anyContent() }
+
+// StartRefresher enables driver-initiated refreshes until ctx ends;
+// StopRefresher waits for them.
+func (d *Engine) StartRefresher(ctx context.Context) { d.refresher.start(ctx) }
+
+// StopRefresher waits for the refreshes StartRefresher allowed.
+func (d *Engine) StopRefresher() { d.refresher.stop() }
