@@ -27,9 +27,6 @@ import (
 //     and nothing mounts it; otherwise it is kept as unclaimed;
 //   - no storage is deleted while the mount table shows it mounted anywhere.
 
-// sameTarget reports whether two target paths name the same target.
-func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
-
 // kubelet is what the kubelet's directories say about this driver's volumes.
 func (d *Engine) kubelet() volume.Kubelet {
 	return volume.Kubelet{Root: d.cfg.Node.KubeletRootDir, Driver: d.cfg.DriverName, Windows: isWindows, Open: d.mounter.OpenTarget}

@@ -79,3 +79,17 @@ const (
 	ReasonRefreshFailed = "RefreshFailed"
 	ReasonOrphanRemoved = "OrphanRemoved"
 )
+
+// authorizers returns what approves a first publish of a volume of the named
+// backend: Options.Authorizer, then the backend itself when it is an
+// Authorizer. Each must approve.
+func (d *Engine) authorizers(backend string) []Authorizer {
+	var as []Authorizer
+	if d.cfg.Volumes.Authorizer != nil {
+		as = append(as, d.cfg.Volumes.Authorizer)
+	}
+	if b, ok := d.cfg.Backends[backend]; ok && b.Authorizer() != nil {
+		as = append(as, b.Authorizer())
+	}
+	return as
+}

@@ -198,18 +198,3 @@ func (d *Engine) anyContent() bool {
 	}
 	return false
 }
-
-// authorizers returns what approves a first publish of a volume of the named
-// backend: Options.Authorizer, then the backend itself when it is an
-// Authorizer. Each must approve.
-func (d *Engine) authorizers(backend string) []Authorizer {
-	var as []Authorizer
-	if d.cfg.Volumes.Authorizer != nil {
-		as = append(as, d.cfg.Volumes.Authorizer)
-	}
-	if b, ok := d.cfg.Backends[backend]; ok && b.Authorizer() != nil {
-		a := b.Authorizer()
-		as = append(as, a)
-	}
-	return as
-}

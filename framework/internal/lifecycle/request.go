@@ -56,3 +56,6 @@ func (d *Engine) declared(backend string) api.Attributes {
 	}
 	return d.cfg.Volumes.AcceptedAttributes
 }
+
+// sameTarget reports whether two target paths name the same target.
+func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
