@@ -40,15 +40,6 @@ func ValidateVolume(b Backend, v *api.Volume) error {
 	return volume.CheckWithoutValidator(v)
 }
 
-// declared are the attributes the driver and backend b declare, in that
-// order.
-func declared(driver api.Attributes, b Backend) api.Attributes {
-	if ad, ok := As[AttributeDeclarer](b); ok {
-		return slices.Concat(driver, ad.Attributes())
-	}
-	return driver
-}
-
 // checkDeclarations reports a backend declaration that cannot work, and a
 // driver attribute a backend declares too.
 func checkDeclarations(driver api.Attributes, backends map[string]Backend) []error {

@@ -11,18 +11,11 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
 
-type eventFunc func(pod api.Pod, eventType, reason, message string)
-
-func (f eventFunc) Event(pod api.Pod, eventType, reason, message string) {
-	f(pod, eventType, reason, message)
-}
-
-func newObsDriver(t *testing.T, sink EventSink) *Driver {
+func newObsDriver(t *testing.T) *Driver {
 	t.Helper()
 	root := t.TempDir()
 	d, err := New(Options{
@@ -33,9 +26,8 @@ func newObsDriver(t *testing.T, sink EventSink) *Driver {
 			KubeletRootDir: filepath.Join(root, "kubelet"),
 			StateDir:       filepath.Join(root, "state"),
 		},
-		Volumes:       VolumeOptions{Mounter: mount.NewFake()},
-		State:         StateOptions{Store: memstore.New()},
-		Observability: ObservabilityOptions{Events: sink},
+		Volumes: VolumeOptions{Mounter: mount.NewFake()},
+		State:   StateOptions{Store: memstore.New()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +56,7 @@ func metricLines(t *testing.T, d *Driver, prefix string) []string {
 // Recording an RPC allocates nothing once its series exist: NodeGetCapabilities
 // and Probe are on the hot path.
 func TestObserveRPCAllocs(t *testing.T) {
-	d := newObsDriver(t, nil)
+	d := newObsDriver(t)
 	for _, c := range []codes.Code{codes.OK, codes.Aborted} {
 		d.metrics.ObserveRPC("/csi.v1.Node/NodeGetCapabilities", c, time.Millisecond)
 		if n := testing.AllocsPerRun(100, func() {
