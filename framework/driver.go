@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
+	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
-	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
-	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
@@ -30,11 +30,13 @@ type Driver struct {
 	words   words.Words       // the operator's words for opts' fields
 	csi     *csiserver.Server // the CSI services (node.go)
 	engine  *lifecycle.Engine // the volumes' lifecycle (internal/lifecycle)
+	daemon  *daemon.Daemon    // Run's components (internal/daemon)
 	ready   atomic.Bool
 	running atomic.Bool
 
 	metrics *metrics.Metrics // observability.go
-	http    httpState
+	handler http.Handler     // /metrics, /healthz, /readyz, /volumes
+	health  *httpserver.Health
 }
 
 // New validates opts and returns a Driver. It starts nothing and does no I/O; call
@@ -69,7 +71,7 @@ func New(opts Options) (*Driver, error) {
 	engine.SetMetrics(d.metrics)
 	d.csi = &csiserver.Server{
 		Node:    node{d},
-		Parser:  d.parser(),
+		Parser:  opts.parser(),
 		Logger:  opts.Observability.Logger,
 		Metrics: d.metrics,
 		PluginInfo: &csi.GetPluginInfoResponse{
@@ -82,6 +84,7 @@ func New(opts Options) (*Driver, error) {
 		},
 		Capabilities: &csi.NodeGetCapabilitiesResponse{Capabilities: nodeCapabilities()},
 	}
+	d.daemon = daemon.New(d.daemonConfig(), w, engine, d.csi, d.metrics, d.handler, &d.ready)
 	return d, nil
 }
 
@@ -119,38 +122,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("driver is already running")
 	}
-	log := d.opts.Observability.Logger.WithValues(logkeys.Driver, d.opts.DriverName)
-
-	// Fail fast, before opening the state or reconciling (which deletes backend
-	// storage that this process has no record of), when another process serves
-	// the endpoint. Listen (the grpc component) checks again.
-	sock, _ := socketPath(d.opts.Node.Endpoint)
-	if err := unixsock.CheckNotServed(sock); err != nil {
-		return d.endpointInUse(err)
-	}
-	err := d.components(log, sock).run(ctx)
-	log.Info("Stopped serving")
-	return err
-}
-
-// endpointInUse is Run's error when another process serves the endpoint.
-func (d *Driver) endpointInUse(err error) error {
-	return fmt.Errorf("CSI endpoint %s is served by another driver process (a second pod of this driver on the node, or a process left running); refusing to start: %w", d.opts.Node.Endpoint, err)
-}
-
-// stopGracefully lets in-flight calls finish for up to grace, then cuts them off.
-func stopGracefully(srv *grpc.Server, grace time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		srv.Stop()
-		<-done
-	}
+	return d.daemon.Run(ctx)
 }
 
 // Refresh rewrites the content of one volume now (asynchronously, within the

@@ -4,9 +4,42 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 )
+
+// daemonConfig is what Run's components (internal/daemon) take of d's options.
+func (d *Driver) daemonConfig() daemon.Config {
+	o := &d.opts
+	sock, _ := socketPath(o.Node.Endpoint) // validated by New
+	cfg := daemon.Config{
+		DriverName: o.DriverName,
+		Node: daemon.NodeConfig{
+			ID: o.Node.ID, Version: o.Node.Version, Endpoint: o.Node.Endpoint, Socket: sock,
+			StateDir: o.Node.StateDir, StateFile: StateFile, KubeletRootDir: o.Node.KubeletRootDir,
+			RegisterWithKubelet: o.Node.RegisterWithKubelet,
+		},
+		State: daemon.StateConfig{LockTimeout: o.State.LockTimeout, RefuseDamaged: o.State.Recovery == StateRecoveryRefuse, Recovery: o.State.Recovery},
+		Limits: daemon.LimitConfig{
+			MemoryLimit: o.Limits.MemoryLimit, MemoryNeeded: o.memoryNeeded(), HeldCapacity: o.heldCapacity(),
+			GoMemoryLimit: GoMemoryLimit(o.Limits.MemoryLimit - o.heldCapacity()), KeepBinaryPages: o.Limits.KeepBinaryPages,
+		},
+		GC: daemon.GCConfig{Interval: o.GC.Interval},
+		Observability: daemon.ObservabilityConfig{
+			Logger:           o.Observability.Logger,
+			MetricsAddress:   o.Observability.MetricsAddress,
+			NoCSIDriverCheck: d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"),
+		},
+	}
+	if o.Observability.CSIDrivers != nil {
+		cfg.Observability.CheckCSIDriver = d.checkCSIDriverObject
+	}
+	for _, r := range o.Runnables {
+		cfg.Runnables = append(cfg.Runnables, r)
+	}
+	return cfg
+}
 
 // engineConfig is what the lifecycle engine (internal/lifecycle) takes of o.
 func (o *Options) engineConfig() *lifecycle.Config {

@@ -50,14 +50,16 @@ var layers = map[string]int{
 	// that neither can import the other; package framework joins them.
 	"framework/internal/csiserver": 6,
 	"framework/internal/lifecycle": 6,
+	// A driver process: Run's components around the two.
+	"framework/internal/daemon": 7,
 	// The public surface: Options, New, Run, the extension interfaces.
-	"framework":                            7,
-	"framework/plugin":                     8,
-	"framework/pluginserver":               9,
-	"framework/drivertest":                 9,
-	"framework/backendtest":                10,
-	"drivers/scratch":                      10,
-	"drivers/scratch/cmd/kubectl-ephemera": 10,
+	"framework":                            8,
+	"framework/plugin":                     9,
+	"framework/pluginserver":               10,
+	"framework/drivertest":                 10,
+	"framework/backendtest":                11,
+	"drivers/scratch":                      11,
+	"drivers/scratch/cmd/kubectl-ephemera": 11,
 }
 
 // TestLayers: every import between the module's packages (test files aside)

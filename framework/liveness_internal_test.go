@@ -68,7 +68,7 @@ func TestHealthzProbesThroughTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.http.health.LivenessTimeout = 300 * time.Millisecond
+	d.health.LivenessTimeout = 300 * time.Millisecond
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

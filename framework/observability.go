@@ -5,27 +5,16 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
-	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 )
 
 // httpState is the driver's metrics and health endpoint.
-type httpState struct {
-	handler http.Handler
-	health  *httpserver.Health // /healthz and /readyz
-
-	mu     sync.Mutex
-	server *httpserver.Server // set while Run serves Options.Observability.MetricsAddress
-}
 
 // initObservability creates the driver's metrics (in its own registry) and its
 // HTTP handler. Called once by New; starts nothing.
@@ -58,18 +47,18 @@ func (d *Driver) initObservability() {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())
 	sock, _ := socketPath(d.opts.Node.Endpoint) // validated by New
-	d.http.health = &httpserver.Health{
+	d.health = &httpserver.Health{
 		Serving:  d.ready.Load,
 		Healthy:  d.healthy,
 		Socket:   sock,
 		Endpoint: d.opts.Node.Endpoint,
 	}
-	mux.HandleFunc("GET /healthz", d.http.health.ServeHealthz)
-	mux.HandleFunc("GET /readyz", d.http.health.ServeReadyz)
+	mux.HandleFunc("GET /healthz", d.health.ServeHealthz)
+	mux.HandleFunc("GET /readyz", d.health.ServeReadyz)
 	if d.opts.Observability.VolumesEndpoint == nil || *d.opts.Observability.VolumesEndpoint {
 		mux.HandleFunc("GET /volumes", d.serveVolumes)
 	}
-	d.http.handler = mux
+	d.handler = mux
 }
 
 func methodNames(ms []grpc.MethodDesc) []string {
@@ -100,45 +89,16 @@ func methodNames(ms []grpc.MethodDesc) []string {
 //     with Options.Observability.VolumesEndpoint false.
 //
 // It may be mounted before Run starts; /readyz then says not ready.
-func (d *Driver) Handler() http.Handler { return d.http.handler }
+func (d *Driver) Handler() http.Handler { return d.handler }
 
 // MetricsAddr returns the address the Options.Observability.MetricsAddress server listens
 // on, with the port it got (useful with ":0" in tests), or "" when it is not
 // serving.
-func (d *Driver) MetricsAddr() string {
-	d.http.mu.Lock()
-	defer d.http.mu.Unlock()
-	if d.http.server == nil {
-		return ""
-	}
-	return d.http.server.Addr()
-}
+func (d *Driver) MetricsAddr() string { return d.daemon.MetricsAddr() }
 
 // MetricsRegistry is the driver's Prometheus registry. A driver may register
 // its own collectors there; they are served with the framework's metrics.
 func (d *Driver) MetricsRegistry() prometheus.Registerer { return d.metrics.Registry() }
-
-// serveHTTP starts the Options.Observability.MetricsAddress server, if any. The returned
-// func stops it gracefully.
-func (d *Driver) serveHTTP(log klog.Logger) (stop func(), err error) {
-	if d.opts.Observability.MetricsAddress == "" {
-		return func() {}, nil
-	}
-	srv, err := httpserver.Start(d.opts.Observability.MetricsAddress, d.http.handler, log)
-	if err != nil {
-		return nil, err
-	}
-	d.http.mu.Lock()
-	d.http.server = srv
-	d.http.mu.Unlock()
-	log.Info("Serving metrics and health", logkeys.Address, srv.Addr())
-	return func() {
-		srv.Stop(5 * time.Second)
-		d.http.mu.Lock()
-		d.http.server = nil
-		d.http.mu.Unlock()
-	}, nil
-}
 
 // validateMetricsAddress accepts "" and "host:port" with a numeric port.
 func validateMetricsAddress(addr string) error {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/exepages"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -91,13 +92,13 @@ func TestRunReleasesBinaryPages(t *testing.T) {
 				readyFirst atomic.Bool
 				d          *Driver
 			)
-			old := releaseBinaryPages
-			releaseBinaryPages = func() (exepages.Result, error) {
+			old := daemon.ReleaseBinaryPages
+			daemon.ReleaseBinaryPages = func() (exepages.Result, error) {
 				calls.Add(1)
 				readyFirst.Store(d.ready.Load())
 				return exepages.Result{Mappings: 2, ResidentBefore: 15 << 20, ResidentAfter: 1 << 20}, tc.err
 			}
-			t.Cleanup(func() { releaseBinaryPages = old })
+			t.Cleanup(func() { daemon.ReleaseBinaryPages = old })
 			runUntilReady(t, LimitOptions{KeepBinaryPages: tc.keep}, func(dr *Driver) { d = dr }, nil)
 			if got := calls.Load(); got != tc.calls {
 				t.Errorf("binary pages released %d times, want %d", got, tc.calls)
@@ -130,14 +131,14 @@ func TestRunSetsGoMemoryLimit(t *testing.T) {
 			const before = int64(1) << 62
 			current := before
 			var set []int64
-			old := setMemoryLimit
-			setMemoryLimit = func(n int64) int64 {
+			old := daemon.SetMemoryLimit
+			daemon.SetMemoryLimit = func(n int64) int64 {
 				prev := current
 				current = n
 				set = append(set, n)
 				return prev
 			}
-			t.Cleanup(func() { setMemoryLimit = old })
+			t.Cleanup(func() { daemon.SetMemoryLimit = old })
 			var while int64 = -1
 			runUntilReady(t, LimitOptions{MemoryLimit: tc.limit}, nil, func() {
 				if len(set) > 0 {

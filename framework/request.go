@@ -10,8 +10,7 @@ import (
 )
 
 // parser reads the CSI requests by o (csiserver.Parser).
-func (d *Driver) parser() *csiserver.Parser {
-	o := &d.opts
+func (o *Options) parser() *csiserver.Parser {
 	return &csiserver.Parser{
 		DriverName:     o.DriverName,
 		KubeletRootDir: o.Node.KubeletRootDir,
@@ -20,7 +19,7 @@ func (d *Driver) parser() *csiserver.Parser {
 		Declared:       o.Volumes.AcceptedAttributes,
 		MaxVolumeSize:  o.Limits.MaxVolumeSize,
 		Validate: func(backend string, v *api.Volume) error {
-			return d.allAccepted(ValidateVolume(o.Backends[backend], v))
+			return o.allAccepted(ValidateVolume(o.Backends[backend], v))
 		},
 	}
 }
@@ -28,7 +27,7 @@ func (d *Driver) parser() *csiserver.Parser {
 // allAccepted completes a backend's refusal of unknown attributes with every
 // key the pod may set: the backend's, the driver's declared ones and the
 // framework's. Other errors pass through.
-func (d *Driver) allAccepted(err error) error {
+func (o *Options) allAccepted(err error) error {
 	var ue *api.UnknownAttributesError
 	if err == nil {
 		return nil
@@ -36,7 +35,7 @@ func (d *Driver) allAccepted(err error) error {
 	if !errors.As(err, &ue) {
 		return err
 	}
-	accepted := slices.Concat(ue.Accepted, d.opts.Volumes.AcceptedAttributes.Keys(), volume.FrameworkParams)
+	accepted := slices.Concat(ue.Accepted, o.Volumes.AcceptedAttributes.Keys(), volume.FrameworkParams)
 	slices.Sort(accepted)
 	return &api.UnknownAttributesError{Unknown: ue.Unknown, Accepted: slices.Compact(accepted)}
 }

@@ -1,4 +1,4 @@
-package framework
+package daemon
 
 import (
 	"context"
@@ -125,7 +125,7 @@ func (g components) run(ctx context.Context) (err error) {
 // (once NodeGetInfo answers; it stops first, so the kubelet deregisters the
 // driver before its socket goes), the release of the binary's startup pages,
 // and readiness (set last, cleared first).
-func (d *Driver) components(log klog.Logger, sock string) components {
+func (d *Daemon) components(log klog.Logger, sock string) components {
 	return components{log, []component{
 		d.memoryLimitComponent(log),
 		d.stateComponent(log),
@@ -138,7 +138,7 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 			n, used := d.engine.Volumes()
 			log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
 			// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
-			_ = d.engine.CheckPodsDir(filepath.Join(d.opts.Node.KubeletRootDir, "pods"))
+			_ = d.engine.CheckPodsDir(filepath.Join(d.cfg.Node.KubeletRootDir, "pods"))
 			return nil
 		}},
 		d.runnablesComponent(log),
@@ -148,7 +148,7 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 			stop:  func() error { d.engine.StopRefresher(); return nil },
 		},
 		{name: "gc", run: func(ctx context.Context) error {
-			if d.opts.GC.Interval > 0 {
+			if d.cfg.GC.Interval > 0 {
 				d.engine.RunGC(ctx)
 			}
 			return nil
@@ -172,18 +172,18 @@ func planString(n int64) string {
 	return words.Bytes(n)
 }
 
-// setMemoryLimit is debug.SetMemoryLimit, replaced by tests.
-var setMemoryLimit = debug.SetMemoryLimit
+// SetMemoryLimit is debug.SetMemoryLimit, replaced by tests.
+var SetMemoryLimit = debug.SetMemoryLimit
 
 // memoryLimitComponent sets the Go runtime's soft memory limit from
 // Options.Limits.MemoryLimit, unless GOMEMLIMIT is set, and puts the previous
 // one back when the driver stops.
-func (d *Driver) memoryLimitComponent(log klog.Logger) component {
+func (d *Daemon) memoryLimitComponent(log klog.Logger) component {
 	prev := int64(-1)
 	return component{
 		name: "memory-limit",
 		start: func(context.Context) error {
-			limit := d.opts.Limits.MemoryLimit
+			limit := d.cfg.Limits.MemoryLimit
 			if limit == 0 {
 				return nil
 			}
@@ -191,13 +191,13 @@ func (d *Driver) memoryLimitComponent(log klog.Logger) component {
 				log.V(2).Info("GOMEMLIMIT is set; not deriving Go's memory limit from the container's", logkeys.Limit, env)
 				return nil
 			}
-			if need := d.opts.memoryNeeded(); need < 0 || need > limit {
+			if need := d.cfg.Limits.MemoryNeeded; need < 0 || need > limit {
 				log.Info("The memory limit does not hold the driver's memory plan (docs/operations.md, \"The memory plan\"): the kernel may OOM-kill the driver under the load its bounds admit; raise the limit, or lower --content-capacity, --content-bytes-in-flight or --stats-max-walks",
 					logkeys.ContainerLimit, words.Bytes(limit), logkeys.Limit, planString(need))
 			}
-			held := d.opts.heldCapacity()
-			goLimit := GoMemoryLimit(limit - held)
-			prev = setMemoryLimit(goLimit)
+			held := d.cfg.Limits.HeldCapacity
+			goLimit := d.cfg.Limits.GoMemoryLimit
+			prev = SetMemoryLimit(goLimit)
 			if held > 0 {
 				log.V(2).Info("Set Go's soft memory limit from the container's, less the content capacity", logkeys.Limit, words.Bytes(goLimit), logkeys.ContainerLimit, words.Bytes(limit), logkeys.ContentCapacity, words.Bytes(held))
 			} else {
@@ -207,26 +207,26 @@ func (d *Driver) memoryLimitComponent(log klog.Logger) component {
 		},
 		stop: func() error {
 			if prev >= 0 {
-				setMemoryLimit(prev)
+				SetMemoryLimit(prev)
 			}
 			return nil
 		},
 	}
 }
 
-// releaseBinaryPages is exepages.Release, replaced by tests.
-var releaseBinaryPages = exepages.Release
+// ReleaseBinaryPages is exepages.Release, replaced by tests.
+var ReleaseBinaryPages = exepages.Release
 
 // binaryPagesComponent gives back the pages of the executable that starting
 // up touched, once the driver serves and before it says it is ready, unless
 // Options.Limits.KeepBinaryPages. It never fails the driver: a kernel or
 // platform that cannot is logged.
-func (d *Driver) binaryPagesComponent(log klog.Logger) component {
+func (d *Daemon) binaryPagesComponent(log klog.Logger) component {
 	return component{name: "binary-pages", start: func(context.Context) error {
-		if d.opts.Limits.KeepBinaryPages {
+		if d.cfg.Limits.KeepBinaryPages {
 			return nil
 		}
-		res, err := releaseBinaryPages()
+		res, err := ReleaseBinaryPages()
 		switch {
 		case errors.Is(err, exepages.ErrUnsupported):
 			log.V(4).Info("Not releasing the binary's startup pages", logkeys.Reason, err.Error())
@@ -242,7 +242,7 @@ func (d *Driver) binaryPagesComponent(log klog.Logger) component {
 
 // stateComponent opens the state, unless Options.State.Store is set, and
 // closes what it opened.
-func (d *Driver) stateComponent(log klog.Logger) component {
+func (d *Daemon) stateComponent(log klog.Logger) component {
 	opened := false
 	return component{
 		name: "state",
@@ -271,7 +271,7 @@ func (d *Driver) stateComponent(log klog.Logger) component {
 }
 
 // httpComponent serves Options.Observability.MetricsAddress, if set.
-func (d *Driver) httpComponent(log klog.Logger) component {
+func (d *Daemon) httpComponent(log klog.Logger) component {
 	var stop func()
 	return component{
 		name: "http",
@@ -285,15 +285,15 @@ func (d *Driver) httpComponent(log klog.Logger) component {
 
 // runnablesComponent runs the CSIDriver check and Options.Runnables until
 // it stops. An error a runnable returns is logged; the driver keeps serving.
-func (d *Driver) runnablesComponent(log klog.Logger) component {
+func (d *Daemon) runnablesComponent(log klog.Logger) component {
 	return component{name: "runnables", run: func(ctx context.Context) error {
 		var wg sync.WaitGroup
-		if d.opts.Observability.CSIDrivers != nil {
-			wg.Go(func() { d.checkCSIDriverObject(klog.NewContext(ctx, log)) })
+		if check := d.cfg.Observability.CheckCSIDriver; check != nil {
+			wg.Go(func() { check(klog.NewContext(ctx, log)) })
 		} else {
-			log.Info(d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"))
+			log.Info(d.cfg.Observability.NoCSIDriverCheck)
 		}
-		for _, r := range d.opts.Runnables {
+		for _, r := range d.cfg.Runnables {
 			wg.Go(func() {
 				if err := r.Run(ctx); err != nil && ctx.Err() == nil {
 					log.Error(err, "A runnable of the driver stopped", logkeys.Runnable, fmt.Sprintf("%T", r))
@@ -308,7 +308,7 @@ func (d *Driver) runnablesComponent(log klog.Logger) component {
 // grpcComponent serves the CSI Identity and Node services on sock. Stopping
 // it lets calls in flight finish (up to 10s), then removes the socket if it
 // is still this process's.
-func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
+func (d *Daemon) grpcComponent(log klog.Logger, sock string) component {
 	var (
 		lis *unixsock.Listener
 		srv *grpc.Server
@@ -324,7 +324,7 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 				return d.endpointInUse(err)
 			}
 			if err != nil {
-				return fmt.Errorf("CSI endpoint %s: %w", d.opts.Node.Endpoint, err)
+				return fmt.Errorf("CSI endpoint %s: %w", d.cfg.Node.Endpoint, err)
 			}
 			// The kubelet dials a new connection for every call, so a burst of
 			// publishes is a burst of connections, each with gRPC's 32 KiB read and
@@ -351,7 +351,7 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 		run: func(ctx context.Context) error {
 			served := make(chan error, 1)
 			go func() { served <- srv.Serve(lis) }()
-			log.Info("Serving CSI", logkeys.Endpoint, d.opts.Node.Endpoint, logkeys.Version, d.opts.Node.Version, logkeys.Node, d.opts.Node.ID)
+			log.Info("Serving CSI", logkeys.Endpoint, d.cfg.Node.Endpoint, logkeys.Version, d.cfg.Node.Version, logkeys.Node, d.cfg.Node.ID)
 			var err error
 			select {
 			case <-ctx.Done():
@@ -361,7 +361,7 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 			if removed, uerr := lis.Unlink(); uerr != nil {
 				log.Error(uerr, "Cannot remove CSI socket")
 			} else if !removed {
-				log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.opts.Node.Endpoint)
+				log.Info("CSI socket was removed or replaced by another process; leaving the path alone", logkeys.Endpoint, d.cfg.Node.Endpoint)
 			}
 			return err
 		},
@@ -373,18 +373,18 @@ func (d *Driver) grpcComponent(log klog.Logger, sock string) component {
 
 // registrarComponent serves the kubelet plugin registration socket when
 // Options.Node.RegisterWithKubelet is set.
-func (d *Driver) registrarComponent(log klog.Logger, sock string) component {
+func (d *Daemon) registrarComponent(log klog.Logger, sock string) component {
 	var reg *registration.Registrar
 	return component{
 		name: "registrar",
 		start: func(context.Context) (err error) {
-			if !d.opts.Node.RegisterWithKubelet {
+			if !d.cfg.Node.RegisterWithKubelet {
 				return nil
 			}
 			reg, err = registration.New(registration.Options{
-				DriverName:      d.opts.DriverName,
+				DriverName:      d.cfg.DriverName,
 				Endpoint:        sock,
-				RegistrationDir: filepath.Join(d.opts.Node.KubeletRootDir, "plugins_registry"),
+				RegistrationDir: filepath.Join(d.cfg.Node.KubeletRootDir, "plugins_registry"),
 				Logger:          log,
 			})
 			return err
