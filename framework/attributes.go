@@ -16,7 +16,12 @@ import (
 // the driver nor the framework declares is refused with the list of every
 // accepted key, the declared ones are parsed (every problem reported at once)
 // into Volume.Values and taken out of Volume.Params. Validate is left with the
-// checks that need more than one attribute or the size. The declaration must
+// checks that need more than one attribute or the size. The declaration is
+// applied once: Validate, Create and every later call (Delete, Find, Check,
+// Content, also for a volume rebuilt from its record) get a volume whose
+// Values hold it, and read them there; a backend never applies its own
+// declaration again. A caller outside the framework applies it with
+// ValidateVolume (the plugin server does, and before Create). The declaration must
 // pass api.Attributes.Check and may not repeat a key of Options.Volumes.AcceptedAttributes.
 type AttributeDeclarer interface {
 	Attributes() api.Attributes

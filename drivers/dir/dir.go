@@ -86,8 +86,6 @@ func (b *Backend) Validate(v *api.Volume) error {
 		if err := v.Params.Only(); err != nil {
 			return fmt.Errorf("%w (the dir backend behind csi-proxy has no mode, uid or gid: csi-proxy v1 cannot set them)", err)
 		}
-	} else if err := attributes.Apply(v); err != nil {
-		return err
 	}
 	if v.FSType != "" {
 		return api.InvalidParamf("fsType %q is not supported by the dir backend; leave it unset", v.FSType)
@@ -129,9 +127,6 @@ func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error)
 			return api.Source{}, err
 		}
 		return api.Source{Path: p}, nil
-	}
-	if err := attributes.Apply(v); err != nil {
-		return api.Source{}, err
 	}
 	mode, uid, gid := owner(v)
 	if err := os.MkdirAll(b.opts.Root, 0o700); err != nil {

@@ -127,9 +127,6 @@ func (b *Backend) Attributes() api.Attributes { return b.attrs }
 // Validate checks the attributes, applies the default size and rounds it up to
 // 4KiB, and sets v.FSType to the filesystem the volume gets.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := b.attrs.Apply(v); err != nil {
-		return err
-	}
 	fsType, err := b.fsType(v)
 	if err != nil {
 		return err

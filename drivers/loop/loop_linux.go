@@ -52,9 +52,6 @@ func (b *Backend) file(id string) (string, error) {
 // it holds no filesystem yet. Every step reuses what an earlier, interrupted call
 // left behind.
 func (b *Backend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
-	if err := b.attrs.Apply(v); err != nil {
-		return api.Source{}, err
-	}
 	fsType, err := b.fsType(v)
 	if err != nil {
 		return api.Source{}, err

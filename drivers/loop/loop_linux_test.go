@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework"
 )
 
 // requireLoop skips unless the test can bind loop devices.
@@ -84,7 +85,7 @@ func volume(id string, size int64, params api.Params) *api.Volume {
 
 func create(t testing.TB, b *Backend, v *api.Volume) api.Source {
 	t.Helper()
-	if err := b.Validate(v); err != nil {
+	if err := framework.ValidateVolume(b, v); err != nil {
 		t.Fatal(err)
 	}
 	src, err := b.Create(context.Background(), v)
@@ -439,7 +440,7 @@ func TestCreateConcurrent(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			v := volume(fmt.Sprintf("csi-p%d", i), 4<<20, nil)
-			if errs[i] = b.Validate(v); errs[i] == nil {
+			if errs[i] = framework.ValidateVolume(b, v); errs[i] == nil {
 				srcs[i], errs[i] = b.Create(context.Background(), v)
 			}
 		})
@@ -494,7 +495,7 @@ func TestListMissingDir(t *testing.T) {
 func TestCreateCanceled(t *testing.T) {
 	b := newBackend(t, Options{})
 	v := volume("csi-x", 8<<20, nil)
-	if err := b.Validate(v); err != nil {
+	if err := framework.ValidateVolume(b, v); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -511,7 +512,7 @@ func TestCreateCanceled(t *testing.T) {
 func TestCreateMissingMkfs(t *testing.T) {
 	b := newBackend(t, Options{MkfsExt4: "/nonexistent/mkfs.ext4"})
 	v := volume("csi-m", 8<<20, nil)
-	if err := b.Validate(v); err != nil {
+	if err := framework.ValidateVolume(b, v); err != nil {
 		t.Fatal(err)
 	}
 	_, err := b.Create(context.Background(), v)
@@ -538,7 +539,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 			for b.Loop() {
 				iters++
 				v := volume("csi-bench", 64<<20, nil)
-				if err := be.Validate(v); err != nil {
+				if err := framework.ValidateVolume(be, v); err != nil {
 					b.Fatal(err)
 				}
 				if err := os.MkdirAll(be.opts.Dir, 0o700); err != nil {

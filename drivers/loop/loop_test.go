@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework"
 )
 
 func mustNew(t testing.TB, opts Options) *Backend {
@@ -86,7 +87,7 @@ func TestValidate(t *testing.T) {
 			tt.opts.Dir = "/var/lib/ephemera/loop"
 			b := mustNew(t, tt.opts)
 			v := &api.Volume{ID: "csi-1", FSType: tt.fsType, Size: tt.size, FSGroup: tt.fsGroup, Params: tt.params}
-			err := b.Validate(v)
+			err := framework.ValidateVolume(b, v)
 			if tt.wantErr != "" {
 				if !errors.Is(err, api.ErrInvalidParams) || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("Validate() = %v, want ErrInvalidParams containing %q", err, tt.wantErr)

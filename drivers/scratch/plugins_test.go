@@ -139,7 +139,7 @@ func TestPluginBackends(t *testing.T) {
 	}
 	defer closePlugins(live)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err = live["files"].Validate(&api.Volume{Params: api.Params{tmpfs.ParamNrInodes: "6000"}, Size: 64 << 20})
+		err = framework.ValidateVolume(live["files"], &api.Volume{Params: api.Params{tmpfs.ParamNrInodes: "6000"}, Size: 64 << 20})
 		if err == nil || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
 			break
 		}
@@ -147,7 +147,7 @@ func TestPluginBackends(t *testing.T) {
 	if !errors.Is(err, api.ErrInvalidParams) || !strings.Contains(err.Error(), "5000") {
 		t.Errorf("nr_inodes 6000 with --tmpfs-max-inodes=5000: %v, want it refused", err)
 	}
-	if err := live["files"].Validate(&api.Volume{Params: api.Params{tmpfs.ParamNrInodes: "4000"}, Size: 64 << 20}); err != nil {
+	if err := framework.ValidateVolume(live["files"], &api.Volume{Params: api.Params{tmpfs.ParamNrInodes: "4000"}, Size: 64 << 20}); err != nil {
 		t.Errorf("nr_inodes 4000 with --tmpfs-max-inodes=5000: %v", err)
 	}
 

@@ -172,9 +172,6 @@ func (o *Options) setDefaults() {
 
 // Validate checks the tmpfs attributes and applies the default size.
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := b.attrs.Apply(v); err != nil {
-		return err
-	}
 	if v.FSType != "" && v.FSType != "tmpfs" {
 		return api.InvalidParamf("fsType %q is not supported by the tmpfs backend; leave it unset", v.FSType)
 	}
@@ -247,9 +244,6 @@ func (b *Backend) defaultInodes(size int64) int64 {
 func (b *Backend) Create(_ context.Context, v *api.Volume) (api.Source, error) {
 	if runtime.GOOS != "linux" {
 		return api.Source{}, fmt.Errorf("tmpfs volumes: %w (use the dir backend)", api.ErrNotSupported)
-	}
-	if err := b.attrs.Apply(v); err != nil {
-		return api.Source{}, err
 	}
 	t, err := b.settings(v)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/drivers/tmpfs"
+	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
 
@@ -31,7 +32,7 @@ func requireRoot(t testing.TB) {
 func mountVolume(t testing.TB, b *tmpfs.Backend, v *api.Volume) string {
 	t.Helper()
 	requireRoot(t)
-	if err := b.Validate(v); err != nil {
+	if err := framework.ValidateVolume(b, v); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
 	src, err := b.Create(t.Context(), v)

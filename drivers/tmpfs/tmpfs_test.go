@@ -108,7 +108,7 @@ func TestNrInodes(t *testing.T) {
 				v.Params[tmpfs.ParamNrInodes] = c.inodes
 			}
 			b := newBackend(t, c.opts)
-			err := b.Validate(v)
+			err := framework.ValidateVolume(b, v)
 			if c.wantErr != nil {
 				if !errors.Is(err, api.ErrInvalidParams) {
 					t.Fatalf("Validate: %v, want an error wrapping ErrInvalidParams", err)

@@ -115,9 +115,6 @@ func (b *Backend) Attributes() api.Attributes { return attributes }
 // Validate checks the attributes, applies the default size, rounds it up to
 // 1MiB and sets v.FSType to "ntfs".
 func (b *Backend) Validate(v *api.Volume) error {
-	if err := attributes.Apply(v); err != nil {
-		return err
-	}
 	attr := v.Values.String(ParamFSType)
 	for _, fs := range []string{attr, v.FSType} {
 		if fs != "" && !strings.EqualFold(fs, FSNTFS) {

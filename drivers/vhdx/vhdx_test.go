@@ -91,7 +91,7 @@ func TestValidate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := &api.Volume{ID: id, Size: tc.size, FSType: tc.fsType, Params: tc.params}
-			err := tc.b.Validate(v)
+			err := framework.ValidateVolume(tc.b, v)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, api.ErrInvalidParams) {
 					t.Fatalf("err = %v, want InvalidParams containing %q", err, tc.wantErr)

@@ -49,7 +49,7 @@ func (b pluginBackend) Validate(v *api.Volume) error {
 		// nr_inodes from the size. Refused rather than ignored.
 		return api.InvalidParamf("attribute %q is not available in plugin mode: the driver sets it from the size", tmpfs.ParamNrInodes)
 	}
-	if err := b.mem.Validate(&tv); err != nil {
+	if err := framework.ValidateVolume(b.mem, &tv); err != nil {
 		return err
 	}
 	v.Size = tv.Size
@@ -61,6 +61,9 @@ func (b pluginBackend) Validate(v *api.Volume) error {
 func (b pluginBackend) Create(ctx context.Context, v *api.Volume) (api.Source, error) {
 	tv := *v
 	tv.Params = attributes.Split(v.Params)
+	if err := b.mem.Attributes().Apply(&tv); err != nil {
+		return api.Source{}, err
+	}
 	return b.mem.Create(ctx, &tv)
 }
 

@@ -416,6 +416,11 @@ func (b *Backend) Validate(v *api.Volume) error {
 		if s.has(pb.Capability_CAPABILITY_CREATE) {
 			return v.Params.Only()
 		}
+		// The framework cannot apply the tmpfs attributes: whether they
+		// are this backend's follows the handshake. They are applied here.
+		if err := b.tmpfs.Attributes().Apply(v); err != nil {
+			return err
+		}
 		return b.tmpfs.Validate(v)
 	}
 	resp, err := b.client.Validate(ctx, &pb.ValidateRequest{Volume: toProto(v)})
@@ -535,7 +540,7 @@ func (b *Backend) source(v *api.Volume, src *pb.Source) (api.Source, error) {
 		if t.Gid != nil {
 			tv.Params[api.ParamGID] = strconv.FormatUint(uint64(t.GetGid()), 10)
 		}
-		if err := b.tmpfs.Validate(tv); err != nil {
+		if err := framework.ValidateVolume(b.tmpfs, tv); err != nil {
 			return api.Source{}, b.garbage("Create", "tmpfs %v: %v", t, err)
 		}
 		if v.Size == 0 {
@@ -557,6 +562,11 @@ func (b *Backend) tmpfsCreate(ctx context.Context, v *api.Volume) (api.Source, e
 		if val, ok := v.Params[k]; ok {
 			tv.Params[k] = val
 		}
+	}
+	// Those Validate did not apply already: a volume read back from its
+	// record after a restart has them in Params.
+	if err := b.tmpfs.Attributes().Apply(&tv); err != nil {
+		return api.Source{}, err
 	}
 	return b.tmpfs.Create(ctx, &tv)
 }
