@@ -152,6 +152,7 @@ func (d *Driver) components(log klog.Logger, sock string) components {
 			}
 			return nil
 		}},
+		d.provisionsComponent(log), // long provisioning: stops after the CSI server (provisioning.go)
 		d.grpcComponent(log, sock),
 		d.registrarComponent(log, sock),
 		d.binaryPagesComponent(log),

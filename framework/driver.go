@@ -40,6 +40,8 @@ type Driver struct {
 	ready     atomic.Bool
 	running   atomic.Bool
 
+	provisions *provisionState // long provisioning (provisioning.go)
+
 	metrics *metrics.Metrics // observability.go
 	http    httpState
 }
@@ -70,6 +72,7 @@ func New(opts Options) (*Driver, error) {
 		d.mounter = mount.New()
 	}
 	d.refresher = newRefresher(d)
+	d.provisions = newProvisions(&opts) // long provisioning (provisioning.go)
 	lanes, err := newLanes(&opts)
 	if err != nil {
 		return nil, w.err(fmt.Errorf("invalid driver options: %w", err))

@@ -1,6 +1,9 @@
 package framework
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Hooks into the stats walks of directory volumes for the external tests.
 
@@ -24,3 +27,7 @@ func WaitStatsWalks(d *Driver) { d.stats.WaitIdle() }
 
 // StatsForget drops the stats answer of volume id.
 func StatsForget(d *Driver, id string) { d.stats.Forget(id) }
+
+// SetProvisionSlowAfter scales the kubelet's deadline after which a
+// background Create posts ProvisioningSlow (2m) for d's later publishes.
+func SetProvisionSlowAfter(d *Driver, after time.Duration) { d.provisions.slowAfter.Store(int64(after)) }
