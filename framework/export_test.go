@@ -30,4 +30,6 @@ func StatsForget(d *Driver, id string) { d.stats.Forget(id) }
 
 // SetProvisionSlowAfter scales the kubelet's deadline after which a
 // background Create posts ProvisioningSlow (2m) for d's later publishes.
-func SetProvisionSlowAfter(d *Driver, after time.Duration) { d.provisions.slowAfter.Store(int64(after)) }
+func SetProvisionSlowAfter(d *Driver, after time.Duration) {
+	d.provisions.slowAfter.Store(int64(after))
+}

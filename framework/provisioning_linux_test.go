@@ -12,9 +12,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,23 +87,13 @@ func slowHarness(t *testing.T, delay time.Duration, mutate func(*framework.Optio
 	t.Helper()
 	requireRoot(t)
 	base := t.TempDir()
-	d, err := dir.New(dir.Options{Root: filepath.Join(base, "state", "volumes")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	slow := &slowDir{Backend: d, returned: make(chan error, 16)}
-	slow.delay.Store(int64(delay))
+	slow := newSlowDir(t, base, delay)
 	ev := &sink{}
-	opts := framework.Options{
-		Backends:      map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{}), "slow": slow},
-		Node:          framework.NodeOptions{KubeletRootDir: filepath.Join(base, "kubelet"), StateDir: filepath.Join(base, "state")},
-		Volumes:       framework.VolumeOptions{DefaultBackend: "tmpfs", ContentTimeout: opTimeout / 2},
-		Limits:        framework.LimitOptions{OperationTimeout: opTimeout, ProvisionTimeout: 20 * time.Second},
-		Observability: framework.ObservabilityOptions{Events: ev},
-		Content: framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
-			return map[string]api.File{"pod": {Data: []byte(v.Pod.Name)}}, nil
-		}),
-	}
+	opts := slowOptions(t, base, slow)
+	opts.Observability.Events = ev
+	opts.Content = framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
+		return map[string]api.File{"pod": {Data: []byte(v.Pod.Name)}}, nil
+	})
 	if mutate != nil {
 		mutate(&opts)
 	}
@@ -115,8 +107,12 @@ var slowVolume = drivertest.InlineVolume{Name: "v", Attributes: map[string]strin
 
 // slowStorage is the directory of pod's slow volume, as the dir backend makes it.
 func slowStorage(h *drivertest.Harness, pod *drivertest.Pod) string {
+	return storageIn(h.Options.Node.StateDir, pod)
+}
+
+func storageIn(stateDir string, pod *drivertest.Pod) string {
 	sum := sha256.Sum256([]byte(pod.UID + slowVolume.Name)) // the kubelet's handle
-	return filepath.Join(h.Options.Node.StateDir, "volumes", "csi-"+hex.EncodeToString(sum[:]))
+	return filepath.Join(stateDir, "volumes", "csi-"+hex.EncodeToString(sum[:]))
 }
 
 // volumeList is the driver's GET /volumes.
@@ -328,5 +324,122 @@ func TestLongProvisioningLanes(t *testing.T) {
 	}
 	if recs := records(t, h); len(recs) != 0 {
 		t.Fatalf("records left: %+v", recs)
+	}
+}
+
+// helperEnv makes the test binary a driver with a slow backend whose Create
+// never ends (TestLongProvisioningHelper): "base|endpoint".
+const helperEnv = "EPHEMERA_TEST_SLOW_DRIVER"
+
+// slowOptions are the options of slowHarness's driver below base, with
+// slow as its "slow" backend.
+func slowOptions(t *testing.T, base string, slow *slowDir) framework.Options {
+	return framework.Options{
+		Backends: map[string]framework.Backend{"tmpfs": newTmpfs(t, tmpfs.Options{}), "slow": slow},
+		Node:     framework.NodeOptions{KubeletRootDir: filepath.Join(base, "kubelet"), StateDir: filepath.Join(base, "state")},
+		Volumes:  framework.VolumeOptions{DefaultBackend: "tmpfs", ContentTimeout: opTimeout / 2},
+		Limits:   framework.LimitOptions{OperationTimeout: opTimeout, ProvisionTimeout: 20 * time.Second},
+	}
+}
+
+func newSlowDir(t *testing.T, base string, delay time.Duration) *slowDir {
+	d, err := dir.New(dir.Options{Root: filepath.Join(base, "state", "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := &slowDir{Backend: d, returned: make(chan error, 16)}
+	slow.delay.Store(int64(delay))
+	return slow
+}
+
+// TestLongProvisioningHelper is the driver process TestLongProvisioningKilled
+// kills; it runs only under helperEnv.
+func TestLongProvisioningHelper(t *testing.T) {
+	cfg := os.Getenv(helperEnv)
+	if cfg == "" {
+		t.Skip("the driver process of TestLongProvisioningKilled")
+	}
+	base, endpoint, _ := strings.Cut(cfg, "|")
+	opts := slowOptions(t, base, newSlowDir(t, base, time.Hour))
+	opts.DriverName, opts.Node.ID, opts.Node.Endpoint = "test.csi.ephemera.dev", "node-1", endpoint
+	opts.Observability.CSIDriverCheckJitter = -1
+	d, err := framework.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = d.Run(context.Background()) // until killed
+}
+
+// TestLongProvisioningKilled: a driver killed (SIGKILL) while a Create runs
+// in the background leaves nothing once it restarted (the intent record makes
+// the startup reconcile delete the half-made storage), and the kubelet's
+// retry starts over.
+func TestLongProvisioningKilled(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	sockDir, err := os.MkdirTemp("", "slowkill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	t.Cleanup(func() { unmountAll(t, base) })
+	endpoint := "unix://" + filepath.Join(sockDir, "csi.sock")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLongProvisioningHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"="+base+"|"+endpoint)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	k := drivertest.NewKubelet(drivertest.KubeletOptions{Root: filepath.Join(base, "kubelet"), Endpoint: endpoint, DriverName: "test.csi.ephemera.dev", NodeName: "node-1", Timeout: 5 * time.Second})
+	if err := os.MkdirAll(filepath.Join(base, "kubelet", "pods"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	pod := k.NewPod("ns", "p")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Until the driver serves, the calls fail (no socket, not ready).
+	for err = k.Publish(ctx, pod, slowVolume); status.Code(err) != codes.Aborted && ctx.Err() == nil; err = k.Publish(ctx, pod, slowVolume) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "still provisioning") {
+		t.Fatalf("publish: %v, want Aborted, still provisioning\n%s", err, out.String())
+	}
+	storage := storageIn(filepath.Join(base, "state"), pod)
+	if _, err := os.Stat(storage); err != nil {
+		t.Fatalf("the Create's storage while it runs: %v", err)
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	killed = true
+
+	slow := newSlowDir(t, base, 0)
+	opts := slowOptions(t, base, slow)
+	opts.Node.Endpoint = endpoint
+	h := drivertest.Start(t, opts)
+	if _, err := os.Stat(storage); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("storage after the restart: %v", err)
+	}
+	if recs := records(t, h); len(recs) != 0 {
+		t.Fatalf("records after the restart: %+v", recs)
+	}
+	if err := k.Publish(ctx, pod, slowVolume); err != nil {
+		t.Fatalf("the kubelet's retry after the restart: %v", err)
+	}
+	if n := slow.creates.Load(); n != 1 {
+		t.Fatalf("Create ran %d times after the restart, want once (starting over)", n)
+	}
+	if n := mountsAt(t, k.TargetPath(pod, "v")); n != 1 {
+		t.Fatalf("%d mounts at the target, want 1", n)
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
 	}
 }
