@@ -263,7 +263,7 @@ const (
 // (framework/plugin) says so in its handshake, and may say otherwise after it
 // restarts. The framework asks Implements before each use of an optional
 // interface (Validator, Lister, HealthChecker, ContentProvider, Authorizer,
-// Finder, MountOnly, Stamper, Planner) that b's type has; As does the same for code
+// Finder, MountOnly, Stamper, Planner, LongProvisioner) that b's type has; As does the same for code
 // outside the framework.
 type DynamicBackend interface {
 	Backend

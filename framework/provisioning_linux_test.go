@@ -443,3 +443,37 @@ func TestLongProvisioningKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLongProvisioningOrphanGC: the pod vanishes from the node while its
+// volume's Create runs (no unpublish): the orphan GC cancels the Create and
+// removes what it left.
+func TestLongProvisioningOrphanGC(t *testing.T) {
+	h, slow, _ := slowHarness(t, time.Hour, func(o *framework.Options) {
+		o.GC = framework.GCOptions{Interval: 20 * time.Millisecond, OrphanGracePeriod: time.Nanosecond, MaxOrphanShare: 1}
+	})
+	k := h.Kubelet
+	pod := k.NewPod("ns", "p")
+	wantStillProvisioning(t, k.Publish(t.Context(), pod, slowVolume))
+	if err := k.OrphanPod(pod); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-slow.returned:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the Create returned %v, want it cancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphan GC did not cancel the Create")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(slowStorage(h, pod))
+		if errors.Is(err, os.ErrNotExist) && len(volumeList(t, h).Volumes) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("storage (%v) or records (%+v) left by the orphan GC", err, volumeList(t, h).Volumes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
