@@ -45,6 +45,10 @@ type VolumeInfo struct {
 	Usage *VolumeUsage `json:"usage,omitempty"`
 	// Error says why Mounted or Usage could not be read; empty when they were.
 	Error string `json:"error,omitempty"`
+	// ProvisioningSince is when the Create of a long provisioning backend
+	// (framework.LongProvisioner) that still runs in the background started;
+	// nil otherwise. Only the running driver knows it.
+	ProvisioningSince *time.Time `json:"provisioningSince,omitempty"`
 }
 
 // VolumeUsage is a filesystem's usage in bytes and inodes.

@@ -53,6 +53,7 @@ func (o *Options) engineConfig() *lifecycle.Config {
 		Backends:   backends,
 		Limits: lifecycle.LimitConfig{
 			OperationTimeout:           o.Limits.OperationTimeout,
+			ProvisionTimeout:           o.Limits.ProvisionTimeout,
 			MaxVolumesPerNode:          o.Limits.MaxVolumesPerNode,
 			MaxVolumesPerPod:           o.Limits.MaxVolumesPerPod,
 			MaxInFlight:                o.Limits.MaxInFlight,
@@ -120,6 +121,8 @@ func (a backend) Finder() lifecycle.Finder {
 }
 
 func (a backend) MountOnly() bool { return implements[MountOnly](a.b) }
+
+func (a backend) LongProvisioning() bool { return implements[LongProvisioner](a.b) }
 
 func (a backend) Planner() lifecycle.Planner {
 	if p, ok := As[Planner](a.b); ok {

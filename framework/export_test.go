@@ -1,6 +1,9 @@
 package framework
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Hooks into the stats walks of directory volumes for the external tests.
 
@@ -24,3 +27,9 @@ func WaitStatsWalks(d *Driver) { d.engine.Stats().WaitIdle() }
 
 // StatsForget drops the stats answer of volume id.
 func StatsForget(d *Driver, id string) { d.engine.Stats().Forget(id) }
+
+// SetProvisionSlowAfter scales the kubelet's deadline after which a
+// background Create posts ProvisioningSlow (2m) for d's later publishes.
+func SetProvisionSlowAfter(d *Driver, after time.Duration) {
+	d.engine.SetProvisionSlowAfter(after)
+}

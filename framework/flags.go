@@ -26,7 +26,7 @@ import (
 //	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-max-walks
 //	--stats-max-linked-files --stats-cache-ttl
 //	--max-in-flight --max-in-flight-per-backend --in-flight-reserved-per-backend --max-volumes-per-pod
-//	--operation-timeout --content-timeout --memory-limit --keep-binary-pages
+//	--operation-timeout --provision-timeout --content-timeout --memory-limit --keep-binary-pages
 func BindFlags(fs *flag.FlagSet, o *Options) {
 	if o.Node.ID == "" {
 		o.Node.ID = os.Getenv("NODE_NAME")
@@ -76,6 +76,7 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.IntVar(&o.Limits.InFlightReservedPerBackend, "in-flight-reserved-per-backend", o.Limits.InFlightReservedPerBackend, "Slots of --max-in-flight each backend has to itself, which other backends' publishes cannot take; the reserves of all backends must fit --max-in-flight. 0: min(4, --max-in-flight / backends).")
 	fs.IntVar(&o.Limits.MaxVolumesPerPod, "max-volumes-per-pod", limits.MaxVolumesPerPod, "Volumes of this driver one pod may have on the node at most; past it a publish is refused (InvalidArgument). -1: no cap.")
 	fs.DurationVar(&o.Limits.OperationTimeout, "operation-timeout", limits.OperationTimeout, "Wall time of one publish or unpublish at most (well under the kubelet's 2m deadline, so that a rollback still has time).")
+	fs.DurationVar(&o.Limits.ProvisionTimeout, "provision-timeout", limits.ProvisionTimeout, "Wall time of one Create of a backend or plugin that declares long provisioning at most (between --operation-timeout and 1h): it goes on in the background past the kubelet's call, whose retries attach to it.")
 	fs.DurationVar(&o.Volumes.ContentTimeout, "content-timeout", volumes.ContentTimeout, "Wall time of one call for a volume's content at most, waiting for the content budget included.")
 	fs.Var(bytesFlag{&o.Limits.MemoryLimit, true}, "memory-limit", "The container's memory limit, e.g. 256Mi, or in bytes as the downward API gives resources.limits.memory: Go's soft memory limit is set to three quarters of it (at least 32 MiB below it) unless GOMEMLIMIT is set. 0: not set.")
 	fs.BoolVar(&o.Limits.KeepBinaryPages, "keep-binary-pages", limits.KeepBinaryPages, "Keep resident the pages of the driver's binary that starting up touched, instead of giving them back to the kernel once serving (about 5 MiB of RSS with 1,000 volumes). Linux only.")
@@ -115,6 +116,7 @@ var boundFlags = map[string]string{
 	"Limits.InFlightReservedPerBackend": "in-flight-reserved-per-backend",
 	"Limits.MaxVolumesPerPod":           "max-volumes-per-pod",
 	"Limits.OperationTimeout":           "operation-timeout",
+	"Limits.ProvisionTimeout":           "provision-timeout",
 	"Volumes.ContentTimeout":            "content-timeout",
 	"Limits.MemoryLimit":                "memory-limit",
 	"Limits.KeepBinaryPages":            "keep-binary-pages",

@@ -263,7 +263,7 @@ const (
 // (framework/plugin) says so in its handshake, and may say otherwise after it
 // restarts. The framework asks Implements before each use of an optional
 // interface (Validator, Lister, HealthChecker, ContentProvider, Authorizer,
-// Finder, MountOnly, Stamper, Planner) that b's type has; As does the same for code
+// Finder, MountOnly, Stamper, Planner, LongProvisioner) that b's type has; As does the same for code
 // outside the framework.
 type DynamicBackend interface {
 	Backend
@@ -294,3 +294,29 @@ func implements[T any](b Backend) bool {
 	_, ok := As[T](b)
 	return ok
 }
+
+// LongProvisioner is implemented by backends whose Create may take longer
+// than the kubelet waits for a NodePublishVolume (2 minutes): a filesystem
+// built from a large template, a volume populated from a remote store, an
+// image unpacked. The framework runs such a Create in the background, bounded
+// by Options.Limits.ProvisionTimeout instead of the call's deadline: the call
+// answers Aborted ("still provisioning") when it ends first, and the
+// kubelet's next NodePublishVolume of the volume attaches to the Create and
+// finishes the publish once it returned. An unpublish, or the orphan GC once
+// the pod is gone, cancels it.
+//
+// Create must honour ctx: return soon after it ends. Delete must clean up what
+// a cancelled or failed Create left (it receives v.State as Create left it),
+// and returns nil when nothing is there. Content calls are not part of it and
+// keep their own bounds. A plugin (framework/plugin) declares it in its
+// handshake (CAPABILITY_LONG_PROVISIONING).
+type LongProvisioner interface {
+	Backend
+	// LongProvisioning marks the backend; it is never called.
+	LongProvisioning()
+}
+
+// ReasonProvisioningSlow (Normal): the Create of a LongProvisioner backend
+// still runs when the kubelet's first call for the volume would have ended
+// (2 minutes); the kubelet's retries attach to it. Posted once per volume.
+const ReasonProvisioningSlow = "ProvisioningSlow"

@@ -313,6 +313,11 @@ type LimitOptions struct {
 	// OperationTimeout bounds one publish or unpublish, well under the kubelet's
 	// 2 minute deadline so rollback still has time. Defaults to 90s.
 	OperationTimeout time.Duration
+	// ProvisionTimeout bounds the Create of a LongProvisioner backend, which
+	// runs in the background past the publish that started it (the kubelet's
+	// retries attach to it): at least OperationTimeout, at most an hour.
+	// Defaults to 10m.
+	ProvisionTimeout time.Duration
 	// StatsWalk bounds the walk NodeGetVolumeStats makes of a directory
 	// volume (the dir backend, a plugin's directory source) to count its
 	// usage: entries visited, depth and wall time, and how long an answer is
@@ -355,6 +360,8 @@ const (
 	defaultMaxInFlight      = 64
 	defaultMaxVolumesPerPod = 16
 	defaultOperationTimeout = 90 * time.Second
+	defaultProvisionTimeout = 10 * time.Minute
+	maxProvisionTimeout     = time.Hour
 )
 
 // GoMemoryLimit is the Go runtime's soft memory limit Run sets for a
@@ -422,6 +429,9 @@ func (l *LimitOptions) setDefaults() {
 	}
 	if l.OperationTimeout == 0 {
 		l.OperationTimeout = defaultOperationTimeout
+	}
+	if l.ProvisionTimeout == 0 {
+		l.ProvisionTimeout = defaultProvisionTimeout
 	}
 	l.StatsWalk.setDefaults()
 }
@@ -691,6 +701,9 @@ func (o *Options) validate() error {
 	}
 	if o.Limits.OperationTimeout < 0 || o.Limits.OperationTimeout >= 2*time.Minute {
 		errs = append(errs, fmt.Errorf("Limits.OperationTimeout %s must be below the kubelet's 2m deadline", o.Limits.OperationTimeout))
+	}
+	if o.Limits.ProvisionTimeout < o.Limits.OperationTimeout || o.Limits.ProvisionTimeout > maxProvisionTimeout {
+		errs = append(errs, fmt.Errorf("Limits.ProvisionTimeout %s must be between Limits.OperationTimeout %s and %s", o.Limits.ProvisionTimeout, o.Limits.OperationTimeout, maxProvisionTimeout))
 	}
 	if err := o.Limits.StatsWalk.validate(); err != nil {
 		errs = append(errs, err)

@@ -92,6 +92,7 @@ func (d *Driver) serveVolumes(w http.ResponseWriter, r *http.Request) {
 		Version: d.opts.Node.Version,
 		Volumes: DescribeVolumes(recs, d.opts.Node.KubeletRootDir, d.engine.Mounter()),
 	}
+	d.engine.ProvisioningSince(list.Volumes) // long provisioning
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -94,6 +94,8 @@ func TestOperatorWords(t *testing.T) {
 		{[]string{"--gc-max-orphan-share=2"}, []string{"--gc-max-orphan-share"}},
 		{[]string{"--operation-timeout=5m"}, []string{"--operation-timeout"}},
 		{[]string{"--content-timeout=100s"}, []string{"--content-timeout", "--operation-timeout"}},
+		{[]string{"--provision-timeout=2h"}, []string{"--provision-timeout", "--operation-timeout"}},
+		{[]string{"--provision-timeout=1m"}, []string{"--provision-timeout", "--operation-timeout"}},
 		{[]string{"--stats-max-depth=-1"}, []string{"--stats-max-depth"}},
 		{[]string{"--stats-timeout=2m"}, []string{"--stats-timeout"}},
 		{[]string{"--state-recovery=maybe"}, []string{"--state-recovery"}},

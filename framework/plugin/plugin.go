@@ -194,6 +194,7 @@ var (
 	_ framework.ContentProvider = (*Backend)(nil)
 	_ framework.Authorizer      = (*Backend)(nil)
 	_ framework.Planner         = (*Backend)(nil)
+	_ framework.LongProvisioner = (*Backend)(nil)
 )
 
 // New returns the plugin at opts.Endpoint as a backend. Nothing is dialed
@@ -366,6 +367,9 @@ func (b *Backend) Implements(iface any) bool {
 			// These let the framework skip its intent record: claimed only
 			// when known to be true.
 			return false
+		case *framework.LongProvisioner:
+			// Only what the plugin said lifts the publish's deadline.
+			return false
 		}
 		return true
 	}
@@ -386,6 +390,10 @@ func (b *Backend) Implements(iface any) bool {
 		return s.has(pb.Capability_CAPABILITY_CONTENT)
 	case *framework.Authorizer:
 		return s.has(pb.Capability_CAPABILITY_AUTHORIZE)
+	case *framework.LongProvisioner:
+		// Older plugins do not know the capability: their Create is bounded
+		// by the publish, as it always was.
+		return s.has(pb.Capability_CAPABILITY_LONG_PROVISIONING) && s.has(pb.Capability_CAPABILITY_CREATE)
 	}
 	return true
 }
@@ -629,6 +637,11 @@ func (b *Backend) Find(ctx context.Context, v *api.Volume) (api.Source, error) {
 // (Implements says so only for a plugin without CREATE). With Find, the
 // framework writes no intent record at a first publish and no synced record.
 func (b *Backend) MountOnly() {}
+
+// LongProvisioning marks the plugin's Create as one that may outlive the
+// publish (framework.LongProvisioner): Implements says whether it does, from
+// the handshake (CAPABILITY_LONG_PROVISIONING with CREATE).
+func (b *Backend) LongProvisioning() {}
 
 // List returns the volumes the plugin holds storage for (LIST).
 func (b *Backend) List(ctx context.Context) ([]string, error) {

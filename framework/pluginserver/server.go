@@ -121,6 +121,9 @@ func New(opts Options) (*Server, error) {
 		if s.hc, ok = framework.As[framework.HealthChecker](b); ok {
 			s.caps = append(s.caps, pb.Capability_CAPABILITY_CHECK)
 		}
+		if _, ok = framework.As[framework.LongProvisioner](b); ok {
+			s.caps = append(s.caps, pb.Capability_CAPABILITY_LONG_PROVISIONING)
+		}
 	}
 	if opts.Content != nil {
 		s.caps = append(s.caps, pb.Capability_CAPABILITY_CONTENT)

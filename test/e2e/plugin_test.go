@@ -39,8 +39,17 @@ type tokensPlugin struct {
 // start starts the plugin and waits until its socket accepts (a killed
 // plugin's socket file stays behind, so its existence proves nothing).
 func (tp *tokensPlugin) start(ctx context.Context) error {
+	return tp.startArgs(ctx, []string{"plugin", "--endpoint=" + tp.endpoint, "--v=4"})
+}
+
+// startWith starts another plugin binary (tp.bin) with --endpoint and args.
+func (tp *tokensPlugin) startWith(ctx context.Context, args ...string) error {
+	return tp.startArgs(ctx, append([]string{"--endpoint=" + tp.endpoint, "--v=4"}, args...))
+}
+
+func (tp *tokensPlugin) startArgs(ctx context.Context, args []string) error {
 	var err error
-	tp.p, err = tp.c.startProc(cmp.Or(tp.proc, "plugin-tokens"), tp.bin, []string{"plugin", "--endpoint=" + tp.endpoint, "--v=4"}, nil)
+	tp.p, err = tp.c.startProc(cmp.Or(tp.proc, "plugin-tokens"), tp.bin, args, nil)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,13 @@ const (
 	Capability_CAPABILITY_CHECK     Capability = 4
 	Capability_CAPABILITY_CONTENT   Capability = 5
 	Capability_CAPABILITY_AUTHORIZE Capability = 6
+	// LONG_PROVISIONING (with CREATE): Create may take longer than the
+	// kubelet waits for one call. The driver calls it with a deadline of its
+	// --provision-timeout instead of the publish's, keeps it running past the
+	// publish (the kubelet's retries attach to it), and cancels it when the
+	// volume is unpublished: Create must stop when its call is cancelled, and
+	// Delete must remove what a cancelled or failed Create left.
+	Capability_CAPABILITY_LONG_PROVISIONING Capability = 7
 )
 
 // Enum value maps for Capability.
@@ -79,15 +86,17 @@ var (
 		4: "CAPABILITY_CHECK",
 		5: "CAPABILITY_CONTENT",
 		6: "CAPABILITY_AUTHORIZE",
+		7: "CAPABILITY_LONG_PROVISIONING",
 	}
 	Capability_value = map[string]int32{
-		"CAPABILITY_UNSPECIFIED": 0,
-		"CAPABILITY_VALIDATE":    1,
-		"CAPABILITY_CREATE":      2,
-		"CAPABILITY_LIST":        3,
-		"CAPABILITY_CHECK":       4,
-		"CAPABILITY_CONTENT":     5,
-		"CAPABILITY_AUTHORIZE":   6,
+		"CAPABILITY_UNSPECIFIED":       0,
+		"CAPABILITY_VALIDATE":          1,
+		"CAPABILITY_CREATE":            2,
+		"CAPABILITY_LIST":              3,
+		"CAPABILITY_CHECK":             4,
+		"CAPABILITY_CONTENT":           5,
+		"CAPABILITY_AUTHORIZE":         6,
+		"CAPABILITY_LONG_PROVISIONING": 7,
 	}
 )
 
@@ -1540,7 +1549,7 @@ const file_api_plugin_v1alpha1_plugin_proto_rawDesc = "" +
 	"\x06volume\x18\x01 \x01(\v2 .ephemera.plugin.v1alpha1.VolumeR\x06volume\"E\n" +
 	"\x11AuthorizeResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason*\xb5\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*\xd7\x01\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -1549,7 +1558,8 @@ const file_api_plugin_v1alpha1_plugin_proto_rawDesc = "" +
 	"\x0fCAPABILITY_LIST\x10\x03\x12\x14\n" +
 	"\x10CAPABILITY_CHECK\x10\x04\x12\x16\n" +
 	"\x12CAPABILITY_CONTENT\x10\x05\x12\x18\n" +
-	"\x14CAPABILITY_AUTHORIZE\x10\x062\x82\x06\n" +
+	"\x14CAPABILITY_AUTHORIZE\x10\x06\x12 \n" +
+	"\x1cCAPABILITY_LONG_PROVISIONING\x10\a2\x82\x06\n" +
 	"\x06Plugin\x12d\n" +
 	"\tHandshake\x12*.ephemera.plugin.v1alpha1.HandshakeRequest\x1a+.ephemera.plugin.v1alpha1.HandshakeResponse\x12a\n" +
 	"\bValidate\x12).ephemera.plugin.v1alpha1.ValidateRequest\x1a*.ephemera.plugin.v1alpha1.ValidateResponse\x12[\n" +

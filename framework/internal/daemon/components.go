@@ -153,6 +153,17 @@ func (d *Daemon) components(log klog.Logger, sock string) components {
 			}
 			return nil
 		}},
+		{
+			// Long provisioning: the background Creates stop after the CSI
+			// server (internal/lifecycle/provisioning.go).
+			name: "provisions",
+			stop: func() error {
+				if err := d.engine.StopProvisions(); err != nil {
+					log.Error(err, "Background Creates did not return after their cancellation; the next start rolls their volumes back")
+				}
+				return nil
+			},
+		},
 		d.grpcComponent(log, sock),
 		d.registrarComponent(log, sock),
 		d.binaryPagesComponent(log),

@@ -18,6 +18,9 @@ type Backend interface {
 	Lister() Lister
 	Finder() Finder
 	MountOnly() bool
+	// LongProvisioning reports whether Create may outlive the call
+	// (framework.LongProvisioner).
+	LongProvisioning() bool
 	Planner() Planner
 	Stamper() Stamper
 	ContentProvider() ContentProvider
@@ -76,8 +79,9 @@ const (
 	EventTypeNormal  = "Normal"
 	EventTypeWarning = "Warning"
 
-	ReasonRefreshFailed = "RefreshFailed"
-	ReasonOrphanRemoved = "OrphanRemoved"
+	ReasonRefreshFailed    = "RefreshFailed"
+	ReasonOrphanRemoved    = "OrphanRemoved"
+	ReasonProvisioningSlow = "ProvisioningSlow"
 )
 
 // authorizers returns what approves a first publish of a volume of the named

@@ -43,6 +43,7 @@ type NodeConfig struct {
 // LimitConfig is Options.Limits' part the lifecycle reads.
 type LimitConfig struct {
 	OperationTimeout           time.Duration
+	ProvisionTimeout           time.Duration
 	MaxVolumesPerNode          int64
 	MaxVolumesPerPod           int
 	MaxInFlight                int
@@ -93,11 +94,12 @@ type Engine struct {
 	running *atomic.Bool
 	metrics *metrics.Metrics
 
-	lanes     *lanes // the volume locks and the bulkheads (lanes.go)
-	capacity  *capacity
-	refresher *refresher
-	orphans   orphans
-	stats     *stats.Cache // walks of directory volumes (internal/stats)
+	lanes      *lanes // the volume locks and the bulkheads (lanes.go)
+	capacity   *capacity
+	refresher  *refresher
+	provisions *provisionState // long provisioning (provisioning.go)
+	orphans    orphans
+	stats      *stats.Cache // walks of directory volumes (internal/stats)
 }
 
 // New builds the engine of a validated cfg. running tells whether the driver
@@ -112,6 +114,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		stats:    stats.NewCache(cfg.Limits.StatsWalk),
 	}
 	d.refresher = newRefresher(d)
+	d.provisions = newProvisions(&cfg)
 	var err error
 	if d.lanes, err = newLanes(&cfg); err != nil {
 		return nil, err

@@ -31,9 +31,13 @@ func (s static) Delete(ctx context.Context, v *api.Volume) error {
 	}).Delete(ctx, v)
 }
 
-func (s static) Lister() Lister                   { l, _ := s.x.(Lister); return l }
-func (s static) Finder() Finder                   { f, _ := s.x.(Finder); return f }
-func (s static) MountOnly() bool                  { _, ok := s.x.(interface{ MountOnly() }); return ok }
+func (s static) Lister() Lister  { l, _ := s.x.(Lister); return l }
+func (s static) Finder() Finder  { f, _ := s.x.(Finder); return f }
+func (s static) MountOnly() bool { _, ok := s.x.(interface{ MountOnly() }); return ok }
+func (s static) LongProvisioning() bool {
+	_, ok := s.x.(interface{ LongProvisioning() })
+	return ok
+}
 func (s static) Planner() Planner                 { return nil }
 func (s static) Stamper() Stamper                 { st, _ := s.x.(Stamper); return st }
 func (s static) ContentProvider() ContentProvider { cp, _ := s.x.(ContentProvider); return cp }

@@ -130,6 +130,7 @@ const (
 	whenSameRefresh   cond = "same request, target mounted, content"
 	whenSameUnmounted cond = "same request, target not mounted"
 	whenSame          cond = "same request"
+	whenProvisioning  cond = "same request, its Create runs in the background (long provisioning: provisioning.go)"
 	whenMounted       cond = "target mounted"
 	whenUnmounted     cond = "target not mounted"
 	whenOtherTarget   cond = "the request names another target"
@@ -208,6 +209,10 @@ func lifecycleTable() []transition {
 			Do:  "repair: Create, mount, fsGroup, content, read-only, save",
 			To:  "published",
 			run: (*Engine).repairMount},
+		{From: []volState{statePublishing}, On: evRepublish, When: whenProvisioning,
+			Do:  "attach: wait for the Create (Aborted while it runs), then mount, fsGroup, content, read-only, save",
+			To:  "published; publishing while the Create runs; none after a rollback",
+			run: (*Engine).attachProvision},
 		{From: []volState{statePublishing, stateUnpublishing}, On: evRepublish, When: whenSame,
 			Do:  "finish the interrupted operation: teardown, then publish",
 			To:  "as publish from none",
@@ -423,6 +428,8 @@ func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		}
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		when = whenChanged
+	case d.provisioningNow(rec.VolumeID): // long provisioning (provisioning.go)
+		when = whenProvisioning
 	case from == statePublished:
 		isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath)
 		if err != nil {
@@ -641,6 +648,9 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		relax = mountOnly && finds
 		intent = !relax
 	}
+	if longProvisioning(pr.backend) { // long provisioning: a restart mid-way rolls back (provisioning.go)
+		intent, relax = true, false
+	}
 	rec := newRecord(pr, store.PhasePublishing)
 	rec.State = v.State
 	if intent {
@@ -652,7 +662,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	failpoint.Hit(failpoint.PublishBeforeCreate)
 
 	defer func() {
-		if err == nil {
+		if err == nil || isStillProvisioning(err) { // long provisioning: goes on (provisioning.go)
 			return
 		}
 		// Roll back with a fresh context: the request's may be what failed.
@@ -673,7 +683,8 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		log.V(2).Info("Rolled back failed publish")
 	}()
 
-	src, err := d.createStorage(ctx, pr.backend, v)
+	// long provisioning: in the background (provisioning.go)
+	src, err := d.createOrProvision(ctx, pr, v)
 	rec.State = v.State // what the rollback's Delete needs, also of a failed Create
 	if err != nil {
 		return fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
@@ -784,6 +795,51 @@ func (d *Engine) finishInterrupted(ctx context.Context, o *op) error {
 		return errkind.Transient(fmt.Errorf("cleaning up an interrupted %s: %w", strings.ToLower(string(rec.Phase)), err))
 	}
 	return d.publish(ctx, o.pr)
+}
+
+// attachProvision answers the republish of a volume whose Create runs in
+// the background (a LongProvisioner: provisioning.go): it waits for the
+// Create as the first publish did (Aborted while it runs), then finishes that
+// publish: mount, fsGroup, content, read-only, the Published record. A Create
+// that failed, or a failure after it, is rolled back and its error returned:
+// the kubelet's next publish starts over.
+func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
+	pr, rec, v := o.pr, o.rec, o.pr.vol
+	v.State = rec.State
+	src, err := d.awaitProvisioned(ctx, v)
+	if isStillProvisioning(err) {
+		return err
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if uerr := d.teardown(rctx, rec); uerr != nil {
+			klog.FromContext(ctx).Error(uerr, "Rollback of failed publish incomplete; the volume is kept for cleanup")
+			err = errkind.Transient(fmt.Errorf("publish failed: %w; rollback incomplete: %w", err, uerr))
+			return
+		}
+		klog.FromContext(ctx).V(2).Info("Rolled back failed publish")
+	}()
+	rec.State = v.State
+	if err != nil {
+		return fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
+	}
+	rec.Source = &src
+	if err := d.mountAndFill(ctx, pr, src); err != nil {
+		return err
+	}
+	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	if err := d.store.Put(ctx, rec); err != nil {
+		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
+	}
+	if d.contentFor(v.Backend) != nil {
+		d.refresher.remember(v)
+	}
+	klog.FromContext(ctx).V(2).Info("Published volume after its background provisioning", logkeys.Size, v.Size)
+	return nil
 }
 
 // completeMounted and completeUnmounted answer the first publish of a volume
@@ -1076,6 +1132,9 @@ func (d *Engine) unpublishTarget(target string) error {
 // target directory, backend storage, record. Every step is OK when already done,
 // so it serves rollback, unpublish, reconcile, the GC and retries alike.
 func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
+	if err := d.stopProvision(ctx, rec); err != nil { // long provisioning: cancel, wait (provisioning.go)
+		return err
+	}
 	if err := d.unpublishTarget(rec.TargetPath); err != nil {
 		return err
 	}

@@ -35,6 +35,10 @@ const (
 	StatsWalks      = "ephemera_stats_walks_total"
 	ContentHeld     = "ephemera_content_held_bytes"
 	ContentCapacity = "ephemera_content_capacity_bytes"
+	// Provisioning and ProvisionsOutlived follow the creates of long
+	// provisioning backends (framework.LongProvisioner).
+	Provisioning       = "ephemera_provisioning_volumes"
+	ProvisionsOutlived = "ephemera_provisions_outlived_call_total"
 )
 
 const (
@@ -167,6 +171,8 @@ type Metrics struct {
 	refresh         *prometheus.CounterVec
 	csiDriver       *prometheus.GaugeVec
 	statsWalks      *prometheus.CounterVec
+	provisioning    *prometheus.GaugeVec
+	outlived        *prometheus.CounterVec
 
 	methods map[string]*methodSeries // read-only after New
 }
@@ -228,6 +234,14 @@ func New(c Config) *Metrics {
 			Name: StatsWalks,
 			Help: "Walks of directory volumes by NodeGetVolumeStats, by result: complete, or the bound that stopped one short with a lower bound of the usage (max_entries, max_depth, timeout; a walk can reach several), or canceled.",
 		}, []string{labelResult}),
+		provisioning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: Provisioning,
+			Help: "Volumes whose Create runs in the background (long provisioning backends: past the kubelet's call, bounded by --provision-timeout), by backend.",
+		}, []string{labelBackend}),
+		outlived: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: ProvisionsOutlived,
+			Help: "Creates of long provisioning backends that outlived the NodePublishVolume call that started them (a retry attached to them), by backend.",
+		}, []string{labelBackend}),
 		methods: map[string]*methodSeries{},
 	}
 	for _, full := range c.Methods {
@@ -253,7 +267,7 @@ func New(c Config) *Metrics {
 	buildInfo.WithLabelValues(c.DriverName, c.Version).Set(1)
 
 	m.reg.MustRegister(
-		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, m.csiDriver, m.statsWalks, buildInfo,
+		m.rpcDuration, m.csiOperations, m.backendDuration, m.reconcile, m.stateRecoveries, m.gc, m.refresh, m.csiDriver, m.statsWalks, m.provisioning, m.outlived, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -433,3 +447,12 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// Provisioning adds delta (1 at the start of a background Create, -1 when it
+// returned) to backend's Provisioning gauge.
+func (m *Metrics) Provisioning(backend string, delta float64) {
+	m.provisioning.WithLabelValues(backend).Add(delta)
+}
+
+// ProvisionOutlived counts a Create of backend that outlived its call.
+func (m *Metrics) ProvisionOutlived(backend string) { m.outlived.WithLabelValues(backend).Inc() }

@@ -67,6 +67,9 @@ func Print(w io.Writer, rows []Row, withNode, wide bool, now time.Time) error {
 		if v.Rebuilt {
 			phase += " (rebuilt)"
 		}
+		if v.ProvisioningSince != nil {
+			phase += " (provisioning " + max(now.Sub(*v.ProvisioningSince), 0).Round(time.Second).String() + ")"
+		}
 		if withNode {
 			fmt.Fprintf(tw, "%s\t", r.Node)
 		}

@@ -13,11 +13,13 @@ import (
 
 func TestPrint(t *testing.T) {
 	now := time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
+	since := now.Add(-130 * time.Second)
 	idA := "csi-3f9c0a1b2c3d4e5f60718293a4b5c6d7e8f90123456789abcdef0123456789ab"
 	list := &api.VolumeList{Volumes: []api.VolumeInfo{
 		{VolumeID: idA, Pod: api.Pod{Namespace: "ns", Name: "web", UID: "u1"}, VolumeName: "scratch", Backend: "tmpfs", TargetPath: "/k/pods/u1/volumes/x/scratch/mount",
 			Size: 64 << 20, Phase: string(store.PhasePublished), Mounted: true, Created: now.Add(-3 * time.Hour), Usage: &api.VolumeUsage{BytesUsed: 3 << 19}},
 		{VolumeID: "csi-b", Pod: api.Pod{UID: "u2"}, VolumeName: "cache", Backend: "dir", Phase: string(store.PhasePublished), Rebuilt: true, Created: now.Add(-72 * time.Hour)},
+		{VolumeID: "csi-c", Pod: api.Pod{Namespace: "ns", Name: "img", UID: "u3"}, VolumeName: "image", Backend: "unpack", Phase: string(store.PhasePublishing), Created: since, ProvisioningSince: &since},
 	}}
 	for _, c := range []struct {
 		wide bool
@@ -27,11 +29,13 @@ func TestPrint(t *testing.T) {
 			"NODE VOLUME ID NAMESPACE POD VOLUME BACKEND SIZE USED PHASE AGE",
 			"node-1 csi-3f9c0a1b2c3d ns web scratch tmpfs 64Mi 1.5Mi Published 3h",
 			"node-1 csi-b - - cache dir Published (not mounted) (rebuilt) 3d",
+			"node-1 csi-c ns img image unpack Publishing (provisioning 2m10s) 2m",
 		}},
 		{true, []string{
 			"NODE VOLUME ID NAMESPACE POD POD UID VOLUME BACKEND SIZE USED PHASE AGE TARGET",
 			"node-1 " + idA + " ns web u1 scratch tmpfs 64Mi 1.5Mi Published 3h /k/pods/u1/volumes/x/scratch/mount",
 			"node-1 csi-b - - u2 cache dir Published (not mounted) (rebuilt) 3d -",
+			"node-1 csi-c ns img u3 image unpack Publishing (provisioning 2m10s) 2m -",
 		}},
 	} {
 		var out bytes.Buffer

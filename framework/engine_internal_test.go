@@ -1,0 +1,23 @@
+package framework
+
+import (
+	"testing"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
+)
+
+// The event types and reasons the engine posts are the ones the framework
+// exports.
+func TestEventNames(t *testing.T) {
+	for ours, engine := range map[string]string{
+		EventTypeNormal:        lifecycle.EventTypeNormal,
+		EventTypeWarning:       lifecycle.EventTypeWarning,
+		ReasonRefreshFailed:    lifecycle.ReasonRefreshFailed,
+		ReasonOrphanRemoved:    lifecycle.ReasonOrphanRemoved,
+		ReasonProvisioningSlow: lifecycle.ReasonProvisioningSlow,
+	} {
+		if ours != engine {
+			t.Errorf("framework says %q, the engine posts %q", ours, engine)
+		}
+	}
+}
