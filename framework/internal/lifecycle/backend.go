@@ -92,8 +92,10 @@ func (d *Engine) authorizers(backend string) []Authorizer {
 	if d.cfg.Volumes.Authorizer != nil {
 		as = append(as, d.cfg.Volumes.Authorizer)
 	}
-	if b, ok := d.cfg.Backends[backend]; ok && b.Authorizer() != nil {
-		as = append(as, b.Authorizer())
+	if b, ok := d.cfg.Backends[backend]; ok {
+		if a := b.Authorizer(); a != nil {
+			as = append(as, a)
+		}
 	}
 	return as
 }

@@ -178,9 +178,10 @@ func (d *Engine) writeContent(ctx context.Context, v *api.Volume, files map[stri
 // itself when it is a ContentProvider (a plugin that provides content),
 // otherwise Options.Content; nil when neither.
 func (d *Engine) contentFor(backend string) ContentProvider {
-	if b, ok := d.cfg.Backends[backend]; ok && b.ContentProvider() != nil {
-		cp := b.ContentProvider()
-		return cp
+	if b, ok := d.cfg.Backends[backend]; ok {
+		if cp := b.ContentProvider(); cp != nil {
+			return cp
+		}
 	}
 	return d.cfg.Content
 }

@@ -67,8 +67,7 @@ func (d *Engine) check(ctx context.Context, rec *store.Record) (health, error) {
 	if !mounted {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
-	if b, ok := d.cfg.Backends[rec.Backend]; ok && b.HealthChecker() != nil {
-		hc := b.HealthChecker()
+	if hc := d.healthChecker(rec.Backend); hc != nil {
 		if err := hc.Check(ctx, d.fromRecord(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}
@@ -174,4 +173,12 @@ func (d *Engine) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthR
 		vh.HealthStatuses = []*csi.VolumeHealth_VolumeHealthEntry{{Status: h.status, Reason: h.reason, Message: h.message}}
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: vh}, nil
+}
+
+// healthChecker is backend's HealthChecker, nil when it has none.
+func (d *Engine) healthChecker(backend string) HealthChecker {
+	if b, ok := d.cfg.Backends[backend]; ok {
+		return b.HealthChecker()
+	}
+	return nil
 }
