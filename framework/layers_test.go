@@ -47,20 +47,22 @@ var layers = map[string]int{
 	"drivers/tmpfs":                        5,
 	"drivers/vhdx":                         5,
 	"drivers/scratch/internal/volumetable": 5,
+	// The lifecycle's collaborators that are packages of their own.
+	"framework/internal/capacity": 6,
 	// The request side and the volume side of the driver: one layer, so
 	// that neither can import the other; package framework joins them.
-	"framework/internal/csiserver": 6,
-	"framework/internal/lifecycle": 6,
+	"framework/internal/csiserver": 7,
+	"framework/internal/lifecycle": 7,
 	// A driver process: Run's components around the two.
-	"framework/internal/daemon": 7,
+	"framework/internal/daemon": 8,
 	// The public surface: Options, New, Run, the extension interfaces.
-	"framework":                            8,
-	"framework/plugin":                     9,
-	"framework/pluginserver":               10,
-	"framework/drivertest":                 10,
-	"framework/backendtest":                11,
-	"drivers/scratch":                      11,
-	"drivers/scratch/cmd/kubectl-ephemera": 11,
+	"framework":                            9,
+	"framework/plugin":                     10,
+	"framework/pluginserver":               11,
+	"framework/drivertest":                 11,
+	"framework/backendtest":                12,
+	"drivers/scratch":                      12,
+	"drivers/scratch/cmd/kubectl-ephemera": 12,
 }
 
 // TestLayers: every import between the module's packages (test files aside)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/capacity"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -95,7 +96,7 @@ type Engine struct {
 	metrics *metrics.Metrics
 
 	lanes      *lanes // the volume locks and the bulkheads (lanes.go)
-	capacity   *capacity
+	capacity   *capacity.Capacity
 	refresher  *refresher
 	provisions *provisionState // long provisioning (provisioning.go)
 	orphans    orphans
@@ -110,7 +111,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		words:    w,
 		mounter:  mounter,
 		running:  running,
-		capacity: newCapacity(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).withWords(w),
+		capacity: capacity.New(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).WithWords(w),
 		stats:    stats.NewCache(cfg.Limits.StatsWalk),
 	}
 	d.refresher = newRefresher(d)
@@ -152,10 +153,10 @@ func backendNames(m map[string]Backend) []string {
 }
 
 // Volumes returns the volume count and the bytes in use per backend.
-func (d *Engine) Volumes() (int64, map[string]int64) { return d.capacity.snapshot() }
+func (d *Engine) Volumes() (int64, map[string]int64) { return d.capacity.Snapshot() }
 
 // Usage is the capacity in use per backend, for the metrics.
-func (d *Engine) Usage() map[string]metrics.Usage { return d.capacity.usage() }
+func (d *Engine) Usage() map[string]metrics.Usage { return d.capacity.Usage() }
 
 // InFlight returns the volume operations in flight, for the metrics.
 func (d *Engine) InFlight() int { return d.inFlight() }

@@ -62,7 +62,7 @@ func gcDriver(t *testing.T, gc GCConfig, uids []string, live ...string) (*Engine
 		}
 	}
 	recs, _ := st.List(t.Context())
-	d.capacity.reset(recs)
+	d.capacity.Reset(recs)
 	return d, fake, st
 }
 
@@ -90,7 +90,7 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	if _, err := st.Get(ctx, api.VolumeHandle("live", "v")); err != nil {
 		t.Errorf("live volume touched: %v", err)
 	}
-	if n, _ := d.capacity.snapshot(); n != 1 {
+	if n, _ := d.capacity.Snapshot(); n != 1 {
 		t.Errorf("capacity not released: %d volumes accounted", n)
 	}
 }

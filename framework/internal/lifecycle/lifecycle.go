@@ -33,7 +33,7 @@ import (
 //   - the backend: createStorage, deleteStorage, findStorage,
 //     refuseIfMounted (storage.go), through Backend (backend.go);
 //   - the mounter: d.mounter;
-//   - capacity: d.capacity (capacity.go), the content capacity
+//   - capacity: d.capacity (internal/capacity), the content capacity
 //     d.lanes.held (heldcontent.go) and countHeldContent;
 //   - content: fill, refreshContent (fill.go), the refresher's credentials
 //     (refresh.go);
@@ -532,7 +532,7 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing volume records: %w", err)
 	}
-	d.capacity.reset(recs)
+	d.capacity.Reset(recs)
 	known := make(map[string]bool, len(recs))
 	var failed []error
 	for _, rec := range recs {
@@ -628,7 +628,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	log := klog.FromContext(ctx)
 	pr := o.pr
 	v := pr.vol
-	if err := d.capacity.reserve(d.cfg.DriverName, v.Backend, v.Pod.UID, v.Size); err != nil {
+	if err := d.capacity.Reserve(d.cfg.DriverName, v.Backend, v.Pod.UID, v.Size); err != nil {
 		return err
 	}
 	var intent, relax bool
@@ -641,7 +641,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		// restarted as another version) or be down at teardown.
 		mountOnly, err := p.Plan(ctx, v)
 		if err != nil {
-			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
+			d.capacity.Release(v.Backend, v.Pod.UID, v.Size)
 			return fmt.Errorf("backend %s: planning the volume: %w", v.Backend, err)
 		}
 		_, finds := pr.backend.Unwrap().(Finder)
@@ -655,7 +655,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	rec.State = v.State
 	if intent {
 		if err := d.store.Put(ctx, rec); err != nil {
-			d.capacity.release(v.Backend, v.Pod.UID, v.Size)
+			d.capacity.Release(v.Backend, v.Pod.UID, v.Size)
 			return errkind.Transient(fmt.Errorf("saving volume intent: %w", err))
 		}
 	}
@@ -721,7 +721,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
-	d.capacity.adopt(v.Backend, v.Pod.UID, v.Size)
+	d.capacity.Adopt(v.Backend, v.Pod.UID, v.Size)
 	if d.contentFor(v.Backend) != nil {
 		d.refresher.remember(v)
 	}
@@ -874,7 +874,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 	if err := d.putRecord(ctx, pr.backend, full); err != nil {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
-	d.capacity.complete(rec, full)
+	d.capacity.Complete(rec, full)
 	if d.contentFor(pr.vol.Backend) != nil {
 		d.refresher.remember(pr.vol)
 	}
@@ -985,7 +985,7 @@ func (d *Engine) saveRebuilt(ctx context.Context, rec *store.Record) error {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return fmt.Errorf("saving the rebuilt record of volume %s: %w", rec.VolumeID, err)
 	}
-	d.capacity.adopt(rec.Backend, rec.Pod.UID, rec.Size)
+	d.capacity.Adopt(rec.Backend, rec.Pod.UID, rec.Size)
 	return nil
 }
 
@@ -1153,7 +1153,7 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	if err := d.deleteRecord(ctx, d.cfg.Backends[rec.Backend], rec.VolumeID); err != nil {
 		return errkind.Transient(fmt.Errorf("deleting volume record: %w", err))
 	}
-	d.capacity.release(rec.Backend, rec.Pod.UID, rec.Size)
+	d.capacity.Release(rec.Backend, rec.Pod.UID, rec.Size)
 	d.lanes.held.release(rec.VolumeID)
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)

@@ -71,15 +71,15 @@ func TestGCObserved(t *testing.T) {
 // The volume gauges are the capacity accounting, read at scrape time.
 func TestVolumeGaugesFollowCapacity(t *testing.T) {
 	d := newObsEngine(t, nil)
-	if err := d.capacity.reserve("obs", "b", "p", 10); err != nil {
+	if err := d.capacity.Reserve("obs", "b", "p", 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.capacity.reserve("obs", "b", "p", 5); err != nil {
+	if err := d.capacity.Reserve("obs", "b", "p", 5); err != nil {
 		t.Fatal(err)
 	}
-	d.capacity.release("b", "p", 10)
+	d.capacity.Release("b", "p", 10)
 	// A record of a backend the driver no longer has still shows.
-	d.capacity.reset(append(recordsOf("b", 7, 8), recordsOf("retired", 3)...))
+	d.capacity.Reset(append(recordsOf("b", 7, 8), recordsOf("retired", 3)...))
 	want := []string{`ephemera_volume_bytes{backend="b"} 15`, `ephemera_volume_bytes{backend="retired"} 3`}
 	if lines := metricLines(t, d, "ephemera_volume_bytes{"); strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("bytes: %q, want %q", lines, want)

@@ -1,4 +1,4 @@
-package lifecycle
+package capacity
 
 import (
 	"encoding/binary"
@@ -192,7 +192,7 @@ func FuzzCapacity(f *testing.F) {
 			"a": fuzzBudgets[config>>4&3],
 			"b": fuzzBudgets[config>>6&3],
 		}
-		c := newCapacity(maxVolumes, 0, budgets)
+		c := New(maxVolumes, 0, budgets)
 		m := newCapacityModel(maxVolumes, budgets)
 
 		// Long sequences add little and the model is quadratic: stop after
@@ -205,7 +205,7 @@ func FuzzCapacity(f *testing.F) {
 				backend, size := r.backend(), r.size()
 				desc = fmt.Sprintf("reserve(%s, %d)", backend, size)
 				want, code := m.admits(backend, size)
-				err := c.reserve("fuzz", backend, "pod", size)
+				err := c.Reserve("fuzz", backend, "pod", size)
 				if got := err == nil; got != want {
 					t.Fatalf("step %d %s: err %v, model admits %v (model %+v)", step, desc, err, want, m.vols)
 				}
@@ -215,11 +215,11 @@ func FuzzCapacity(f *testing.F) {
 				if err == nil {
 					m.add(fuzzVol{backend, size})
 					if budget, ok := budgets[backend]; ok && size > 0 {
-						if _, used := c.snapshot(); used[backend] > budget {
+						if _, used := c.Snapshot(); used[backend] > budget {
 							t.Fatalf("step %d %s: admitted, and %s now has %d bytes of its budget %d", step, desc, backend, used[backend], budget)
 						}
 					}
-					if n, _ := c.snapshot(); maxVolumes > 0 && n > maxVolumes {
+					if n, _ := c.Snapshot(); maxVolumes > 0 && n > maxVolumes {
 						t.Fatalf("step %d %s: admitted the %dth volume over MaxVolumesPerNode %d", step, desc, n, maxVolumes)
 					}
 				}
@@ -230,7 +230,7 @@ func FuzzCapacity(f *testing.F) {
 				}
 				v := m.remove(int(r.byte()) % len(m.vols))
 				desc = fmt.Sprintf("release(%s, %d)", v.backend, v.size)
-				c.release(v.backend, "pod", v.size)
+				c.Release(v.backend, "pod", v.size)
 			case opReset:
 				n := int(r.byte()) % 8
 				var recs []*store.Record
@@ -241,7 +241,7 @@ func FuzzCapacity(f *testing.F) {
 					m.add(fuzzVol{backend, max(size, 0)})
 				}
 				desc = fmt.Sprintf("reset(%d records)", n)
-				c.reset(recs)
+				c.Reset(recs)
 				m.overMax = maxVolumes > 0 && int64(n) > maxVolumes
 				for b, budget := range budgets {
 					m.overBudget[b] = m.sum(b).Cmp(big.NewInt(budget)) > 0
@@ -254,17 +254,17 @@ func FuzzCapacity(f *testing.F) {
 				// A release without its reserve (never done by the driver) must not
 				// turn into credit: everything stays at zero.
 				desc = fmt.Sprintf("stray release(%s, %d)", backend, size)
-				c.release(backend, "pod", size)
+				c.Release(backend, "pod", size)
 			}
 
-			n, used := c.snapshot()
+			n, used := c.Snapshot()
 			if n != int64(len(m.vols)) || n < 0 {
 				t.Fatalf("step %d %s: %d volumes, model %d", step, desc, n, len(m.vols))
 			}
 			if maxVolumes > 0 && n > maxVolumes && !m.overMax {
 				t.Fatalf("step %d %s: %d volumes over MaxVolumesPerNode %d", step, desc, n, maxVolumes)
 			}
-			u := c.usage()
+			u := c.Usage()
 			for _, b := range fuzzBackends {
 				want := saturated(m.sum(b))
 				if used[b] != want || used[b] < 0 {

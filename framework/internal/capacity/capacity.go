@@ -1,4 +1,9 @@
-package lifecycle
+// Package capacity accounts what a node's volumes hold against the driver's
+// limits: the volume count (Options.Limits.MaxVolumesPerNode, per pod
+// MaxVolumesPerPod) and the bytes of each backend (Options.Limits.Capacity).
+// Its core type is Capacity. It is a leaf of the lifecycle: it knows records
+// and nothing of the events that reserve and release.
+package capacity
 
 import (
 	"fmt"
@@ -13,7 +18,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// capacity accounts what the node's volumes hold: their number (for
+// Capacity accounts what the node's volumes hold: their number (for
 // MaxVolumesPerNode) and the bytes of each backend (for Options.Limits.Capacity). It is
 // derived from the records, which are durable, so it survives restarts: reconcile
 // rebuilds it (with what it adopts from the node), a new publish reserves before
@@ -35,9 +40,9 @@ import (
 //
 // A size of 0 is a volume without a size (a backend such as dir): it takes a
 // volume slot and no bytes. A negative size is refused by reserve
-// (parsePublish already refuses one; this guards backends whose Validate
+// (the request parser already refuses one; this guards backends whose Validate
 // computes the size) and counted as 0 by reset and release.
-type capacity struct {
+type Capacity struct {
 	maxVolumes int64
 	maxPerPod  int64            // volumes of one pod; <= 0: no cap
 	budgets    map[string]int64 // backend → bytes; absent: unlimited
@@ -50,13 +55,13 @@ type capacity struct {
 	pods    map[string]int64    // pod UID → volumes
 }
 
-func newCapacity(maxVolumes int64, maxPerPod int, budgets map[string]int64) *capacity {
-	return &capacity{maxVolumes: maxVolumes, maxPerPod: int64(maxPerPod), budgets: budgets, count: map[string]int64{}, used: map[string]*byteSum{}, pods: map[string]int64{}}
+func New(maxVolumes int64, maxPerPod int, budgets map[string]int64) *Capacity {
+	return &Capacity{maxVolumes: maxVolumes, maxPerPod: int64(maxPerPod), budgets: budgets, count: map[string]int64{}, used: map[string]*byteSum{}, pods: map[string]int64{}}
 }
 
-// reset recomputes usage from the records. A record with a negative size
+// Reset recomputes usage from the records. A record with a negative size
 // (never written by this driver) counts as a volume of 0 bytes.
-func (c *capacity) reset(recs []*store.Record) {
+func (c *Capacity) Reset(recs []*store.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes = int64(len(recs))
@@ -71,7 +76,7 @@ func (c *capacity) reset(recs []*store.Record) {
 }
 
 // bytesOf returns the byte sum of backend, creating it. c.mu must be held.
-func (c *capacity) bytesOf(backend string) *byteSum {
+func (c *Capacity) bytesOf(backend string) *byteSum {
 	s, ok := c.used[backend]
 	if !ok {
 		s = &byteSum{}
@@ -80,19 +85,19 @@ func (c *capacity) bytesOf(backend string) *byteSum {
 	return s
 }
 
-// withWords makes the messages of c name the flags w knows for its limits.
-func (c *capacity) withWords(w words.Words) *capacity {
+// WithWords makes the messages of c name the flags w knows for its limits.
+func (c *Capacity) WithWords(w words.Words) *Capacity {
 	c.words = w
 	return c
 }
 
-// reserve admits one more volume of size bytes on backend, or returns
+// Reserve admits one more volume of size bytes on backend, or returns
 // ResourceExhausted saying which limit is reached, with the numbers. What can
 // never fit is InvalidArgument, saying that retrying does not help: a volume
 // larger than the backend's whole budget (as Options.Limits.Capacity
 // documents), a negative size, and a volume past the pod's cap
 // (MaxVolumesPerPod).
-func (c *capacity) reserve(driver, backend, pod string, size int64) error {
+func (c *Capacity) Reserve(driver, backend, pod string, size int64) error {
 	if size < 0 {
 		return errkind.Invalidf("volume size %d bytes is negative", size)
 	}
@@ -126,9 +131,9 @@ func (c *capacity) reserve(driver, backend, pod string, size int64) error {
 	return nil
 }
 
-// release returns what reserve took. Nothing goes below zero, so a release
+// Release returns what reserve took. Nothing goes below zero, so a release
 // without its reserve (a bug) cannot turn into credit for later volumes.
-func (c *capacity) release(backend, pod string, size int64) {
+func (c *Capacity) Release(backend, pod string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch n := c.pods[pod]; {
@@ -148,9 +153,9 @@ func (c *capacity) release(backend, pod string, size int64) {
 	}
 }
 
-// snapshot returns the volume count and the bytes in use per backend
+// Snapshot returns the volume count and the bytes in use per backend
 // (saturated at math.MaxInt64).
-func (c *capacity) snapshot() (int64, map[string]int64) {
+func (c *Capacity) Snapshot() (int64, map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	used := make(map[string]int64, len(c.used))
@@ -160,9 +165,9 @@ func (c *capacity) snapshot() (int64, map[string]int64) {
 	return c.volumes, used
 }
 
-// usage returns the volumes and bytes of each backend, for the metrics (read
+// Usage returns the volumes and bytes of each backend, for the metrics (read
 // at scrape time, so they are always this accounting).
-func (c *capacity) usage() map[string]metrics.Usage {
+func (c *Capacity) Usage() map[string]metrics.Usage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	u := make(map[string]metrics.Usage, len(c.count))
@@ -178,7 +183,7 @@ func (c *capacity) usage() map[string]metrics.Usage {
 
 // byteSum is an exact sum of volume sizes. 128 bits hold 2^64 sizes of up to
 // 2^63 bytes, more volumes than any node has, so the sum never wraps and a
-// release after a reset subtracts from the true total.
+// Release after a reset subtracts from the true total.
 type byteSum struct{ hi, lo uint64 }
 
 // add adds n bytes; a negative n counts as 0.
@@ -216,9 +221,9 @@ func (s *byteSum) int64() int64 {
 	return int64(s.lo)
 }
 
-// adopt accounts a volume that exists whatever the budget says (adopted, not
+// Adopt accounts a volume that exists whatever the budget says (adopted, not
 // admitted): it never fails.
-func (c *capacity) adopt(backend, pod string, size int64) {
+func (c *Capacity) Adopt(backend, pod string, size int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes++
@@ -228,7 +233,7 @@ func (c *capacity) adopt(backend, pod string, size int64) {
 }
 
 // resize changes the size accounted for one volume of backend.
-func (c *capacity) resize(backend string, from, to int64) {
+func (c *Capacity) resize(backend string, from, to int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.bytesOf(backend)
@@ -236,11 +241,11 @@ func (c *capacity) resize(backend string, from, to int64) {
 	s.add(to)
 }
 
-// complete moves the capacity a rebuilt record accounted for to what its
+// Complete moves the capacity a rebuilt record accounted for to what its
 // completed record says.
-func (c *capacity) complete(rebuilt, full *store.Record) {
+func (c *Capacity) Complete(rebuilt, full *store.Record) {
 	if rebuilt.Backend == "" {
-		c.adopt(full.Backend, full.Pod.UID, full.Size)
+		c.Adopt(full.Backend, full.Pod.UID, full.Size)
 		c.releaseUnknown(rebuilt.Pod.UID)
 		return
 	}
@@ -249,7 +254,7 @@ func (c *capacity) complete(rebuilt, full *store.Record) {
 
 // releaseUnknown drops a volume accounted under no backend (a rebuilt record
 // whose backend was unknown until its publish named it).
-func (c *capacity) releaseUnknown(pod string) {
+func (c *Capacity) releaseUnknown(pod string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.volumes = max(c.volumes-1, 0)
