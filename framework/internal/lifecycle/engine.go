@@ -12,6 +12,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/capacity"
+	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -95,7 +96,7 @@ type Engine struct {
 	running *atomic.Bool
 	metrics *metrics.Metrics
 
-	lanes      *lanes // the volume locks and the bulkheads (lanes.go)
+	lanes      *lanes.Lanes // the volume locks and the bulkheads (internal/lanes, lanes.go)
 	capacity   *capacity.Capacity
 	refresher  *refresher
 	provisions *provisionState // long provisioning (provisioning.go)
@@ -117,7 +118,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 	d.refresher = newRefresher(d)
 	d.provisions = newProvisions(&cfg)
 	var err error
-	if d.lanes, err = newLanes(&cfg); err != nil {
+	if d.lanes, err = lanes.New(laneOptions(&cfg)); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -162,7 +163,7 @@ func (d *Engine) Usage() map[string]metrics.Usage { return d.capacity.Usage() }
 func (d *Engine) InFlight() int { return d.inFlight() }
 
 // HeldContent returns the bytes of content held (Options.Volumes.ContentCapacity).
-func (d *Engine) HeldContent() int64 { return d.lanes.held.inUse() }
+func (d *Engine) HeldContent() int64 { return d.lanes.Held.InUse() }
 
 // AnyContent reports whether any volume of this driver may have content.
 func (d *Engine) AnyContent() bool { return d.anyContent() }

@@ -70,7 +70,7 @@ func (d *Engine) applyFSGroup(target string, gid int) error {
 // volume's lock. On any error the previous content stays in place.
 func (d *Engine) refreshContent(ctx context.Context, v *api.Volume) (err error) {
 	defer func() { d.refreshed(v, err) }()
-	slot, err := d.lanes.refresh.Acquire(ctx, d.contentParty(v.Backend), 1)
+	slot, err := d.lanes.Refresh.Acquire(ctx, d.contentParty(v.Backend), 1)
 	if err != nil {
 		return err
 	}
@@ -107,7 +107,7 @@ func (d *Engine) content(ctx context.Context, v *api.Volume) (files map[string]a
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Volumes.ContentTimeout)
 	defer cancel()
 	if cb, ok := cp.(ContentBounder); ok {
-		if release, err = d.lanes.content.reserve(ctx, d.contentParty(v.Backend), cb.ContentLimits().MaxBytes); err != nil {
+		if release, err = d.lanes.Content.Reserve(ctx, d.contentParty(v.Backend), cb.ContentLimits().MaxBytes); err != nil {
 			return nil, func() {}, err
 		}
 	}
@@ -138,7 +138,7 @@ func (d *Engine) writeContent(ctx context.Context, v *api.Volume, files map[stri
 		return fmt.Errorf("writing content: %w", err)
 	}
 	defer r.Close()
-	held := d.lanes.held
+	held := d.lanes.Held
 	party := d.contentParty(v.Backend)
 	inMemory, err := stats.MemoryBacked(r)
 	if err != nil {
@@ -147,22 +147,22 @@ func (d *Engine) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	var charge int64
 	var pending *admission.Grant
 	if inMemory {
-		charge = content.Charge(files, held.page)
+		charge = content.Charge(files, held.Page())
 		opts.Admit = func() (err error) {
-			pending, err = held.reserve(v.ID, party, charge, len(files))
+			pending, err = held.Reserve(v.ID, party, charge, len(files))
 			return err
 		}
 	}
 	err = content.WriteRoot(ctx, r, files, opts)
 	switch {
 	case !inMemory:
-	case err == nil && (pending != nil || !held.holds(v.ID)):
-		held.set(v.ID, pending, charge) // also without a bound: counted
+	case err == nil && (pending != nil || !held.Holds(v.ID)):
+		held.Set(v.ID, pending, charge) // also without a bound: counted
 	case err != nil && pending != nil:
 		// Cut short after the reservation: count what is there now.
 		pending.Release()
-		if n, cerr := content.Charged(r, held.page); cerr == nil {
-			held.adopt(v.ID, party, n)
+		if n, cerr := content.Charged(r, held.Page()); cerr == nil {
+			held.Adopt(v.ID, party, n)
 		}
 	}
 	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {

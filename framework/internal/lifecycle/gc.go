@@ -177,12 +177,12 @@ func (p *gcPass) remove(ctx context.Context, byBackend map[string][]*store.Recor
 			sem := make(chan struct{}, gcConcurrency)
 			for _, rec := range recs {
 				sem <- struct{}{}
-				slot, err := d.lanes.teardowns.Acquire(ctx, backend, 1)
+				slot, err := d.lanes.Teardowns.Acquire(ctx, backend, 1)
 				if err != nil {
 					<-sem
 					break // the GC is stopping
 				}
-				if !d.lanes.locks.TryAcquire(rec.VolumeID) {
+				if !d.lanes.Locks.TryAcquire(rec.VolumeID) {
 					slot.Release()
 					<-sem
 					continue // an operation is in progress: the kubelet is on it
@@ -191,7 +191,7 @@ func (p *gcPass) remove(ctx context.Context, byBackend map[string][]*store.Recor
 				bwg.Go(func() {
 					defer func() { <-sem }()
 					err := d.collectOrphan(ctx, rec)
-					d.lanes.locks.Release(rec.VolumeID)
+					d.lanes.Locks.Release(rec.VolumeID)
 					slot.Release()
 					if err != nil {
 						vlog.Error(err, "Removing orphaned volume failed; will retry")

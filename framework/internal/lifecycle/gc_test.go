@@ -146,12 +146,12 @@ func TestGCSafety(t *testing.T) {
 	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
 	ctx, now := t.Context(), time.Now()
 	// A volume busy with another operation is left for the next pass.
-	if !d.lanes.locks.TryAcquire(api.VolumeHandle("a", "v")) {
+	if !d.lanes.Locks.TryAcquire(api.VolumeHandle("a", "v")) {
 		t.Fatal("lock")
 	}
 	d.collectGarbage(ctx, now)
 	d.collectGarbage(ctx, now.Add(time.Second))
-	d.lanes.locks.Release(api.VolumeHandle("a", "v"))
+	d.lanes.Locks.Release(api.VolumeHandle("a", "v"))
 	if _, err := st.Get(ctx, api.VolumeHandle("a", "v")); err != nil {
 		t.Errorf("busy volume removed: %v", err)
 	}

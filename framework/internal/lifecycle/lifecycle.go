@@ -14,6 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/failpoint"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
+	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
@@ -34,7 +35,7 @@ import (
 //     refuseIfMounted (storage.go), through Backend (backend.go);
 //   - the mounter: d.mounter;
 //   - capacity: d.capacity (internal/capacity), the content capacity
-//     d.lanes.held (heldcontent.go) and countHeldContent;
+//     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
 //   - content: fill, refreshContent (fill.go), the refresher's credentials
 //     (refresh.go);
 //   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
@@ -483,7 +484,7 @@ func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 	case err != nil:
 		return errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	party := noRecord
+	party := lanes.NoRecord
 	if rec != nil {
 		party = rec.Backend
 	}
@@ -592,11 +593,11 @@ func (d *Engine) collectOrphan(ctx context.Context, rec *store.Record) error {
 // refresh of its content (the refresher's timers call it).
 func (d *Engine) refreshVolume(ctx context.Context, id string) {
 	log := d.cfg.Observability.Logger.WithValues(logkeys.VolumeID, id)
-	if !d.lanes.locks.TryAcquire(id) {
+	if !d.lanes.Locks.TryAcquire(id) {
 		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
 		return
 	}
-	defer d.lanes.locks.Release(id)
+	defer d.lanes.Locks.Release(id)
 	rec, err := d.store.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -1154,7 +1155,7 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 		return errkind.Transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.Release(rec.Backend, rec.Pod.UID, rec.Size)
-	d.lanes.held.release(rec.VolumeID)
+	d.lanes.Held.Release(rec.VolumeID)
 	d.refresher.forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil

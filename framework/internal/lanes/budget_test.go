@@ -1,4 +1,4 @@
-package lifecycle
+package lanes
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 )
 
@@ -20,37 +18,36 @@ import (
 // it once, however often it is called; one provider holding all it may
 // leaves another its reserve.
 func TestBudget(t *testing.T) {
-	o := Config{Volumes: VolumeConfig{ContentBytesInFlight: 30, RefreshConcurrency: 1}, Limits: LimitConfig{MaxInFlight: 2, MaxInFlightPerBackend: 1},
-		Backends: map[string]Backend{"hung": static{boundedProvider{10}}, "ok": static{boundedProvider{10}}}}
-	l, err := newLanes(&o)
+	l, err := New(Options{Backends: []string{"hung", "ok"}, MaxInFlight: 2, MaxInFlightPerBackend: 1,
+		ContentBytesInFlight: 30, ContentParties: map[string]int64{"hung": 10, "ok": 10}, RefreshConcurrency: 1, ContentCapacity: NoContentCapacity})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := l.content
+	b := l.Content
 	// hung may hold max(10, 30/2) = 15: its reserve of 10 and 5 borrowed.
-	r1, err := b.reserve(t.Context(), "hung", 10)
+	r1, err := b.Reserve(t.Context(), "hung", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	_, err = b.reserve(ctx, "hung", 10)
+	_, err = b.Reserve(ctx, "hung", 10)
 	if errkind.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget of 30 (--content-bytes-in-flight, 10 of it in use, 10 by this provider); its volume needs 10") {
 		t.Fatalf("reserve beyond the share: %v (%s), want ResourceExhausted with the numbers", err, errkind.Code(err))
 	}
 	cctx, ccancel := context.WithCancel(t.Context())
 	ccancel()
-	if _, err := b.reserve(cctx, "hung", 6); !errors.Is(err, context.Canceled) {
+	if _, err := b.Reserve(cctx, "hung", 6); !errors.Is(err, context.Canceled) {
 		t.Fatalf("reserve for a caller that went away: %v, want Canceled", err)
 	}
 	// ok is not held up by hung: its reserve, then what is shared.
-	r2, err := b.reserve(t.Context(), "ok", 10)
+	r2, err := b.Reserve(t.Context(), "ok", 10)
 	if err != nil {
 		t.Fatalf("the other provider, while the first holds its share: %v", err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		r, err := b.reserve(t.Context(), "hung", 15) // all its share
+		r, err := b.Reserve(t.Context(), "hung", 15) // all its share
 		if err == nil {
 			r()
 		}
@@ -61,19 +58,8 @@ func TestBudget(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("reserve of the whole share once free: %v", err)
 	}
-	if n := b.inUse(); n != 10 {
+	if n := b.InUse(); n != 10 {
 		t.Errorf("%d in use, want 10: a double release freed twice", n)
 	}
 	r2()
 }
-
-type boundedProvider struct{ max int64 }
-
-func (boundedProvider) Create(context.Context, *api.Volume) (api.Source, error) {
-	return api.Source{}, nil
-}
-func (boundedProvider) Delete(context.Context, *api.Volume) error { return nil }
-func (boundedProvider) Content(context.Context, *api.Volume) (map[string]api.File, error) {
-	return nil, nil
-}
-func (b boundedProvider) ContentLimits() content.Limits { return content.Limits{MaxBytes: b.max} }
