@@ -15,6 +15,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/volstats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 )
@@ -30,6 +31,7 @@ type Driver struct {
 	words   words.Words       // the operator's words for opts' fields
 	csi     *csiserver.Server // the CSI services (node.go)
 	engine  *lifecycle.Engine // the volumes' lifecycle (internal/lifecycle)
+	volumes *volstats.Reader  // volume stats and health (internal/volstats)
 	daemon  *daemon.Daemon    // Run's components (internal/daemon)
 	ready   atomic.Bool
 	running atomic.Bool
@@ -64,6 +66,16 @@ func New(opts Options) (*Driver, error) {
 		return nil, w.Err(fmt.Errorf("invalid driver options: %w", err))
 	}
 	d.engine = engine
+	d.volumes = &volstats.Reader{
+		Store: engine.Store, Mounter: mounter, KubeletRootDir: opts.Node.KubeletRootDir, Walks: engine.Stats(),
+		HealthChecker: func(backend string) volstats.HealthChecker {
+			if hc := engine.HealthChecker(backend); hc != nil {
+				return hc
+			}
+			return nil
+		},
+		Volume: engine.Volume,
+	}
 	if opts.State.Store != nil {
 		engine.SetStore(opts.State.Store)
 	}
@@ -95,7 +107,7 @@ func nodeCapabilities() []*csi.NodeServiceCapability {
 	for _, c := range []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
-		lifecycle.LegacyVolumeCondition,
+		volstats.LegacyVolumeCondition,
 		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{

@@ -50,6 +50,7 @@ var layers = map[string]int{
 	// The lifecycle's collaborators that are packages of their own.
 	"framework/internal/capacity": 6,
 	"framework/internal/lanes":    6,
+	"framework/internal/volstats": 6,
 	// The request side and the volume side of the driver: one layer, so
 	// that neither can import the other; package framework joins them.
 	"framework/internal/csiserver": 7,

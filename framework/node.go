@@ -29,11 +29,11 @@ func (n node) Unpublish(ctx context.Context, id, target string) error {
 }
 
 func (n node) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	return n.d.engine.VolumeStats(ctx, req)
+	return n.d.volumes.VolumeStats(ctx, req)
 }
 
 func (n node) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	return n.d.engine.VolumeHealth(ctx, req)
+	return n.d.volumes.VolumeHealth(ctx, req)
 }
 
 func (n node) Healthy(ctx context.Context) error { return n.d.healthy(ctx) }

@@ -174,3 +174,15 @@ func (d *Engine) StartRefresher(ctx context.Context) { d.refresher.start(ctx) }
 
 // StopRefresher waits for the refreshes StartRefresher allowed.
 func (d *Engine) StopRefresher() { d.refresher.stop() }
+
+// HealthChecker is backend's HealthChecker, nil when it has none (for the
+// stats and health calls, internal/volstats).
+func (d *Engine) HealthChecker(backend string) HealthChecker {
+	if b, ok := d.cfg.Backends[backend]; ok {
+		return b.HealthChecker()
+	}
+	return nil
+}
+
+// Volume is the backend's view of rec: its declared attributes parsed again.
+func (d *Engine) Volume(rec *store.Record) *api.Volume { return d.fromRecord(rec) }

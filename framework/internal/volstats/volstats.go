@@ -1,9 +1,16 @@
-package lifecycle
+// Package volstats answers the kubelet's volume stats and health calls
+// (NodeGetVolumeStats, NodeGetVolumeHealth) for published volumes: the
+// record, the target's mount, the backend's health check and the usage of the
+// volume's filesystem or, for a directory volume, a bounded walk of it
+// (internal/stats). It changes nothing and takes no volume lock. Its core type
+// is Reader.
+package volstats
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -11,6 +18,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -21,6 +29,30 @@ import (
 // removed the enum value and the volume_condition field from the generated code;
 // both are still valid on the wire.
 const LegacyVolumeCondition csi.NodeServiceCapability_RPC_Type = 4
+
+// HealthChecker is framework.HealthChecker.
+type HealthChecker interface {
+	Check(ctx context.Context, v *api.Volume) error
+}
+
+// Reader answers the stats and health calls.
+type Reader struct {
+	// Store is the driver's state (set once it is open).
+	Store func() store.Store
+	// Mounter and KubeletRootDir reach the targets.
+	Mounter        mount.Interface
+	KubeletRootDir string
+	// Walks are the walks of directory volumes, shared with the lifecycle,
+	// which drops a volume's at its unpublish.
+	Walks *stats.Cache
+	// HealthChecker is the named backend's HealthChecker, nil when none.
+	HealthChecker func(backend string) HealthChecker
+	// Volume is the backend's view of a record (declared attributes parsed).
+	Volume func(rec *store.Record) *api.Volume
+}
+
+// isWindows selects the Windows rules for comparing target paths.
+var isWindows = runtime.GOOS == "windows"
 
 // health is the outcome of a volume's health check.
 type health struct {
@@ -34,21 +66,21 @@ func (h health) ok() bool { return h.reason == "" }
 // lookup finds the record of a published volume for the stats and health RPCs.
 // Missing arguments are InvalidArgument; an unknown ID is NotFound, and so is a
 // path other than the volume's target (when one is given).
-func (d *Engine) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
+func (d *Reader) lookup(ctx context.Context, id, path string, pathRequired bool) (*store.Record, error) {
 	if id == "" {
 		return nil, errkind.Invalidf("volume_id is required")
 	}
 	if path == "" && pathRequired {
 		return nil, errkind.Invalidf("volume_path is required")
 	}
-	rec, err := d.store.Get(ctx, id)
+	rec, err := d.Store().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, errkind.Errorf(api.ErrNotFound, "volume %s is not published on this node", id)
 	}
 	if err != nil {
 		return nil, errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	if path != "" && !sameTarget(path, rec.TargetPath) {
+	if path != "" && !volume.SameTarget(path, rec.TargetPath, isWindows) {
 		return nil, errkind.Errorf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
@@ -56,30 +88,30 @@ func (d *Engine) lookup(ctx context.Context, id, path string, pathRequired bool)
 
 // check reports whether a published volume is usable: its record complete, its
 // target mounted, and its backend's storage intact.
-func (d *Engine) check(ctx context.Context, rec *store.Record) (health, error) {
+func (d *Reader) check(ctx context.Context, rec *store.Record) (health, error) {
 	if rec.Phase != store.PhasePublished {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "OperationInProgress", fmt.Sprintf("volume is in phase %s", rec.Phase)}, nil
 	}
-	mounted, err := mount.IsMountPointNow(d.mounter, d.cfg.Node.KubeletRootDir, rec.TargetPath)
+	mounted, err := mount.IsMountPointNow(d.Mounter, d.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		return health{}, errkind.Transient(fmt.Errorf("checking target: %w", err))
 	}
 	if !mounted {
 		return health{csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", "volume is not mounted at its target; the next NodePublishVolume repairs it"}, nil
 	}
-	if hc := d.healthChecker(rec.Backend); hc != nil {
-		if err := hc.Check(ctx, d.fromRecord(rec)); err != nil {
+	if hc := d.HealthChecker(rec.Backend); hc != nil {
+		if err := hc.Check(ctx, d.Volume(rec)); err != nil {
 			return health{csi.VolumeHealthErrorType_INACCESSIBLE, "BackendUnhealthy", fmt.Sprintf("backend %s: %v", rec.Backend, err)}, nil
 		}
 	}
 	return health{}, nil
 }
 
-// VolumeStats implements csi.NodeServer. The kubelet calls it with the
+// VolumeStats answers NodeGetVolumeStats. The kubelet calls it with the
 // volume handle and the target path of a mounted volume. It takes no volume lock:
 // stats never delay or abort a publish. The volume is looked up first, so an
 // unknown ID is NotFound whatever the path.
-func (d *Engine) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+func (d *Reader) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePath(), true)
 	if err != nil {
 		return nil, err
@@ -91,7 +123,7 @@ func (d *Engine) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsReq
 	resp := &csi.NodeGetVolumeStatsResponse{}
 	if h.ok() {
 		var u stats.Usage
-		r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, rec.TargetPath)
+		r, err := d.Mounter.OpenTarget(d.KubeletRootDir, rec.TargetPath)
 		if err == nil {
 			u, err = stats.Filesystem(r, rec.TargetPath)
 			r.Close()
@@ -123,10 +155,10 @@ func (d *Engine) VolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsReq
 // Options.Limits.StatsWalk. A walk stopped by a bound gives what it counted, a lower
 // bound. It returns ctx's error as soon as ctx ends; the walk then goes on
 // for the other callers, if any, within its own bounds.
-func (d *Engine) directoryUsage(ctx context.Context, rec *store.Record, u stats.Usage) (stats.Usage, error) {
+func (d *Reader) directoryUsage(ctx context.Context, rec *store.Record, u stats.Usage) (stats.Usage, error) {
 	key := stats.Key{Target: rec.TargetPath, Created: rec.Created}
-	w, err := d.stats.Usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim stats.Limits, visited func(context.Context, int64)) (stats.Result, error) {
-		r, err := d.mounter.OpenTarget(d.cfg.Node.KubeletRootDir, key.Target)
+	w, err := d.Walks.Usage(ctx, rec.VolumeID, key, func(ctx context.Context, lim stats.Limits, visited func(context.Context, int64)) (stats.Result, error) {
+		r, err := d.Mounter.OpenTarget(d.KubeletRootDir, key.Target)
 		if err != nil {
 			return stats.Result{}, err
 		}
@@ -158,8 +190,8 @@ func setLegacyCondition(resp *csi.NodeGetVolumeStatsResponse, abnormal bool, msg
 	resp.ProtoReflect().SetUnknown(raw)
 }
 
-// VolumeHealth implements csi.NodeServer (CSI 1.13 GET_VOLUME_HEALTH).
-func (d *Engine) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+// VolumeHealth answers NodeGetVolumeHealth (CSI 1.13 GET_VOLUME_HEALTH).
+func (d *Reader) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	rec, err := d.lookup(ctx, req.GetVolumeId(), req.GetVolumePublishPath(), false)
 	if err != nil {
 		return nil, err
@@ -173,12 +205,4 @@ func (d *Engine) VolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthR
 		vh.HealthStatuses = []*csi.VolumeHealth_VolumeHealthEntry{{Status: h.status, Reason: h.reason, Message: h.message}}
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: vh}, nil
-}
-
-// healthChecker is backend's HealthChecker, nil when it has none.
-func (d *Engine) healthChecker(backend string) HealthChecker {
-	if b, ok := d.cfg.Backends[backend]; ok {
-		return b.HealthChecker()
-	}
-	return nil
 }
