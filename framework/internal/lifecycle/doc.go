@@ -3,8 +3,8 @@
 // call down into — the backends (Backend, storage.go), content (fill.go,
 // refresh.go, heldcontent.go), long provisioning (provisioning.go), the
 // startup reconcile's view of the node (adopt.go) and the orphan GC (gc.go);
-// capacity and the bulkheads are packages below it (internal/capacity,
-// internal/lanes). Its core type is Engine, built from a Config by package
+// capacity, the bulkheads and the refreshes' timers are packages below it
+// (internal/capacity, internal/lanes, internal/refresh). Its core type is Engine, built from a Config by package
 // framework, which feeds it the CSI publish and unpublish calls, the startup
 // and RebuildState.
 package lifecycle

@@ -14,6 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/capacity"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -98,7 +99,7 @@ type Engine struct {
 
 	lanes      *lanes.Lanes // the volume locks and the bulkheads (internal/lanes, lanes.go)
 	capacity   *capacity.Capacity
-	refresher  *refresher
+	refresher  *refresh.Scheduler
 	provisions *provisionState // long provisioning (provisioning.go)
 	orphans    orphans
 	stats      *stats.Cache // walks of directory volumes (internal/stats)
@@ -115,7 +116,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		capacity: capacity.New(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).WithWords(w),
 		stats:    stats.NewCache(cfg.Limits.StatsWalk),
 	}
-	d.refresher = newRefresher(d)
+	d.refresher = refresh.New(d.refreshVolume)
 	d.provisions = newProvisions(&cfg)
 	var err error
 	if d.lanes, err = lanes.New(laneOptions(&cfg)); err != nil {
@@ -170,10 +171,16 @@ func (d *Engine) AnyContent() bool { return d.anyContent() }
 
 // StartRefresher enables driver-initiated refreshes until ctx ends;
 // StopRefresher waits for them.
-func (d *Engine) StartRefresher(ctx context.Context) { d.refresher.start(ctx) }
+func (d *Engine) StartRefresher(ctx context.Context) {
+	var interval time.Duration
+	if d.anyContent() {
+		interval = d.cfg.Volumes.RefreshInterval
+	}
+	d.refresher.Start(ctx, interval, d.refreshAll)
+}
 
 // StopRefresher waits for the refreshes StartRefresher allowed.
-func (d *Engine) StopRefresher() { d.refresher.stop() }
+func (d *Engine) StopRefresher() { d.refresher.Stop() }
 
 // HealthChecker is backend's HealthChecker, nil when it has none (for the
 // stats and health calls, internal/volstats).

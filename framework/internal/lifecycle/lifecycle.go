@@ -17,6 +17,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -37,7 +38,7 @@ import (
 //   - capacity: d.capacity (internal/capacity), the content capacity
 //     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
 //   - content: fill, refreshContent (fill.go), the refresher's credentials
-//     (refresh.go);
+//     (internal/refresh);
 //   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
 //     (adopt.go);
 //   - events and metrics: events.go, d.metrics.
@@ -45,7 +46,8 @@ import (
 // The event functions are entered only from the event sources: Engine's
 // Publish (request.go), Unpublish and Reconcile below, which package
 // framework calls for the CSI handlers, Run's startup and RebuildState; the
-// orphan GC (gc.go) and the refresher's timers (refresh.go).
+// orphan GC (gc.go) and the refresher's timers (internal/refresh, which
+// New hands refreshVolume).
 // TestLifecycleEntries checks it; package framework and internal/csiserver
 // cannot import each other's way back (TestLayers).
 
@@ -594,7 +596,7 @@ func (d *Engine) collectOrphan(ctx context.Context, rec *store.Record) error {
 func (d *Engine) refreshVolume(ctx context.Context, id string) {
 	log := d.cfg.Observability.Logger.WithValues(logkeys.VolumeID, id)
 	if !d.lanes.Locks.TryAcquire(id) {
-		d.refresher.schedule(id, busyRetry) // a publish or unpublish holds it
+		d.refresher.Schedule(id, refresh.BusyRetry) // a publish or unpublish holds it
 		return
 	}
 	defer d.lanes.Locks.Release(id)
@@ -604,7 +606,7 @@ func (d *Engine) refreshVolume(ctx context.Context, id string) {
 		rec = nil
 	case err != nil:
 		log.Error(err, "Refresh: reading volume state")
-		d.refresher.failed(id)
+		d.refresher.Failed(id)
 		return
 	}
 	from, when := stateOf(rec), whenAlways
@@ -701,7 +703,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
 	if d.contentFor(v.Backend) != nil {
-		d.refresher.remember(v)
+		d.refresher.Remember(v)
 	}
 	log.V(2).Info("Published volume", logkeys.Size, v.Size)
 	return nil
@@ -724,7 +726,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 	}
 	d.capacity.Adopt(v.Backend, v.Pod.UID, v.Size)
 	if d.contentFor(v.Backend) != nil {
-		d.refresher.remember(v)
+		d.refresher.Remember(v)
 	}
 	d.metrics.Reconciled(metrics.ReconcileAdopted)
 	klog.FromContext(ctx).Info("Adopted the volume already mounted at its target (its record was missing)")
@@ -759,11 +761,11 @@ func (d *Engine) alreadyPublished(ctx context.Context, _ *op) error {
 func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
-	d.refresher.remember(v)
+	d.refresher.Remember(v)
 	if err := d.refreshContent(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 	} else {
-		d.refresher.succeeded(v.ID)
+		d.refresher.Succeeded(v.ID)
 		klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
 	}
 	return nil
@@ -837,7 +839,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	if d.contentFor(v.Backend) != nil {
-		d.refresher.remember(v)
+		d.refresher.Remember(v)
 	}
 	klog.FromContext(ctx).V(2).Info("Published volume after its background provisioning", logkeys.Size, v.Size)
 	return nil
@@ -877,7 +879,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 	}
 	d.capacity.Complete(rec, full)
 	if d.contentFor(pr.vol.Backend) != nil {
-		d.refresher.remember(pr.vol)
+		d.refresher.Remember(pr.vol)
 	}
 	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
 	return nil
@@ -1017,13 +1019,13 @@ func (d *Engine) collectOrphanVolume(ctx context.Context, o *op) error {
 // the secrets and tokens of its last publish this process saw.
 func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 	v := d.fromRecord(o.rec)
-	c := d.refresher.credsOf(v.ID)
-	v.Secrets, v.Tokens = c.secrets, c.tokens
+	c := d.refresher.CredsOf(v.ID)
+	v.Secrets, v.Tokens = c.Secrets, c.Tokens
 	if err := d.refreshContent(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 		return nil
 	}
-	d.refresher.succeeded(v.ID)
+	d.refresher.Succeeded(v.ID)
 	klog.FromContext(ctx).V(2).Info("Refreshed content")
 	return nil
 }
@@ -1035,14 +1037,14 @@ func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 // volume whose backend has no content any more is forgotten.
 func (d *Engine) skipRefresh(_ context.Context, o *op) error {
 	if o.rec.Phase == store.PhasePublished && d.contentFor(o.rec.Backend) == nil {
-		d.refresher.forget(o.rec.VolumeID)
+		d.refresher.Forget(o.rec.VolumeID)
 	}
 	return nil
 }
 
 // forgetRefresh drops the refresh state of a volume that is gone.
 func (d *Engine) forgetRefresh(_ context.Context, o *op) error {
-	d.refresher.forget(o.id)
+	d.refresher.Forget(o.id)
 	return nil
 }
 
@@ -1156,7 +1158,7 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	}
 	d.capacity.Release(rec.Backend, rec.Pod.UID, rec.Size)
 	d.lanes.Held.Release(rec.VolumeID)
-	d.refresher.forget(rec.VolumeID)
+	d.refresher.Forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
 }

@@ -148,9 +148,9 @@ func TestLifecycleDoc(t *testing.T) {
 // lifecycleEntries are the only calls into lifecycle.go from the package's
 // other files: the event sources, each calling its event's function.
 var lifecycleEntries = map[string][]string{
-	"request.go Publish":  {"nodePublishVolume"},
-	"gc.go remove":        {"collectOrphan"},
-	"refresh.go schedule": {"refreshVolume"},
+	"request.go Publish": {"nodePublishVolume"},
+	"gc.go remove":       {"collectOrphan"},
+	"engine.go New":      {"refreshVolume"}, // the refresh Scheduler's timers fire it
 }
 
 // TestLifecycleEntries checks that nothing the lifecycle calls calls back
