@@ -194,7 +194,15 @@ func (c *client) get(ctx context.Context, query url.Values, out any, path ...str
 		}
 		return se
 	}
-	return json.Unmarshal(body, out)
+	if err := json.Unmarshal(body, out); err != nil {
+		if ctx.Err() != nil {
+			// An answer cut short by the timeout: say so, not what the
+			// cut left unparsable.
+			return ctx.Err()
+		}
+		return fmt.Errorf("reading the answer: %w", err)
+	}
+	return nil
 }
 
 type statusError struct {
