@@ -3,6 +3,7 @@ package framework
 import (
 	"testing"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 )
 
@@ -19,5 +20,12 @@ func TestEventNames(t *testing.T) {
 		if ours != engine {
 			t.Errorf("framework says %q, the engine posts %q", ours, engine)
 		}
+	}
+}
+
+// The options' "no content capacity" is the lanes' (engineConfig passes it on).
+func TestNoContentCapacity(t *testing.T) {
+	if NoContentCapacity != lanes.NoContentCapacity {
+		t.Errorf("framework.NoContentCapacity %d, lanes.NoContentCapacity %d", NoContentCapacity, lanes.NoContentCapacity)
 	}
 }

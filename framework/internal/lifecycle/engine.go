@@ -63,13 +63,10 @@ type VolumeConfig struct {
 	Authorizer           Authorizer // nil: none
 	ContentTimeout       time.Duration
 	ContentBytesInFlight int64
-	ContentCapacity      int64 // NoContentCapacity: no bound
+	ContentCapacity      int64 // lanes.NoContentCapacity: no bound
 	RefreshInterval      time.Duration
 	RefreshConcurrency   int
 }
-
-// NoContentCapacity is framework.NoContentCapacity.
-const NoContentCapacity = -1
 
 // GCConfig is Options.GC.
 type GCConfig struct {
