@@ -75,7 +75,7 @@ func (d *Engine) unrecordedMounts(ctx context.Context, known map[string]bool) ([
 		}
 		for _, name := range backendNames(d.cfg.Backends) {
 			v := &api.Volume{ID: id, Name: pt.VolumeName, TargetPath: t, Backend: name, Pod: rec.Pod}
-			src, found, err := d.findStorage(ctx, d.cfg.Backends[name], v)
+			src, found, err := d.storage.Find(ctx, d.cfg.Backends[name], v)
 			if err != nil || !found {
 				continue
 			}
@@ -123,14 +123,14 @@ func (d *Engine) unrecordedStorage(ctx context.Context, name string, b Backend, 
 	if lister == nil {
 		return inv
 	}
-	ids, err := d.listStorage(ctx, name, lister)
+	ids, err := d.storage.List(ctx, name, lister)
 	if err != nil {
 		log.Error(err, "Listing backend inventory")
 		d.metrics.Reconciled(metrics.ReconcileFailed)
 		inv.failed = []error{err}
 		return inv
 	}
-	storeID := d.storeID()
+	storeID := d.storage.StoreID()
 	stamper := b.Stamper()
 	isStamper := stamper != nil
 	proven := false
@@ -180,7 +180,7 @@ func (d *Engine) stampArea(ctx context.Context, inv *inventory) {
 	}
 	log := d.cfg.Observability.Logger.WithName("reconcile").WithValues(logkeys.Backend, inv.name)
 	stamper := inv.b.Stamper()
-	storeID := d.storeID()
+	storeID := d.storage.StoreID()
 	if err := stamper.SetStamp(ctx, storeID); err != nil {
 		log.Error(err, "Stamping the storage area with the state store's identity; storage without a record stays protected")
 	} else {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 )
 
 // Backend is a volume backend as the lifecycle uses it. The framework's
@@ -36,12 +37,8 @@ type Backend interface {
 // The optional interfaces, with the method sets of framework's (which
 // document them).
 type (
-	Lister interface {
-		List(ctx context.Context) (volumeIDs []string, err error)
-	}
-	Finder interface {
-		Find(ctx context.Context, v *api.Volume) (api.Source, error)
-	}
+	Lister  = storage.Lister
+	Finder  = storage.Finder
 	Planner interface {
 		// Plan says whether Create will only mount (framework.Plan.MountOnly).
 		Plan(ctx context.Context, v *api.Volume) (mountOnly bool, err error)

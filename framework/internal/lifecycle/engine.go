@@ -16,6 +16,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
+	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -94,7 +95,8 @@ type Engine struct {
 	running *atomic.Bool
 	metrics *metrics.Metrics
 
-	lanes      *lanes.Lanes // the volume locks and the bulkheads (internal/lanes, lanes.go)
+	storage    *storage.Storage // the backends' calls and the records (internal/storage)
+	lanes      *lanes.Lanes     // the volume locks and the bulkheads (internal/lanes, lanes.go)
 	capacity   *capacity.Capacity
 	refresher  *refresh.Scheduler
 	provisions *provisionState // long provisioning (provisioning.go)
@@ -112,6 +114,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		running:  running,
 		capacity: capacity.New(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).WithWords(w),
 		stats:    stats.NewCache(cfg.Limits.StatsWalk),
+		storage:  storage.New(cfg.Node.KubeletRootDir, isWindows, mounter),
 	}
 	d.refresher = refresh.New(d.refreshVolume)
 	d.provisions = newProvisions(&cfg)
@@ -126,6 +129,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 // usage, so they are made after it). Before Run.
 func (d *Engine) SetMetrics(m *metrics.Metrics) {
 	d.metrics = m
+	d.storage.SetMetrics(m)
 	d.stats.Observe = func(b stats.Bound) { m.StatsWalked(b.Names()...) }
 }
 
@@ -134,6 +138,7 @@ func (d *Engine) SetMetrics(m *metrics.Metrics) {
 func (d *Engine) SetStore(st store.Store) store.Store {
 	prev := d.store
 	d.store = st
+	d.storage.SetStore(st)
 	return prev
 }
 

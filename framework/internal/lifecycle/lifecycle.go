@@ -18,6 +18,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
+	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -31,9 +32,10 @@ import (
 // step of every transition is in this file; it calls down into its
 // collaborators at named points and nothing it calls calls back into it:
 //
-//   - the store: d.store, putRecord, deleteRecord (storage.go);
-//   - the backend: createStorage, deleteStorage, findStorage,
-//     refuseIfMounted (storage.go), through Backend (backend.go);
+//   - the store: d.store, and d.storage's PutRecord, DeleteRecord
+//     (internal/storage);
+//   - the backend: d.storage's Create, Delete, Find, RefuseIfMounted
+//     (internal/storage), through Backend (backend.go);
 //   - the mounter: d.mounter;
 //   - capacity: d.capacity (internal/capacity), the content capacity
 //     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
@@ -386,7 +388,7 @@ func (d *Engine) targetCase(ctx context.Context, o *op) (cond, error) {
 	if mt == nil {
 		return whenTargetFree, nil // unmounted meanwhile
 	}
-	src, found, err := d.findStorage(ctx, o.pr.backend, v)
+	src, found, err := d.storage.Find(ctx, o.pr.backend, v)
 	if err != nil {
 		return "", errkind.Transient(err)
 	}
@@ -636,7 +638,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	}
 	var intent, relax bool
 	if p := pr.backend.Planner(); p == nil {
-		intent, relax = needsIntent(pr.backend), relaxed(pr.backend)
+		intent, relax = storage.NeedsIntent(pr.backend), storage.Relaxed(pr.backend)
 	} else {
 		// What Create will do is decided once, here, and recorded in
 		// v.State: the intent record and the decisions below follow it, not
@@ -698,7 +700,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
-	if err := d.putRecordRelaxed(ctx, relax, rec); err != nil {
+	if err := d.storage.PutRecordRelaxed(ctx, relax, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
@@ -874,7 +876,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 		return errkind.Transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
 	}
 	full.State = pr.vol.State
-	if err := d.putRecord(ctx, pr.backend, full); err != nil {
+	if err := d.storage.PutRecord(ctx, pr.backend, full); err != nil {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.Complete(rec, full)
@@ -996,9 +998,9 @@ func (d *Engine) saveRebuilt(ctx context.Context, rec *store.Record) error {
 // proves a leftover of this store, unless it is mounted anywhere.
 func (d *Engine) deleteLeftover(ctx context.Context, o *op) error {
 	v := volume.Orphan(o.rec.VolumeID, o.rec.Backend)
-	err := d.refuseIfMounted(ctx, o.b, v, nil)
+	err := d.storage.RefuseIfMounted(ctx, o.b, v, nil)
 	if err == nil {
-		err = d.deleteStorage(ctx, o.b, v)
+		err = d.storage.Delete(ctx, o.b, v)
 	}
 	if err != nil {
 		o.log.Error(err, "Deleting storage without a record")
@@ -1058,7 +1060,7 @@ func (d *Engine) forgetRefresh(_ context.Context, o *op) error {
 func (d *Engine) remount(ctx context.Context, pr *publishRequest, state map[string]string) (api.Source, error) {
 	v := pr.vol
 	v.State = state
-	src, err := d.createStorage(ctx, pr.backend, v)
+	src, err := d.storage.Create(ctx, pr.backend, v)
 	if err != nil {
 		return api.Source{}, fmt.Errorf("backend %s: creating storage: %w", v.Backend, err)
 	}
@@ -1143,17 +1145,17 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	}
 	if b, ok := d.cfg.Backends[rec.Backend]; ok {
 		v := d.fromRecord(rec)
-		if err := d.refuseIfMounted(ctx, b, v, rec.Source); err != nil {
+		if err := d.storage.RefuseIfMounted(ctx, b, v, rec.Source); err != nil {
 			return err
 		}
-		if err := d.deleteStorage(ctx, b, v); err != nil {
+		if err := d.storage.Delete(ctx, b, v); err != nil {
 			return fmt.Errorf("backend %s: deleting storage: %w", rec.Backend, err)
 		}
 	} else if rec.Backend != "" {
 		return fmt.Errorf("volume uses backend %q, which this driver no longer has; re-enable it to clean up", rec.Backend)
 	}
 	failpoint.Hit(failpoint.UnpublishAfterDelete)
-	if err := d.deleteRecord(ctx, d.cfg.Backends[rec.Backend], rec.VolumeID); err != nil {
+	if err := d.storage.DeleteRecord(ctx, d.cfg.Backends[rec.Backend], rec.VolumeID); err != nil {
 		return errkind.Transient(fmt.Errorf("deleting volume record: %w", err))
 	}
 	d.capacity.Release(rec.Backend, rec.Pod.UID, rec.Size)

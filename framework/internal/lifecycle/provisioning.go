@@ -94,7 +94,7 @@ func (d *Engine) provisionWait() time.Duration { return d.cfg.Limits.OperationTi
 // isStillProvisioning.
 func (d *Engine) createOrProvision(ctx context.Context, pr *publishRequest, v *api.Volume) (api.Source, error) {
 	if !longProvisioning(pr.backend) {
-		return d.createStorage(ctx, pr.backend, v)
+		return d.storage.Create(ctx, pr.backend, v)
 	}
 	b, cv := pr.backend, *v
 	cv.State = maps.Clone(v.State) // the background Create's own
@@ -111,7 +111,7 @@ func (d *Engine) createOrProvision(ctx context.Context, pr *publishRequest, v *a
 		},
 		OnDone: func(error) { d.metrics.Provisioning(backend, -1) },
 	}, func(ctx context.Context) (provisioned, error) {
-		src, err := d.createStorage(ctx, b, &cv)
+		src, err := d.storage.Create(ctx, b, &cv)
 		return provisioned{src: src, state: cv.State}, err
 	})
 	if err != nil {
