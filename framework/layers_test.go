@@ -24,7 +24,6 @@ var layers = map[string]int{
 	"framework/internal/exepages":          0,
 	"framework/internal/logkeys":           0,
 	"framework/internal/metrics":           0,
-	"framework/internal/provision":         0,
 	"framework/internal/unixsock":          0,
 	"framework/internal/winpath":           0,
 	"framework/internal/words":             0,
@@ -48,11 +47,12 @@ var layers = map[string]int{
 	"drivers/vhdx":                         5,
 	"drivers/scratch/internal/volumetable": 5,
 	// The lifecycle's collaborators that are packages of their own.
-	"framework/internal/capacity": 6,
-	"framework/internal/lanes":    6,
-	"framework/internal/volstats": 6,
-	"framework/internal/refresh":  6,
-	"framework/internal/storage":  6,
+	"framework/internal/capacity":  6,
+	"framework/internal/lanes":     6,
+	"framework/internal/volstats":  6,
+	"framework/internal/refresh":   6,
+	"framework/internal/storage":   6,
+	"framework/internal/provision": 6,
 	// The request side and the volume side of the driver: one layer, so
 	// that neither can import the other; package framework joins them.
 	"framework/internal/csiserver": 7,

@@ -14,6 +14,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/capacity"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/provision"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
@@ -99,7 +100,7 @@ type Engine struct {
 	lanes      *lanes.Lanes     // the volume locks and the bulkheads (internal/lanes, lanes.go)
 	capacity   *capacity.Capacity
 	refresher  *refresh.Scheduler
-	provisions *provisionState // long provisioning (provisioning.go)
+	provisions *provision.Provisions // long provisioning (internal/provision, provisioning.go)
 	orphans    orphans
 	stats      *stats.Cache // walks of directory volumes (internal/stats)
 }
@@ -117,7 +118,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		storage:  storage.New(cfg.Node.KubeletRootDir, isWindows, mounter),
 	}
 	d.refresher = refresh.New(d.refreshVolume)
-	d.provisions = newProvisions(&cfg)
+	d.provisions = newProvisions(d, &cfg)
 	var err error
 	if d.lanes, err = lanes.New(laneOptions(&cfg)); err != nil {
 		return nil, err
@@ -130,6 +131,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 func (d *Engine) SetMetrics(m *metrics.Metrics) {
 	d.metrics = m
 	d.storage.SetMetrics(m)
+	d.provisions.SetMetrics(m)
 	d.stats.Observe = func(b stats.Bound) { m.StatsWalked(b.Names()...) }
 }
 

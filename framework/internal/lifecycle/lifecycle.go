@@ -17,6 +17,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
+	"github.com/ephemera-csi/ephemera/framework/internal/provision"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
@@ -433,7 +434,7 @@ func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		}
 	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		when = whenChanged
-	case d.provisioningNow(rec.VolumeID): // long provisioning (provisioning.go)
+	case d.provisions.Running(rec.VolumeID): // long provisioning (provisioning.go)
 		when = whenProvisioning
 	case from == statePublished:
 		isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath)
@@ -518,7 +519,7 @@ func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 //     versions) belongs to an operation cut short; the kubelet never got OK
 //     for a publish in that state, and an unpublish is idempotent, so both are
 //     rolled back completely (storage still mounted anywhere is not deleted:
-//     see refuseIfMounted);
+//     see Storage.RefuseIfMounted);
 //   - a Published record is kept whether or not its target is mounted: a
 //     republish repairs it, NodeUnpublish or the orphan GC removes it;
 //   - a volume of this driver published at its target without a record (the
@@ -626,7 +627,7 @@ func (d *Engine) refreshVolume(ctx context.Context, id string) {
 // The actions of the table follow, event by event.
 
 // createVolume is the first publish of a volume: the backend's plan (a
-// Planner), durable intent (when the backend needs one: needsIntent, or the
+// Planner), durable intent (when the backend needs one: storage.NeedsIntent, or the
 // plan), backend, target, mount, content, durable completion. On failure
 // everything is rolled back.
 func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
@@ -653,7 +654,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		relax = mountOnly && finds
 		intent = !relax
 	}
-	if longProvisioning(pr.backend) { // long provisioning: a restart mid-way rolls back (provisioning.go)
+	if pr.backend.LongProvisioning() { // long provisioning: a restart mid-way rolls back (provisioning.go)
 		intent, relax = true, false
 	}
 	rec := newRecord(pr, store.PhasePublishing)
@@ -667,7 +668,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 	failpoint.Hit(failpoint.PublishBeforeCreate)
 
 	defer func() {
-		if err == nil || isStillProvisioning(err) { // long provisioning: goes on (provisioning.go)
+		if err == nil || provision.IsStillProvisioning(err) { // long provisioning: goes on (provisioning.go)
 			return
 		}
 		// Roll back with a fresh context: the request's may be what failed.
@@ -811,8 +812,8 @@ func (d *Engine) finishInterrupted(ctx context.Context, o *op) error {
 func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 	pr, rec, v := o.pr, o.rec, o.pr.vol
 	v.State = rec.State
-	src, err := d.awaitProvisioned(ctx, v)
-	if isStillProvisioning(err) {
+	src, err := d.provisions.Attach(ctx, v)
+	if provision.IsStillProvisioning(err) {
 		return err
 	}
 	defer func() {
@@ -849,7 +850,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 
 // completeMounted and completeUnmounted answer the first publish of a volume
 // whose record the reconcile rebuilt from the node: after a lost state file,
-// after a crash during a first publish that wrote no intent (needsIntent), or
+// after a crash during a first publish that wrote no intent (storage.NeedsIntent), or
 // storage kept as unclaimed. Nothing tells whether the publish that mounted
 // it finished, so it is finished now: a volume mounted at its target runs the
 // steps after the mount again (finishMounted), one that is not is mounted
@@ -1137,7 +1138,7 @@ func (d *Engine) unpublishTarget(target string) error {
 // target directory, backend storage, record. Every step is OK when already done,
 // so it serves rollback, unpublish, reconcile, the GC and retries alike.
 func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
-	if err := d.stopProvision(ctx, rec); err != nil { // long provisioning: cancel, wait (provisioning.go)
+	if err := d.provisions.Stop(ctx, rec); err != nil { // long provisioning: cancel, wait (provisioning.go)
 		return err
 	}
 	if err := d.unpublishTarget(rec.TargetPath); err != nil {
