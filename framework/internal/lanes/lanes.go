@@ -20,12 +20,6 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 )
 
-// Package lanes holds the node's bulkheads (DESIGN 4f) as a collaborator of
-// the lifecycle below it: the volume locks, the publish and teardown lanes by
-// backend, the content budget and the refreshes by content provider, and the
-// content capacity held in memory (Held). Its core types are Lanes, Budget and
-// Held; package lifecycle sizes them (Options) and names the parties.
-//
 // Lanes are the node's bulkheads (DESIGN 4f): every node-wide resource that one
 // party can exhaust is partitioned by that party, so that a backend or plugin
 // that is up but never answers can hold only its own share.
@@ -57,6 +51,8 @@ type Lanes struct {
 	Content   *Budget
 	Refresh   *admission.Pool
 	Held      *Held
+
+	maxInFlight, reservedPerBackend int // Options', for the refusals' words
 }
 
 // NoRecord is the teardown party of an unpublish that finds no record.
@@ -64,7 +60,7 @@ const NoRecord = ""
 
 // New builds the lanes of validated options.
 func New(o Options) (*Lanes, error) {
-	l := &Lanes{}
+	l := &Lanes{maxInFlight: o.MaxInFlight, reservedPerBackend: o.InFlightReservedPerBackend}
 	names := o.Backends
 	per, reserved := int64(o.MaxInFlightPerBackend), int64(o.InFlightReservedPerBackend)
 	shares := make(map[string]admission.Share, len(names))

@@ -1,13 +1,9 @@
 package lifecycle
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
-	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/internal/admission"
-	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 )
@@ -60,60 +56,6 @@ func (d *Engine) contentParty(backend string) string {
 		return backend
 	}
 	return contentOption
-}
-
-// beginPublish admits a publish of v: its backend's share of the publish lane
-// (ResourceExhausted at once when taken), then the volume's lock (Aborted).
-// The returned func releases both.
-func (d *Engine) beginPublish(v *api.Volume) (func(), error) {
-	g, err := d.lanes.Publishes.TryAcquire(v.Backend, 1)
-	if err != nil {
-		return nil, d.laneRefused("publishes", v.Backend, err)
-	}
-	if !d.lanes.Locks.TryAcquire(v.ID) {
-		g.Release()
-		return nil, errkind.Errorf(api.ErrBusy, "an operation for volume %s is already in progress", v.ID)
-	}
-	return func() {
-		d.lanes.Locks.Release(v.ID)
-		g.Release()
-	}, nil
-}
-
-// lockVolume takes id's lock (Aborted when another operation holds it).
-func (d *Engine) lockVolume(id string) (func(), error) {
-	if !d.lanes.Locks.TryAcquire(id) {
-		return nil, errkind.Errorf(api.ErrBusy, "an operation for volume %s is already in progress", id)
-	}
-	return func() { d.lanes.Locks.Release(id) }, nil
-}
-
-// beginTeardown admits a teardown of a volume of backend (lanes.NoRecord: the
-// volume has no record) in the teardown lane, at once or not at all.
-func (d *Engine) beginTeardown(backend string) (func(), error) {
-	g, err := d.lanes.Teardowns.TryAcquire(backend, 1)
-	if err != nil {
-		return nil, d.laneRefused("unpublishes", backend, err)
-	}
-	return g.Release, nil
-}
-
-// laneRefused is the ResourceExhausted of a lane that refused backend.
-func (d *Engine) laneRefused(what, backend string, err error) error {
-	var r *admission.Refusal
-	if !errors.As(err, &r) {
-		return errkind.Errorf(errkind.ErrInternal, "admitting the volume operation: %v", err)
-	}
-	name := "backend " + backend
-	if backend == lanes.NoRecord {
-		name = "volumes without a record"
-	}
-	if r.Held >= r.Max {
-		return errkind.Errorf(api.ErrResourceExhausted, "%d %s of %s are already in flight on this node, its share (--max-in-flight-per-backend %d); the kubelet retries",
-			r.Held, what, name, r.Max)
-	}
-	return errkind.Errorf(api.ErrResourceExhausted, "%s has %d %s in flight and the node's other slots are taken by other backends (--max-in-flight %d, %d reserved per backend: --in-flight-reserved-per-backend); the kubelet retries",
-		name, r.Held, what, d.cfg.Limits.MaxInFlight, d.cfg.Limits.InFlightReservedPerBackend)
 }
 
 // CheckContentShares validates that the content budget holds one answer of

@@ -318,7 +318,7 @@ func hasState(states []volState, s volState) bool {
 // lock and its record, then the publish event (no record) or the republish
 // event.
 func (d *Engine) nodePublishVolume(ctx context.Context, pr *publishRequest) error {
-	release, err := d.beginPublish(pr.vol)
+	release, err := d.lanes.BeginPublish(pr.vol.Backend, pr.vol.ID)
 	if err != nil {
 		return err
 	}
@@ -468,7 +468,7 @@ func (d *Engine) Unpublish(ctx context.Context, id, target string) error {
 }
 
 func (d *Engine) nodeUnpublishVolume(ctx context.Context, id, target string) error {
-	release, err := d.lockVolume(id)
+	release, err := d.lanes.LockVolume(id)
 	if err != nil {
 		return err
 	}
@@ -493,7 +493,7 @@ func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 	if rec != nil {
 		party = rec.Backend
 	}
-	done, err := d.beginTeardown(party)
+	done, err := d.lanes.BeginTeardown(party)
 	if err != nil {
 		return err
 	}
