@@ -1,5 +1,3 @@
-// Package logkeys holds the structured-logging keys used across Ephemera, in the
-// lowerCamelCase style of the Kubernetes structured logging guide.
 package logkeys
 
 const (
