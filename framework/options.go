@@ -705,7 +705,7 @@ func (o *Options) validate() error {
 	if o.Limits.ProvisionTimeout < o.Limits.OperationTimeout || o.Limits.ProvisionTimeout > maxProvisionTimeout {
 		errs = append(errs, fmt.Errorf("Limits.ProvisionTimeout %s must be between Limits.OperationTimeout %s and %s", o.Limits.ProvisionTimeout, o.Limits.OperationTimeout, maxProvisionTimeout))
 	}
-	if err := o.Limits.StatsWalk.validate(); err != nil {
+	if err := stats.Limits(o.Limits.StatsWalk).Check(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := validateMetricsAddress(o.Observability.MetricsAddress); err != nil {
