@@ -1,15 +1,13 @@
 package framework
 
 import (
-	"fmt"
-	"net"
 	"net/http"
-	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 )
@@ -46,7 +44,7 @@ func (d *Driver) initObservability() {
 	d.metrics = metrics.New(cfg)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metrics.Handler())
-	sock, _ := socketPath(d.opts.Node.Endpoint) // validated by New
+	sock, _ := daemon.SocketPath(d.opts.Node.Endpoint) // validated by New
 	d.health = &httpserver.Health{
 		Serving:  d.ready.Load,
 		Healthy:  d.healthy,
@@ -99,18 +97,3 @@ func (d *Driver) MetricsAddr() string { return d.daemon.MetricsAddr() }
 // MetricsRegistry is the driver's Prometheus registry. A driver may register
 // its own collectors there; they are served with the framework's metrics.
 func (d *Driver) MetricsRegistry() prometheus.Registerer { return d.metrics.Registry() }
-
-// validateMetricsAddress accepts "" and "host:port" with a numeric port.
-func validateMetricsAddress(addr string) error {
-	if addr == "" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil {
-		_, err = strconv.ParseUint(port, 10, 16)
-	}
-	if err != nil {
-		return fmt.Errorf("Observability.MetricsAddress %q must be host:port, e.g. \":9809\" or \"127.0.0.1:9809\"", addr)
-	}
-	return nil
-}
