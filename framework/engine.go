@@ -40,7 +40,7 @@ func (d *Driver) daemonConfig() daemon.Config {
 	cfg := d.opts.daemonConfig()
 	cfg.Observability.NoCSIDriverCheck = d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)")
 	if d.opts.Observability.CSIDrivers != nil {
-		cfg.Observability.CheckCSIDriver = d.checkCSIDriverObject
+		cfg.Observability.CheckCSIDriver = d.csiDriverCheck().Run
 	}
 	return cfg
 }

@@ -1,8 +1,10 @@
 package framework
 
 import (
+	"slices"
 	"testing"
 
+	"github.com/ephemera-csi/ephemera/framework/internal/csidriver"
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
@@ -47,5 +49,14 @@ func TestSpecialValues(t *testing.T) {
 		if c.ours != c.their {
 			t.Errorf("framework.%s is %v, the check knows %v", c.what, c.ours, c.their)
 		}
+	}
+}
+
+// The checks of the CSIDriver object the framework exports are the ones
+// its startup check exports as metric labels (internal/csidriver).
+func TestCSIDriverCheckNames(t *testing.T) {
+	ours := []string{CheckCSIDriverExists, CheckCSIDriverEphemeral, CheckCSIDriverPodInfoOnMount, CheckCSIDriverFSGroupPolicy, CheckCSIDriverAttachRequired}
+	if !slices.Equal(ours, csidriver.Checks) {
+		t.Errorf("framework's checks %q, internal/csidriver's %q", ours, csidriver.Checks)
 	}
 }
