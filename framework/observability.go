@@ -1,40 +1,27 @@
 package framework
 
 import (
+	"context"
 	"net/http"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 )
 
-// httpState is the driver's metrics and health endpoint.
-
 // initObservability creates the driver's metrics (in its own registry) and its
 // HTTP handler. Called once by New; starts nothing.
 func (d *Driver) initObservability() {
-	var methods []string
-	for _, sd := range []struct {
-		name    string
-		methods []string
-	}{
-		{csi.Identity_ServiceDesc.ServiceName, methodNames(csi.Identity_ServiceDesc.Methods)},
-		{csi.Node_ServiceDesc.ServiceName, methodNames(csi.Node_ServiceDesc.Methods)},
-	} {
-		for _, m := range sd.methods {
-			methods = append(methods, "/"+sd.name+"/"+m)
-		}
-	}
 	cfg := metrics.Config{
 		DriverName: d.opts.DriverName,
 		Version:    d.opts.Node.Version,
 		Backends:   backendNames(d.opts.Backends),
 		Capacity:   d.opts.Limits.Capacity,
-		Methods:    methods,
+		Methods:    csiserver.Methods(),
 		Usage:      d.engine.Usage,
 		Inflight:   d.engine.InFlight,
 	}
@@ -42,8 +29,6 @@ func (d *Driver) initObservability() {
 		cfg.ContentHeld, cfg.ContentCapacity = d.engine.HeldContent, d.opts.Volumes.ContentCapacity
 	}
 	d.metrics = metrics.New(cfg)
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.metrics.Handler())
 	sock, _ := daemon.SocketPath(d.opts.Node.Endpoint) // validated by New
 	d.health = &httpserver.Health{
 		Serving:  d.ready.Load,
@@ -51,20 +36,11 @@ func (d *Driver) initObservability() {
 		Socket:   sock,
 		Endpoint: d.opts.Node.Endpoint,
 	}
-	mux.HandleFunc("GET /healthz", d.health.ServeHealthz)
-	mux.HandleFunc("GET /readyz", d.health.ServeReadyz)
+	var volumes func(context.Context) (*api.VolumeList, error)
 	if d.opts.Observability.VolumesEndpoint == nil || *d.opts.Observability.VolumesEndpoint {
-		mux.HandleFunc("GET /volumes", d.serveVolumes)
+		volumes = d.volumeList
 	}
-	d.handler = mux
-}
-
-func methodNames(ms []grpc.MethodDesc) []string {
-	names := make([]string, 0, len(ms))
-	for _, m := range ms {
-		names = append(names, m.MethodName)
-	}
-	return names
+	d.handler = httpserver.Handler(d.metrics.Handler(), d.health, volumes)
 }
 
 // Handler serves the driver's metrics and health, for authors who run their
