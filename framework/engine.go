@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
@@ -121,6 +122,21 @@ func (o *Options) engineConfig() *lifecycle.Config {
 		cfg.Observability.Events = o.Observability.Events
 	}
 	return cfg
+}
+
+// parser reads the CSI requests by o (csiserver.Parser).
+func (o *Options) parser() *csiserver.Parser {
+	return &csiserver.Parser{
+		DriverName:     o.DriverName,
+		KubeletRootDir: o.Node.KubeletRootDir,
+		Windows:        isWindows,
+		Own:            csiserver.OwnAttributes(backendNames(o.Backends), o.Volumes.DefaultBackend),
+		Declared:       o.Volumes.AcceptedAttributes,
+		MaxVolumeSize:  o.Limits.MaxVolumeSize,
+		Validate: func(backend string, v *api.Volume) error {
+			return ValidateVolume(o.Backends[backend], v)
+		},
+	}
 }
 
 // backend is a driver author's Backend as the engine takes it
