@@ -12,6 +12,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
+	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
@@ -563,10 +564,10 @@ func (o *Options) setDefaults() {
 	o.Volumes.setDefaults(o.Backends)
 	o.Limits.setDefaults()
 	if o.Limits.MaxInFlightPerBackend == 0 {
-		o.Limits.MaxInFlightPerBackend = defaultPerBackend(o.Limits.MaxInFlight, len(o.Backends))
+		o.Limits.MaxInFlightPerBackend = lanes.DefaultPerBackend(o.Limits.MaxInFlight, len(o.Backends))
 	}
 	if o.Limits.InFlightReservedPerBackend == 0 {
-		o.Limits.InFlightReservedPerBackend = defaultReserved(o.Limits.MaxInFlight, len(o.Backends), o.Limits.MaxInFlightPerBackend)
+		o.Limits.InFlightReservedPerBackend = lanes.DefaultReserved(o.Limits.MaxInFlight, len(o.Backends), o.Limits.MaxInFlightPerBackend)
 	}
 	o.State.setDefaults()
 	o.GC.setDefaults()
@@ -602,23 +603,4 @@ func backendNames(m map[string]Backend) []string {
 	}
 	sort.Strings(names)
 	return names
-}
-
-// defaultPerBackend is LimitOptions.MaxInFlightPerBackend's default for a
-// node-wide maxInFlight: half of it, at least 8, at most all of it; all of
-// it for a driver of one backend.
-func defaultPerBackend(maxInFlight, backends int) int {
-	if backends == 1 {
-		return maxInFlight
-	}
-	return min(maxInFlight, max(8, maxInFlight/2))
-}
-
-// defaultReserved is LimitOptions.InFlightReservedPerBackend's default: 4, or
-// less where the backends' reserves would not fit maxInFlight.
-func defaultReserved(maxInFlight, backends, perBackend int) int {
-	if backends == 0 {
-		return 0
-	}
-	return max(0, min(4, maxInFlight/backends, perBackend))
 }
