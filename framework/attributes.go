@@ -1,9 +1,6 @@
 package framework
 
 import (
-	"fmt"
-	"slices"
-
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
 )
@@ -43,26 +40,4 @@ func ValidateVolume(b Backend, v *api.Volume) error {
 		return val.Validate(v)
 	}
 	return volume.CheckWithoutValidator(v)
-}
-
-// checkDeclarations reports a backend declaration that cannot work, and a
-// driver attribute a backend declares too.
-func checkDeclarations(driver api.Attributes, backends map[string]Backend) []error {
-	var errs []error
-	for _, name := range backendNames(backends) {
-		ad, ok := As[AttributeDeclarer](backends[name])
-		if !ok {
-			continue
-		}
-		attrs := ad.Attributes()
-		if err := attrs.Check(); err != nil {
-			errs = append(errs, fmt.Errorf("backend %q: Attributes: %w", name, err))
-		}
-		for _, k := range attrs.Keys() {
-			if slices.Contains(driver.Keys(), k) {
-				errs = append(errs, fmt.Errorf("option Attributes: attribute %q is backend %q's; declare another key", k, name))
-			}
-		}
-	}
-	return errs
 }

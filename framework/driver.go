@@ -94,27 +94,10 @@ func New(opts Options) (*Driver, error) {
 			NodeId:            opts.Node.ID,
 			MaxVolumesPerNode: opts.Limits.MaxVolumesPerNode,
 		},
-		Capabilities: &csi.NodeGetCapabilitiesResponse{Capabilities: nodeCapabilities()},
+		Capabilities: &csi.NodeGetCapabilitiesResponse{Capabilities: csiserver.NodeCapabilities()},
 	}
 	d.daemon = daemon.New(d.daemonConfig(), w, engine, d.csi, d.metrics, d.handler, &d.ready)
 	return d, nil
-}
-
-// nodeCapabilities lists what the driver really implements. Ephemeral inline
-// volumes are never staged or expanded.
-func nodeCapabilities() []*csi.NodeServiceCapability {
-	var caps []*csi.NodeServiceCapability
-	for _, c := range []csi.NodeServiceCapability_RPC_Type{
-		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
-		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
-		volstats.LegacyVolumeCondition,
-		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
-	} {
-		caps = append(caps, &csi.NodeServiceCapability{
-			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
-		})
-	}
-	return caps
 }
 
 // Options returns the options after defaults were applied.

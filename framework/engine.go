@@ -4,15 +4,16 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 )
 
-// daemonConfig is what Run's components (internal/daemon) take of d's options.
-func (d *Driver) daemonConfig() daemon.Config {
-	o := &d.opts
-	sock, _ := socketPath(o.Node.Endpoint) // validated by New
+// daemonConfig is what Run's components (internal/daemon) take of o, but
+// for the CSIDriver check, which is the Driver's (Driver.daemonConfig).
+func (o *Options) daemonConfig() daemon.Config {
+	sock, _ := daemon.SocketPath(o.Node.Endpoint) // checked by daemon.Config.Check
 	cfg := daemon.Config{
 		DriverName: o.DriverName,
 		Node: daemon.NodeConfig{
@@ -25,20 +26,47 @@ func (d *Driver) daemonConfig() daemon.Config {
 			MemoryLimit: o.Limits.MemoryLimit, MemoryNeeded: o.memoryNeeded(), HeldCapacity: o.heldCapacity(),
 			GoMemoryLimit: GoMemoryLimit(o.Limits.MemoryLimit - o.heldCapacity()), KeepBinaryPages: o.Limits.KeepBinaryPages,
 		},
-		GC: daemon.GCConfig{Interval: o.GC.Interval},
-		Observability: daemon.ObservabilityConfig{
-			Logger:           o.Observability.Logger,
-			MetricsAddress:   o.Observability.MetricsAddress,
-			NoCSIDriverCheck: d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)"),
-		},
-	}
-	if o.Observability.CSIDrivers != nil {
-		cfg.Observability.CheckCSIDriver = d.checkCSIDriverObject
+		GC:            daemon.GCConfig{Interval: o.GC.Interval},
+		Observability: daemon.ObservabilityConfig{Logger: o.Observability.Logger, MetricsAddress: o.Observability.MetricsAddress},
 	}
 	for _, r := range o.Runnables {
 		cfg.Runnables = append(cfg.Runnables, r)
 	}
 	return cfg
+}
+
+// daemonConfig is what Run's components take of d: its options' and the
+// startup check of the CSIDriver object.
+func (d *Driver) daemonConfig() daemon.Config {
+	cfg := d.opts.daemonConfig()
+	cfg.Observability.NoCSIDriverCheck = d.words.Say("Not checking the CSIDriver object: no API access (Options.Observability.CSIDrivers not set)")
+	if d.opts.Observability.CSIDrivers != nil {
+		cfg.Observability.CheckCSIDriver = d.csiDriverCheck().Run
+	}
+	return cfg
+}
+
+// memoryNeeded is MemoryNeeded of o after defaults: without a content
+// provider, no content is in flight or held; on Windows none is held.
+func (o *Options) memoryNeeded() int64 {
+	switch {
+	case len(lifecycle.ContentProviders(o.engineConfig())) == 0:
+		return MemoryNeeded(0, 0, o.Limits.StatsWalk.MaxConcurrent)
+	case o.Volumes.ContentCapacity == NoContentCapacity && !isWindows:
+		return -1
+	}
+	return MemoryNeeded(o.Volumes.ContentBytesInFlight, o.heldCapacity(), o.Limits.StatsWalk.MaxConcurrent)
+}
+
+// heldCapacity is the content capacity Go's memory limit leaves out: none
+// without a content provider, on Windows (no volume is memory-backed), or
+// without a bound (NoContentCapacity: then MemoryNeeded says no limit holds
+// the plan, and Go's limit leaves nothing out).
+func (o *Options) heldCapacity() int64 {
+	if len(lifecycle.ContentProviders(o.engineConfig())) == 0 || isWindows {
+		return 0
+	}
+	return max(o.Volumes.ContentCapacity, 0)
 }
 
 // engineConfig is what the lifecycle engine (internal/lifecycle) takes of o.
@@ -94,6 +122,21 @@ func (o *Options) engineConfig() *lifecycle.Config {
 		cfg.Observability.Events = o.Observability.Events
 	}
 	return cfg
+}
+
+// parser reads the CSI requests by o (csiserver.Parser).
+func (o *Options) parser() *csiserver.Parser {
+	return &csiserver.Parser{
+		DriverName:     o.DriverName,
+		KubeletRootDir: o.Node.KubeletRootDir,
+		Windows:        isWindows,
+		Own:            csiserver.OwnAttributes(backendNames(o.Backends), o.Volumes.DefaultBackend),
+		Declared:       o.Volumes.AcceptedAttributes,
+		MaxVolumeSize:  o.Limits.MaxVolumeSize,
+		Validate: func(backend string, v *api.Volume) error {
+			return ValidateVolume(o.Backends[backend], v)
+		},
+	}
 }
 
 // backend is a driver author's Backend as the engine takes it

@@ -33,6 +33,7 @@ var layers = map[string]int{
 	"framework/events":                     2,
 	"framework/kube":                       2,
 	"framework/registration":               2,
+	"framework/internal/csidriver":         2,
 	"framework/internal/httpserver":        2,
 	"framework/internal/stats":             2,
 	"framework/store/boltstore":            3,

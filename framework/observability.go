@@ -1,42 +1,27 @@
 package framework
 
 import (
-	"fmt"
-	"net"
+	"context"
 	"net/http"
-	"strconv"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 
+	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
 	"github.com/ephemera-csi/ephemera/framework/internal/httpserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 )
 
-// httpState is the driver's metrics and health endpoint.
-
 // initObservability creates the driver's metrics (in its own registry) and its
 // HTTP handler. Called once by New; starts nothing.
 func (d *Driver) initObservability() {
-	var methods []string
-	for _, sd := range []struct {
-		name    string
-		methods []string
-	}{
-		{csi.Identity_ServiceDesc.ServiceName, methodNames(csi.Identity_ServiceDesc.Methods)},
-		{csi.Node_ServiceDesc.ServiceName, methodNames(csi.Node_ServiceDesc.Methods)},
-	} {
-		for _, m := range sd.methods {
-			methods = append(methods, "/"+sd.name+"/"+m)
-		}
-	}
 	cfg := metrics.Config{
 		DriverName: d.opts.DriverName,
 		Version:    d.opts.Node.Version,
 		Backends:   backendNames(d.opts.Backends),
 		Capacity:   d.opts.Limits.Capacity,
-		Methods:    methods,
+		Methods:    csiserver.Methods(),
 		Usage:      d.engine.Usage,
 		Inflight:   d.engine.InFlight,
 	}
@@ -44,29 +29,18 @@ func (d *Driver) initObservability() {
 		cfg.ContentHeld, cfg.ContentCapacity = d.engine.HeldContent, d.opts.Volumes.ContentCapacity
 	}
 	d.metrics = metrics.New(cfg)
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.metrics.Handler())
-	sock, _ := socketPath(d.opts.Node.Endpoint) // validated by New
+	sock, _ := daemon.SocketPath(d.opts.Node.Endpoint) // validated by New
 	d.health = &httpserver.Health{
 		Serving:  d.ready.Load,
 		Healthy:  d.healthy,
 		Socket:   sock,
 		Endpoint: d.opts.Node.Endpoint,
 	}
-	mux.HandleFunc("GET /healthz", d.health.ServeHealthz)
-	mux.HandleFunc("GET /readyz", d.health.ServeReadyz)
+	var volumes func(context.Context) (*api.VolumeList, error)
 	if d.opts.Observability.VolumesEndpoint == nil || *d.opts.Observability.VolumesEndpoint {
-		mux.HandleFunc("GET /volumes", d.serveVolumes)
+		volumes = d.volumeList
 	}
-	d.handler = mux
-}
-
-func methodNames(ms []grpc.MethodDesc) []string {
-	names := make([]string, 0, len(ms))
-	for _, m := range ms {
-		names = append(names, m.MethodName)
-	}
-	return names
+	d.handler = httpserver.Handler(d.metrics.Handler(), d.health, volumes)
 }
 
 // Handler serves the driver's metrics and health, for authors who run their
@@ -99,18 +73,3 @@ func (d *Driver) MetricsAddr() string { return d.daemon.MetricsAddr() }
 // MetricsRegistry is the driver's Prometheus registry. A driver may register
 // its own collectors there; they are served with the framework's metrics.
 func (d *Driver) MetricsRegistry() prometheus.Registerer { return d.metrics.Registry() }
-
-// validateMetricsAddress accepts "" and "host:port" with a numeric port.
-func validateMetricsAddress(addr string) error {
-	if addr == "" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil {
-		_, err = strconv.ParseUint(port, 10, 16)
-	}
-	if err != nil {
-		return fmt.Errorf("Observability.MetricsAddress %q must be host:port, e.g. \":9809\" or \"127.0.0.1:9809\"", addr)
-	}
-	return nil
-}

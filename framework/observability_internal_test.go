@@ -69,11 +69,3 @@ func TestObserveRPCAllocs(t *testing.T) {
 		t.Errorf("csi_plugin_operations_seconds: %q", lines)
 	}
 }
-
-func TestValidateMetricsAddress(t *testing.T) {
-	for addr, ok := range map[string]bool{"": true, ":9809": true, "127.0.0.1:0": true, "[::1]:9809": true, "9809": false, ":http": false, "host:99999": false} {
-		if err := validateMetricsAddress(addr); (err == nil) != ok {
-			t.Errorf("validateMetricsAddress(%q) = %v", addr, err)
-		}
-	}
-}

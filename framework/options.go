@@ -3,21 +3,17 @@ package framework
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"math"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
+	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
+	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
+	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
-	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -361,7 +357,6 @@ const (
 	defaultMaxVolumesPerPod = 16
 	defaultOperationTimeout = 90 * time.Second
 	defaultProvisionTimeout = 10 * time.Minute
-	maxProvisionTimeout     = time.Hour
 )
 
 // GoMemoryLimit is the Go runtime's soft memory limit Run sets for a
@@ -371,12 +366,8 @@ const (
 // VolumeOptions.ContentCapacity: the content in memory-backed volumes is
 // charged to the container, not to Go's heap.
 func GoMemoryLimit(containerLimit int64) int64 {
-	return min(containerLimit-containerLimit/4, containerLimit-goReserve)
+	return daemon.GoMemoryLimit(containerLimit)
 }
-
-// goReserve is what GoMemoryLimit leaves at least: the binary's pages,
-// state.db's, what Go does not allocate.
-const goReserve = 32 << 20
 
 // MemoryNeeded is the least container memory limit that holds the driver's
 // memory plan (docs/operations.md, "The memory plan"): Go's soft limit
@@ -390,30 +381,7 @@ func MemoryNeeded(contentBytesInFlight, contentCapacity int64, statsWalks int) i
 		return -1
 	}
 	goNeeds := 3*contentBytesInFlight + int64(statsWalks)*stats.WalkMemory
-	return contentCapacity + max((goNeeds*4+2)/3, goNeeds+goReserve)
-}
-
-// memoryNeeded is MemoryNeeded of o after defaults: without a content
-// provider, no content is in flight or held; on Windows none is held.
-func (o *Options) memoryNeeded() int64 {
-	switch {
-	case len(lifecycle.ContentProviders(o.engineConfig())) == 0:
-		return MemoryNeeded(0, 0, o.Limits.StatsWalk.MaxConcurrent)
-	case o.Volumes.ContentCapacity == NoContentCapacity && !isWindows:
-		return -1
-	}
-	return MemoryNeeded(o.Volumes.ContentBytesInFlight, o.heldCapacity(), o.Limits.StatsWalk.MaxConcurrent)
-}
-
-// heldCapacity is the content capacity Go's memory limit leaves out: none
-// without a content provider, on Windows (no volume is memory-backed), or
-// without a bound (NoContentCapacity: then MemoryNeeded says no limit holds
-// the plan, and Go's limit leaves nothing out).
-func (o *Options) heldCapacity() int64 {
-	if len(lifecycle.ContentProviders(o.engineConfig())) == 0 || isWindows {
-		return 0
-	}
-	return max(o.Volumes.ContentCapacity, 0)
+	return contentCapacity + max((goNeeds*4+2)/3, goNeeds+daemon.GoReserve)
 }
 
 // setDefaults fills the zero fields.
@@ -596,16 +564,21 @@ func (o *Options) setDefaults() {
 	o.Volumes.setDefaults(o.Backends)
 	o.Limits.setDefaults()
 	if o.Limits.MaxInFlightPerBackend == 0 {
-		o.Limits.MaxInFlightPerBackend = defaultPerBackend(o.Limits.MaxInFlight, len(o.Backends))
+		o.Limits.MaxInFlightPerBackend = lanes.DefaultPerBackend(o.Limits.MaxInFlight, len(o.Backends))
 	}
 	if o.Limits.InFlightReservedPerBackend == 0 {
-		o.Limits.InFlightReservedPerBackend = defaultReserved(o.Limits.MaxInFlight, len(o.Backends), o.Limits.MaxInFlightPerBackend)
+		o.Limits.InFlightReservedPerBackend = lanes.DefaultReserved(o.Limits.MaxInFlight, len(o.Backends), o.Limits.MaxInFlightPerBackend)
 	}
 	o.State.setDefaults()
 	o.GC.setDefaults()
 	o.Observability.setDefaults()
 }
 
+// validate reports every problem of o after defaults: the root's own (the
+// flag names, the Windows mode and the mounter), then each subsystem's
+// check of the config it takes, in this order: the process
+// (internal/daemon), the volumes' lifecycle (internal/lifecycle) and the
+// reading of requests (internal/csiserver).
 func (o *Options) validate() error {
 	var errs []error
 	if err := o.checkFlagNames(); err != nil {
@@ -616,167 +589,11 @@ func (o *Options) validate() error {
 	} else if o.Volumes.WindowsMode == WindowsCSIProxy && o.Volumes.Mounter == nil && !isWindows {
 		errs = append(errs, errors.New("Volumes.WindowsMode csi-proxy needs Windows (csi-proxy's named pipes), or a Volumes.Mounter (mount.NewCSIProxy with a Dial)"))
 	}
-	if o.DriverName == "" {
-		errs = append(errs, errors.New("DriverName is required"))
-	} else if err := validateDriverName(o.DriverName); err != nil {
-		errs = append(errs, err)
-	}
-	if o.Node.ID == "" {
-		errs = append(errs, errors.New("Node.ID is required (normally the node name, e.g. from the downward API spec.nodeName)"))
-	}
-	if _, err := socketPath(o.Node.Endpoint); err != nil {
-		errs = append(errs, err)
-	}
-	if !isAbs(o.Node.StateDir) {
-		errs = append(errs, fmt.Errorf("Node.StateDir %q must be an absolute path", o.Node.StateDir))
-	}
-	if !isAbs(o.Node.KubeletRootDir) {
-		errs = append(errs, fmt.Errorf("Node.KubeletRootDir %q must be an absolute path", o.Node.KubeletRootDir))
-	}
-	if len(o.Backends) == 0 {
-		errs = append(errs, errors.New("at least one backend is required"))
-	}
-	for name, b := range o.Backends {
-		if name == "" || strings.ContainsAny(name, " ,=/\\") {
-			errs = append(errs, fmt.Errorf("backend name %q must be non-empty without spaces, commas, '=' or slashes", name))
-		}
-		if b == nil {
-			errs = append(errs, fmt.Errorf("backend %q is nil", name))
-		}
-	}
-	if o.Volumes.DefaultBackend == "" && len(o.Backends) > 1 {
-		errs = append(errs, fmt.Errorf("Volumes.DefaultBackend is required with several backends (one of %s)", strings.Join(backendNames(o.Backends), ", ")))
-	} else if _, ok := o.Backends[o.Volumes.DefaultBackend]; !ok && len(o.Backends) > 0 {
-		errs = append(errs, fmt.Errorf("Volumes.DefaultBackend %q is not one of the backends (%s)", o.Volumes.DefaultBackend, strings.Join(backendNames(o.Backends), ", ")))
-	}
-	if err := o.Volumes.AcceptedAttributes.Check(); err != nil {
-		errs = append(errs, fmt.Errorf("Volumes.AcceptedAttributes: %w", err))
-	}
-	errs = append(errs, checkDeclarations(o.Volumes.AcceptedAttributes, o.Backends)...)
-	if err := validateCapacity(o.Limits.Capacity, o.Backends); err != nil {
-		errs = append(errs, err)
-	}
-	if o.Limits.MaxVolumesPerNode < 0 {
-		errs = append(errs, errors.New("Limits.MaxVolumesPerNode must not be negative"))
-	}
-	if err := o.Limits.checkLanes(len(o.Backends)); err != nil {
-		errs = append(errs, err)
-	}
-	if o.Limits.MemoryLimit < 0 || (o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit) <= 0) {
-		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %d is too small for the driver: give the container more than 32 MiB, or 0 to leave Go's memory limit alone", o.Limits.MemoryLimit))
-	} else if held := o.heldCapacity(); o.Limits.MemoryLimit > 0 && GoMemoryLimit(o.Limits.MemoryLimit-held) <= 0 {
-		errs = append(errs, fmt.Errorf("Limits.MemoryLimit %s (--memory-limit) leaves the driver nothing beside Volumes.ContentCapacity %s (--content-capacity), the content its volumes may hold in memory: raise the one or lower the other",
-			words.Bytes(o.Limits.MemoryLimit), words.Bytes(held)))
-	}
-	if o.Limits.MaxVolumeSize < NoMaxVolumeSize {
-		errs = append(errs, fmt.Errorf("Limits.MaxVolumeSize %d must be positive, or NoMaxVolumeSize (-1) for no cap", o.Limits.MaxVolumeSize))
-	}
-	if o.Volumes.ContentTimeout < 0 || o.Volumes.ContentTimeout >= o.Limits.OperationTimeout {
-		errs = append(errs, fmt.Errorf("Volumes.ContentTimeout %s must be positive and below Limits.OperationTimeout %s", o.Volumes.ContentTimeout, o.Limits.OperationTimeout))
-	}
-	if o.State.Recovery != StateRecoveryRebuild && o.State.Recovery != StateRecoveryRefuse {
-		errs = append(errs, fmt.Errorf("State.Recovery %q must be %q or %q", o.State.Recovery, StateRecoveryRebuild, StateRecoveryRefuse))
-	}
-	if o.GC.MaxOrphanShare < 0 || o.GC.MaxOrphanShare > 1 {
-		errs = append(errs, fmt.Errorf("GC.MaxOrphanShare %v must be between 0 and 1", o.GC.MaxOrphanShare))
-	}
-	if o.Volumes.RefreshInterval < 0 || o.Volumes.RefreshConcurrency < 0 {
-		errs = append(errs, errors.New("Volumes.RefreshInterval and Volumes.RefreshConcurrency must not be negative"))
-	}
-	errs = append(errs, o.validateContentBounds()...)
-	if err := lifecycle.CheckContentShares(o.engineConfig()); err != nil {
-		errs = append(errs, err)
-	}
-	for _, name := range slices.Sorted(maps.Keys(o.Volumes.MountOptions)) {
-		switch _, ok := o.Backends[name]; {
-		case !ok:
-			errs = append(errs, fmt.Errorf("Volumes.MountOptions: %q is not one of the backends (%s)", name, strings.Join(backendNames(o.Backends), ", ")))
-		case isWindows && len(o.Volumes.MountOptions[name]) > 0:
-			errs = append(errs, fmt.Errorf("Volumes.MountOptions of backend %s: mount options are Linux only", name))
-		default:
-			if err := mount.CheckOptions(o.Volumes.MountOptions[name]); err != nil {
-				errs = append(errs, fmt.Errorf("Volumes.MountOptions of backend %s: %w", name, err))
-			}
-		}
-	}
-	if o.Limits.OperationTimeout < 0 || o.Limits.OperationTimeout >= 2*time.Minute {
-		errs = append(errs, fmt.Errorf("Limits.OperationTimeout %s must be below the kubelet's 2m deadline", o.Limits.OperationTimeout))
-	}
-	if o.Limits.ProvisionTimeout < o.Limits.OperationTimeout || o.Limits.ProvisionTimeout > maxProvisionTimeout {
-		errs = append(errs, fmt.Errorf("Limits.ProvisionTimeout %s must be between Limits.OperationTimeout %s and %s", o.Limits.ProvisionTimeout, o.Limits.OperationTimeout, maxProvisionTimeout))
-	}
-	if err := o.Limits.StatsWalk.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := validateMetricsAddress(o.Observability.MetricsAddress); err != nil {
-		errs = append(errs, err)
-	}
+	dc := o.daemonConfig()
+	errs = append(errs, dc.Check()...)
+	errs = append(errs, o.engineConfig().Check()...)
+	errs = append(errs, csiserver.Check(backendNames(o.Backends), o.Volumes.DefaultBackend, o.Limits.MaxVolumeSize)...)
 	return errors.Join(errs...)
-}
-
-// validateContentBounds checks that every content provider's bound fits
-// Volumes.ContentBytesInFlight: a bound beyond it could never be reserved.
-func (o *Options) validateContentBounds() []error {
-	if o.Volumes.ContentBytesInFlight < 0 {
-		return []error{fmt.Errorf("Volumes.ContentBytesInFlight %d must be positive", o.Volumes.ContentBytesInFlight)}
-	}
-	var errs []error
-	if o.Volumes.ContentCapacity < NoContentCapacity {
-		errs = append(errs, fmt.Errorf("Volumes.ContentCapacity %d (--content-capacity) must be positive, or NoContentCapacity (-1) for no bound", o.Volumes.ContentCapacity))
-	}
-	check := func(what string, x any) {
-		// Static: a plugin's handshake, which says whether it provides content,
-		// is not known yet.
-		if cb, ok := x.(ContentBounder); ok && cb.ContentLimits().MaxBytes > o.Volumes.ContentBytesInFlight {
-			errs = append(errs, fmt.Errorf("%s bounds its content answers at %d bytes, beyond Volumes.ContentBytesInFlight %d (--content-bytes-in-flight): raise the budget (and the driver's memory limit, about three times the budget) or lower the bound",
-				what, cb.ContentLimits().MaxBytes, o.Volumes.ContentBytesInFlight))
-		}
-	}
-	if o.Content != nil {
-		check("option Content", o.Content)
-	}
-	for _, name := range backendNames(o.Backends) {
-		check("backend "+name, o.Backends[name])
-	}
-	return errs
-}
-
-// validateDriverName applies the CSI rule: at most 63 characters, alphanumerics,
-// '-', '_' and '.', beginning and ending with an alphanumeric.
-func validateDriverName(n string) error {
-	bad := len(n) > 63
-	for i, r := range n {
-		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
-		if !alnum && (i == 0 || i == len(n)-1 || !strings.ContainsRune("-_.", r)) {
-			bad = true
-		}
-	}
-	if bad {
-		return fmt.Errorf("DriverName %q must be at most 63 characters of [A-Za-z0-9._-], starting and ending with a letter or digit", n)
-	}
-	return nil
-}
-
-// socketPath extracts the socket path from a "unix://" endpoint.
-func socketPath(endpoint string) (string, error) {
-	p, ok := strings.CutPrefix(endpoint, "unix://")
-	if !ok {
-		p, ok = strings.CutPrefix(endpoint, "unix:")
-	}
-	if !ok || !isAbs(p) {
-		return "", fmt.Errorf("Node.Endpoint %q must be unix:// followed by an absolute socket path", endpoint)
-	}
-	if len(p) > 107 {
-		return "", fmt.Errorf("Node.Endpoint: socket path %q is %d bytes; unix sockets allow at most 107", p, len(p))
-	}
-	return p, nil
-}
-
-func isAbs(p string) bool {
-	if runtime.GOOS == "windows" {
-		return filepath.IsAbs(p) || strings.HasPrefix(p, `\`) || strings.HasPrefix(p, "/")
-	}
-	return filepath.IsAbs(p)
 }
 
 func backendNames(m map[string]Backend) []string {
@@ -786,54 +603,4 @@ func backendNames(m map[string]Backend) []string {
 	}
 	sort.Strings(names)
 	return names
-}
-
-// defaultPerBackend is LimitOptions.MaxInFlightPerBackend's default for a
-// node-wide maxInFlight: half of it, at least 8, at most all of it; all of
-// it for a driver of one backend.
-func defaultPerBackend(maxInFlight, backends int) int {
-	if backends == 1 {
-		return maxInFlight
-	}
-	return min(maxInFlight, max(8, maxInFlight/2))
-}
-
-// defaultReserved is LimitOptions.InFlightReservedPerBackend's default: 4, or
-// less where the backends' reserves would not fit maxInFlight.
-func defaultReserved(maxInFlight, backends, perBackend int) int {
-	if backends == 0 {
-		return 0
-	}
-	return max(0, min(4, maxInFlight/backends, perBackend))
-}
-
-// checkLanes validates the lanes' options after defaults.
-func (l *LimitOptions) checkLanes(backends int) error {
-	switch {
-	case l.MaxInFlight <= 0:
-		return fmt.Errorf("Limits.MaxInFlight %d (--max-in-flight) must be positive", l.MaxInFlight)
-	case l.MaxInFlightPerBackend <= 0 || l.MaxInFlightPerBackend > l.MaxInFlight:
-		return fmt.Errorf("Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend) must be between 1 and Limits.MaxInFlight %d (--max-in-flight)", l.MaxInFlightPerBackend, l.MaxInFlight)
-	case l.InFlightReservedPerBackend < 0 || l.InFlightReservedPerBackend > l.MaxInFlightPerBackend:
-		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) must be between 0 and Limits.MaxInFlightPerBackend %d (--max-in-flight-per-backend)", l.InFlightReservedPerBackend, l.MaxInFlightPerBackend)
-	case int64(l.InFlightReservedPerBackend)*int64(backends) > int64(l.MaxInFlight):
-		return fmt.Errorf("Limits.InFlightReservedPerBackend %d (--in-flight-reserved-per-backend) for each of %d backends is %d slots, more than Limits.MaxInFlight %d (--max-in-flight): lower the one or raise the other",
-			l.InFlightReservedPerBackend, backends, l.InFlightReservedPerBackend*backends, l.MaxInFlight)
-	case l.MaxVolumesPerPod < NoMaxVolumesPerPod || l.MaxVolumesPerPod > math.MaxInt32:
-		return fmt.Errorf("Limits.MaxVolumesPerPod %d (--max-volumes-per-pod) must be positive, or NoMaxVolumesPerPod (-1) for no cap", l.MaxVolumesPerPod)
-	}
-	return nil
-}
-
-// validateCapacity checks Options.Limits.Capacity against the backends.
-func validateCapacity(budgets map[string]int64, backends map[string]Backend) error {
-	for name, n := range budgets {
-		if _, ok := backends[name]; !ok {
-			return fmt.Errorf("Limits.Capacity names backend %q, which the driver does not have", name)
-		}
-		if n <= 0 {
-			return fmt.Errorf("Limits.Capacity for backend %q must be positive, got %d", name, n)
-		}
-	}
-	return nil
 }

@@ -189,7 +189,7 @@ func TestMemoryNeeded(t *testing.T) {
 	if got := GoMemoryLimit(need - DefaultContentCapacity); got < goNeeds {
 		t.Errorf("Go's soft limit at the plan's limit = %s, less than the %s it must hold", words.Bytes(got), words.Bytes(goNeeds))
 	}
-	if got := GoMemoryLimit(need - 1<<20 - DefaultContentCapacity); got >= goNeeds && need-1<<20 >= DefaultContentCapacity+goNeeds+goReserve {
+	if got := GoMemoryLimit(need - 1<<20 - DefaultContentCapacity); got >= goNeeds && need-1<<20 >= DefaultContentCapacity+goNeeds+daemon.GoReserve {
 		t.Errorf("MemoryNeeded is not the least limit: 1Mi less still holds the plan")
 	}
 	if MemoryNeeded(DefaultContentBytesInFlight, NoContentCapacity, 4) != -1 {

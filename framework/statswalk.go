@@ -1,8 +1,6 @@
 package framework
 
 import (
-	"errors"
-	"fmt"
 	"time"
 )
 
@@ -51,7 +49,6 @@ const (
 	defaultStatsMaxDepth   = 128
 	defaultStatsTimeout    = 5 * time.Second
 	defaultStatsCacheTTL   = time.Minute
-	maxStatsTimeout        = time.Minute
 	defaultStatsWalks      = 4
 	defaultStatsLinked     = 1 << 16
 )
@@ -75,18 +72,4 @@ func (l *StatsWalkLimits) setDefaults() {
 	if l.MaxLinkedFiles == 0 {
 		l.MaxLinkedFiles = defaultStatsLinked
 	}
-}
-
-func (l StatsWalkLimits) validate() error {
-	var errs []error
-	if l.MaxEntries < 0 || l.MaxDepth < 0 {
-		errs = append(errs, fmt.Errorf("Limits.StatsWalk.MaxEntries %d and Limits.StatsWalk.MaxDepth %d must not be negative", l.MaxEntries, l.MaxDepth))
-	}
-	if l.MaxConcurrent < 0 || l.MaxLinkedFiles < 0 {
-		errs = append(errs, fmt.Errorf("Limits.StatsWalk.MaxConcurrent %d (--stats-max-walks) and Limits.StatsWalk.MaxLinkedFiles %d (--stats-max-linked-files) must not be negative", l.MaxConcurrent, l.MaxLinkedFiles))
-	}
-	if l.Timeout < 0 || l.Timeout > maxStatsTimeout {
-		errs = append(errs, fmt.Errorf("Limits.StatsWalk.Timeout %s must be positive and at most %s", l.Timeout, maxStatsTimeout))
-	}
-	return errors.Join(errs...)
 }

@@ -444,7 +444,8 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 	d.synced = pods.HasSynced
 	d.done.Go(func() { _ = pods.Run(ctx) })
 	// The startup check's read: jittered, from the watch cache (as
-	// framework's checkCSIDriverObject does, whose jitter is 10 s).
+	// the framework's startup check, internal/csidriver's Startup, does,
+	// whose jitter is 10 s).
 	d.done.Go(func() {
 		if m.jitter > 0 {
 			select {

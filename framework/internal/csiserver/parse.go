@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,8 +42,8 @@ type Parser struct {
 	// MaxVolumeSize is Limits.MaxVolumeSize; 0 is none.
 	MaxVolumeSize int64
 	// Validate checks v as the named backend's (the framework's
-	// ValidateVolume, with a refusal of unknown attributes naming every key
-	// the pod may set).
+	// ValidateVolume); the Parser completes its refusal of unknown
+	// attributes with every key the pod may set (allAccepted).
 	Validate func(backend string, v *api.Volume) error
 }
 
@@ -115,7 +116,7 @@ func (p *Parser) Publish(req *csi.NodePublishVolumeRequest) (*Publish, error) {
 	// below, so an operator changing a default does not turn the republish of a
 	// running pod into AlreadyExists.
 	hash := RequestHash(v, params)
-	if err := p.Validate(backend, v); err != nil || attrErr != nil {
+	if err := p.allAccepted(p.Validate(backend, v)); err != nil || attrErr != nil {
 		return nil, joinInvalid(err, attrErr) // api.ErrInvalidParams: InvalidArgument
 	}
 	if p.MaxVolumeSize > 0 && v.Size > p.MaxVolumeSize {
@@ -241,6 +242,22 @@ func OwnAttributes(backends []string, defaultBackend string) api.Attributes {
 		api.EnumAttr(api.ParamBackend, backends...).Default(defaultBackend),
 		api.QuantityAttr(api.ParamSize, 1, 0),
 	}
+}
+
+// allAccepted completes a backend's refusal of unknown attributes with every
+// key the pod may set: the backend's, the driver's declared ones and the
+// framework's. Other errors pass through.
+func (p *Parser) allAccepted(err error) error {
+	var ue *api.UnknownAttributesError
+	if err == nil {
+		return nil
+	}
+	if !errors.As(err, &ue) {
+		return err
+	}
+	accepted := slices.Concat(ue.Accepted, p.Declared.Keys(), volume.FrameworkParams)
+	slices.Sort(accepted)
+	return &api.UnknownAttributesError{Unknown: ue.Unknown, Accepted: slices.Compact(accepted)}
 }
 
 // checkMaxSize refuses a size above MaxVolumeSize.

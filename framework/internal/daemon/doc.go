@@ -5,5 +5,6 @@
 // kubelet registrar, the release of the binary's startup pages and readiness —
 // and stops them in reverse (components.go). Its core types are Daemon, built
 // by package framework from a Config around the lifecycle's Engine and the
-// CSI server, and the component.
+// CSI server, and the component; a Config checks itself (config.go:
+// Config.Check, which New reports).
 package daemon

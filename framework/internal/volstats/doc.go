@@ -2,6 +2,7 @@
 // (NodeGetVolumeStats, NodeGetVolumeHealth) for published volumes: the
 // record, the target's mount, the backend's health check and the usage of the
 // volume's filesystem or, for a directory volume, a bounded walk of it
-// (internal/stats). It changes nothing and takes no volume lock. Its core type
-// is Reader.
+// (internal/stats); and the description of the volumes GET /volumes lists
+// (Describe). It changes nothing and takes no volume lock. Its core type is
+// Reader.
 package volstats
