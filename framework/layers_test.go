@@ -54,6 +54,7 @@ var layers = map[string]int{
 	"framework/internal/refresh":   6,
 	"framework/internal/storage":   6,
 	"framework/internal/provision": 6,
+	"framework/internal/reconcile": 6,
 	// The request side and the volume side of the driver: one layer, so
 	// that neither can import the other; package framework joins them.
 	"framework/internal/csiserver": 7,

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/reconcile"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 )
 
@@ -43,10 +44,7 @@ type (
 		// Plan says whether Create will only mount (framework.Plan.MountOnly).
 		Plan(ctx context.Context, v *api.Volume) (mountOnly bool, err error)
 	}
-	Stamper interface {
-		Stamp(ctx context.Context) (string, error)
-		SetStamp(ctx context.Context, id string) error
-	}
+	Stamper         = reconcile.Stamper
 	ContentProvider interface {
 		Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
 	}
@@ -61,9 +59,7 @@ type (
 		Authorize(ctx context.Context, v *api.Volume) error
 	}
 	// PodChecker asks the API server whether a pod exists.
-	PodChecker interface {
-		PodExists(ctx context.Context, uid string) (bool, error)
-	}
+	PodChecker = reconcile.PodChecker
 	// EventSink posts events on pods.
 	EventSink interface {
 		Event(pod api.Pod, eventType, reason, message string)

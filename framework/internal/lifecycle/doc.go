@@ -1,11 +1,13 @@
 // Package lifecycle runs the life of a driver's volumes: the transition table
 // and one function per event (lifecycle.go), and the collaborators the events
 // call down into — the backends (Backend), content (fill.go,
-// refresh.go, heldcontent.go), long provisioning (provisioning.go), the
-// startup reconcile's view of the node (adopt.go) and the orphan GC (gc.go);
-// the backends' calls and the records, capacity, the bulkheads and the
-// refreshes' timers are packages below it (internal/storage,
-// internal/capacity, internal/lanes, internal/refresh). Its core type is Engine, built from a Config by package
-// framework, which feeds it the CSI publish and unpublish calls, the startup
-// and RebuildState.
+// refresh.go, heldcontent.go) and the wiring of long provisioning
+// (provisioning.go) and of the reconcile's node view and the orphan GC
+// (reconcile.go); the backends' calls and the records, capacity, the
+// bulkheads, the refreshes' timers, long provisioning's runner, the startup
+// reconcile's view of the node and the orphan GC are packages below it
+// (internal/storage, internal/capacity, internal/lanes, internal/refresh,
+// internal/provision, internal/reconcile). Its core type is Engine, built
+// from a Config by package framework, which feeds it the CSI publish and
+// unpublish calls, the startup and RebuildState.
 package lifecycle

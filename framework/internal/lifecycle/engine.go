@@ -15,6 +15,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/provision"
+	"github.com/ephemera-csi/ephemera/framework/internal/reconcile"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
@@ -101,8 +102,9 @@ type Engine struct {
 	capacity   *capacity.Capacity
 	refresher  *refresh.Scheduler
 	provisions *provision.Provisions // long provisioning (internal/provision, provisioning.go)
-	orphans    orphans
-	stats      *stats.Cache // walks of directory volumes (internal/stats)
+	node       *reconcile.Node       // the reconcile's view of the node (internal/reconcile, reconcile.go)
+	gc         *reconcile.GC         // the orphan GC (internal/reconcile, reconcile.go)
+	stats      *stats.Cache          // walks of directory volumes (internal/stats)
 }
 
 // New builds the engine of a validated cfg. running tells whether the driver
@@ -123,6 +125,8 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 	if d.lanes, err = lanes.New(laneOptions(&cfg)); err != nil {
 		return nil, err
 	}
+	d.node = newNode(d, &cfg)
+	d.gc = newGC(d, &cfg, d.collectOrphan) // the gc event
 	return d, nil
 }
 

@@ -9,19 +9,11 @@ import (
 	"time"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/framework/internal/reconcile"
 	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/framework/store"
 	"github.com/ephemera-csi/ephemera/framework/store/memstore"
 )
-
-type podSet map[string]bool
-
-func (p podSet) PodExists(_ context.Context, uid string) (bool, error) {
-	if uid == "api-down" {
-		return false, errors.New("informer not synced")
-	}
-	return p[uid], nil
-}
 
 // gcDriver returns a driver (not running) with a fake mounter, a memory store
 // holding one published dir-backend volume per pod UID, and those pods'
@@ -66,19 +58,23 @@ func gcDriver(t *testing.T, gc GCConfig, uids []string, live ...string) (*Engine
 	return d, fake, st
 }
 
+// The orphan GC's removals are the lifecycle's gc event: New wires the GC
+// (internal/reconcile, which tests its passes) to collectOrphan, whose
+// teardown unmounts, deletes the storage and the record, and releases the
+// capacity.
 func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	d, fake, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Minute}, []string{"live", "gone"}, "live")
 	ctx, now := t.Context(), time.Now()
 
-	res, err := d.collectGarbage(ctx, now)
+	res, err := d.gc.Collect(ctx, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[api.VolumeHandle("gone", "v")] != gcPending || len(res) != 1 {
+	if res[api.VolumeHandle("gone", "v")] != reconcile.Pending || len(res) != 1 {
 		t.Fatalf("first pass: %v, want only the orphan, pending", res)
 	}
-	res, _ = d.collectGarbage(ctx, now.Add(61*time.Second))
-	if res[api.VolumeHandle("gone", "v")] != gcRemoved {
+	res, _ = d.gc.Collect(ctx, now.Add(61*time.Second))
+	if res[api.VolumeHandle("gone", "v")] != reconcile.Removed {
 		t.Fatalf("after the grace period: %v", res)
 	}
 	if _, err := st.Get(ctx, api.VolumeHandle("gone", "v")); !errors.Is(err, store.ErrNotFound) {
@@ -92,77 +88,5 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	}
 	if n, _ := d.capacity.Snapshot(); n != 1 {
 		t.Errorf("capacity not released: %d volumes accounted", n)
-	}
-}
-
-func TestGCPodReappearingResetsGrace(t *testing.T) {
-	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Minute}, []string{"flap"})
-	ctx, now := t.Context(), time.Now()
-	d.collectGarbage(ctx, now)
-	os.MkdirAll(filepath.Join(d.cfg.Node.KubeletRootDir, "pods", "flap"), 0o750)
-	d.collectGarbage(ctx, now.Add(30*time.Second))
-	os.Remove(filepath.Join(d.cfg.Node.KubeletRootDir, "pods", "flap"))
-	res, _ := d.collectGarbage(ctx, now.Add(70*time.Second))
-	if res[api.VolumeHandle("flap", "v")] != gcPending {
-		t.Fatalf("grace not restarted after the pod dir came back: %v", res)
-	}
-	if _, err := st.Get(ctx, api.VolumeHandle("flap", "v")); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestGCDryRunAndAPIConfirmation(t *testing.T) {
-	pods := podSet{"in-api": true}
-	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond, Pods: pods}, []string{"in-api", "api-down", "gone"})
-	ctx, now := t.Context(), time.Now()
-	d.collectGarbage(ctx, now)
-	res, _ := d.collectGarbage(ctx, now.Add(time.Second))
-	want := map[string]gcResult{
-		api.VolumeHandle("in-api", "v"):   gcConfirmed,
-		api.VolumeHandle("api-down", "v"): gcFailed,
-		api.VolumeHandle("gone", "v"):     gcRemoved,
-	}
-	for id, r := range want {
-		if res[id] != r {
-			t.Errorf("%s: %s, want %s", id, res[id], r)
-		}
-	}
-	if recs, _ := st.List(ctx); len(recs) != 2 {
-		t.Errorf("%d records left, want 2", len(recs))
-	}
-
-	d2, _, st2 := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond, DryRun: true}, []string{"gone"})
-	d2.collectGarbage(ctx, now)
-	res, _ = d2.collectGarbage(ctx, now.Add(time.Second))
-	if res[api.VolumeHandle("gone", "v")] != gcWouldRm {
-		t.Errorf("dry run: %v", res)
-	}
-	if recs, _ := st2.List(ctx); len(recs) != 1 {
-		t.Error("dry run removed the volume")
-	}
-}
-
-func TestGCSafety(t *testing.T) {
-	d, _, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Nanosecond}, []string{"a", "b", "c", "d", "e"}, "c", "d", "e")
-	ctx, now := t.Context(), time.Now()
-	// A volume busy with another operation is left for the next pass.
-	if !d.lanes.Locks.TryAcquire(api.VolumeHandle("a", "v")) {
-		t.Fatal("lock")
-	}
-	d.collectGarbage(ctx, now)
-	d.collectGarbage(ctx, now.Add(time.Second))
-	d.lanes.Locks.Release(api.VolumeHandle("a", "v"))
-	if _, err := st.Get(ctx, api.VolumeHandle("a", "v")); err != nil {
-		t.Errorf("busy volume removed: %v", err)
-	}
-	// A wrong kubelet root (no pods directory) must not make everything orphaned.
-	if err := os.RemoveAll(filepath.Join(d.cfg.Node.KubeletRootDir, "pods")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.collectGarbage(ctx, now.Add(time.Hour)); err == nil {
-		t.Fatal("GC ran without the kubelet's pods directory")
-	}
-	if recs, _ := st.List(ctx); len(recs) != 4 {
-		t.Errorf("%d records left, want the busy one and the live ones kept", len(recs))
 	}
 }

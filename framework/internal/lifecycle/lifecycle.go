@@ -18,6 +18,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/provision"
+	"github.com/ephemera-csi/ephemera/framework/internal/reconcile"
 	"github.com/ephemera-csi/ephemera/framework/internal/refresh"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 	"github.com/ephemera-csi/ephemera/framework/internal/volume"
@@ -42,15 +43,16 @@ import (
 //     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
 //   - content: fill, refreshContent (fill.go), the refresher's credentials
 //     (internal/refresh);
-//   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
-//     (adopt.go);
+//   - the node view of the reconcile: d.node's UnrecordedMounts,
+//     UnrecordedStorage, StampArea (internal/reconcile), whose findings
+//     Reconcile fires by kind (foundCases);
 //   - events and metrics: events.go, d.metrics.
 //
 // The event functions are entered only from the event sources: Engine's
 // Publish (request.go), Unpublish and Reconcile below, which package
 // framework calls for the CSI handlers, Run's startup and RebuildState; the
-// orphan GC (gc.go) and the refresher's timers (internal/refresh, which
-// New hands refreshVolume).
+// orphan GC (internal/reconcile's GC, which New hands collectOrphan) and the
+// refresher's timers (internal/refresh, which New hands refreshVolume).
 // TestLifecycleEntries checks it; package framework and internal/csiserver
 // cannot import each other's way back (TestLayers).
 
@@ -114,7 +116,8 @@ const (
 	// evReconcile: the startup reconcile, once per record and once per
 	// volume the node shows without one.
 	evReconcile event = "reconcile"
-	// evGC: the orphan GC found the volume's pod gone (gc.go decides which).
+	// evGC: the orphan GC found the volume's pod gone (internal/reconcile's
+	// GC decides which).
 	evGC event = "gc"
 	// evRefresh: a driver-initiated content refresh (Refresh, RefreshAll,
 	// RefreshInterval, a retry).
@@ -145,10 +148,19 @@ const (
 	whenFoundPodded   cond = "backend storage whose pod has the volume (vol_data.json)"
 	whenFoundProven   cond = "backend storage the stamp proves a leftover"
 	whenFoundUnproven cond = "backend storage, no pod, not provably a leftover"
-	whenPodGone       cond = "its pod is gone (gc.go: grace period, API check)"
+	whenPodGone       cond = "its pod is gone (internal/reconcile: grace period, API check)"
 	whenRefreshable   cond = "target mounted, content, not rebuilt"
 	whenStale         cond = "anything else"
 )
+
+// foundCases are the reconcile event's cases of what the node shows without
+// a record (reconcile.Node's findings, by kind).
+var foundCases = map[reconcile.Kind]cond{
+	reconcile.FoundMounted:  whenFoundMounted,
+	reconcile.FoundPodded:   whenFoundPodded,
+	reconcile.FoundProven:   whenFoundProven,
+	reconcile.FoundUnproven: whenFoundUnproven,
+}
 
 // op is what a transition works on. Which fields are set depends on the event.
 type op struct {
@@ -524,10 +536,10 @@ func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 //     republish repairs it, NodeUnpublish or the orphan GC removes it;
 //   - a volume of this driver published at its target without a record (the
 //     kubelet's vol_data.json names this driver and the handle) is adopted
-//     with a rebuilt record (unrecordedMounts);
+//     with a rebuilt record (reconcile.Node.UnrecordedMounts);
 //   - backend storage that no record refers to is adopted when its pod still
 //     has the volume, deleted when the store can prove it a leftover, and kept
-//     as unclaimed otherwise (unrecordedStorage).
+//     as unclaimed otherwise (reconcile.Node.UnrecordedStorage).
 //
 // Failures to clean one volume are logged and left for the next attempt (a later
 // NodePublish/NodeUnpublish of that volume finishes the job); only an unreadable
@@ -548,36 +560,38 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 			failed = append(failed, err)
 		}
 	}
-	found, err := d.unrecordedMounts(ctx, known)
+	found, err := d.node.UnrecordedMounts(ctx, known)
 	if err != nil {
 		log.Error(err, "Adopting published volumes without a record")
 		d.metrics.Reconciled(metrics.ReconcileFailed)
 		failed = append(failed, err)
 	}
 	for _, f := range found {
-		if err := d.fire(ctx, evReconcile, stateNone, whenFoundMounted, &f.op); err != nil {
+		if err := d.fire(ctx, evReconcile, stateNone, whenFoundMounted, &op{rec: f.Record, mt: f.Mounted, log: f.Log}); err != nil {
 			log.Error(err, "Adopting published volumes without a record")
 			d.metrics.Reconciled(metrics.ReconcileFailed)
 			failed = append(failed, err)
 			break
 		}
-		known[f.op.rec.VolumeID] = true
+		known[f.Record.VolumeID] = true
 	}
-	index := d.volDataIndexOnce()
+	index := d.node.VolDataIndexOnce()
 	for _, name := range backendNames(d.cfg.Backends) {
-		inv := d.unrecordedStorage(ctx, name, d.cfg.Backends[name], known, index)
-		bfailed := inv.failed
-		for _, f := range inv.found {
-			if err := d.fire(ctx, evReconcile, stateNone, f.when, &f.op); err != nil {
+		b := d.cfg.Backends[name]
+		inv := d.node.UnrecordedStorage(ctx, name, known, index)
+		bfailed := inv.Failed
+		for _, f := range inv.Found {
+			when := foundCases[f.Kind]
+			if err := d.fire(ctx, evReconcile, stateNone, when, &op{rec: f.Record, b: b, log: f.Log}); err != nil {
 				bfailed = append(bfailed, err)
 				continue
 			}
-			if f.when != whenFoundProven {
-				known[f.op.rec.VolumeID] = true
+			if when != whenFoundProven {
+				known[f.Record.VolumeID] = true
 			}
 		}
 		if len(bfailed) == 0 {
-			d.stampArea(ctx, inv)
+			d.node.StampArea(ctx, inv)
 		}
 		failed = append(failed, bfailed...)
 	}
@@ -588,8 +602,9 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// collectOrphan is the gc event: the orphan GC (gc.go) found rec's pod gone
-// and holds the volume's lock.
+// collectOrphan is the gc event: the orphan GC (internal/reconcile's GC,
+// through the Remove func New gives it) found rec's pod gone and holds the
+// volume's lock.
 func (d *Engine) collectOrphan(ctx context.Context, rec *store.Record) error {
 	return d.fire(ctx, evGC, stateOf(rec), whenPodGone, &op{rec: rec})
 }

@@ -149,8 +149,9 @@ func TestLifecycleDoc(t *testing.T) {
 // other files: the event sources, each calling its event's function.
 var lifecycleEntries = map[string][]string{
 	"request.go Publish": {"nodePublishVolume"},
-	"gc.go remove":       {"collectOrphan"},
-	"engine.go New":      {"refreshVolume"}, // the refresh Scheduler's timers fire it
+	// The refresh Scheduler's timers fire refreshVolume, the orphan GC's
+	// removals collectOrphan.
+	"engine.go New": {"refreshVolume", "collectOrphan"},
 }
 
 // TestLifecycleEntries checks that nothing the lifecycle calls calls back

@@ -1,0 +1,357 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/ephemera-csi/ephemera/framework/internal/admission"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/words"
+	"github.com/ephemera-csi/ephemera/framework/store"
+)
+
+// gcConcurrency bounds the orphan GC's removals in flight.
+const gcConcurrency = 8
+
+// Result labels what one GC pass did with one volume (the result label of
+// ephemera_gc_total).
+type Result string
+
+// The results of a pass.
+const (
+	Removed     Result = "removed"    // torn down
+	WouldRemove Result = "dry_run"    // would have been torn down
+	Pending     Result = "pending"    // orphaned, within the grace period
+	PodExists   Result = "pod_exists" // pod dir gone but the API server has the pod
+	Failed      Result = "failed"     // teardown or check failed; retried next pass
+	Refused     Result = "refused"    // the pass looked unsafe (see Collect)
+)
+
+// PodChecker asks the API server whether a pod exists (framework.PodChecker).
+type PodChecker interface {
+	PodExists(ctx context.Context, uid string) (bool, error)
+}
+
+// Locks are the volume locks (lanes.Lanes.Locks).
+type Locks interface {
+	TryAcquire(id string) bool
+	Release(id string)
+}
+
+// Teardowns are the teardown lanes by backend (lanes.Lanes.Teardowns).
+type Teardowns interface {
+	Acquire(ctx context.Context, party string, n int64) (*admission.Grant, error)
+}
+
+// GCConfig configures a GC: Options.GC, and what the GC reads and does to
+// the driver's volumes. Every field is set.
+type GCConfig struct {
+	// KubeletRoot is the kubelet root directory, whose pods directory the
+	// GC watches.
+	KubeletRoot       string
+	Interval          time.Duration
+	OrphanGracePeriod time.Duration
+	DryRun            bool
+	MaxOrphanShare    float64
+	Pods              PodChecker // nil: no API confirmation
+	// Logger is Options.Observability.Logger; the GC logs as "gc".
+	Logger klog.Logger
+	// Words are the operator's words for Options' fields.
+	Words words.Words
+
+	// List returns every record of the state store.
+	List func(ctx context.Context) ([]*store.Record, error)
+	// Remove tears down rec, whose pod is gone, while the GC holds its
+	// lock and a teardown slot of its backend: the lifecycle's gc event.
+	Remove func(ctx context.Context, rec *store.Record) error
+	// Observe reports what a pass did with rec, once per volume and pass
+	// (rec is nil for a pass refused as a whole).
+	Observe func(rec *store.Record, result string)
+	// Forget drops the cached stats of a removed volume.
+	Forget    func(id string)
+	Locks     Locks
+	Teardowns Teardowns
+}
+
+// GC is the orphan GC (docs/design.md, "Orphan GC"): since when each
+// volume has looked orphaned, the kubelet pods directory it first saw, its
+// passes (Collect) and its loop (Run).
+type GC struct {
+	cfg     GCConfig
+	orphans orphans
+}
+
+// NewGC returns the GC of a validated cfg.
+func NewGC(cfg GCConfig) *GC { return &GC{cfg: cfg} }
+
+// orphans remembers since when each volume has looked orphaned, and the
+// kubelet pods directory the GC first saw.
+type orphans struct {
+	mu      sync.Mutex
+	since   map[string]time.Time
+	podsDir os.FileInfo
+}
+
+// Collect runs one pass of the orphan GC: a volume whose pod directory
+// <kubelet-root>/pods/<uid> is gone belongs to a pod the kubelet will never
+// unpublish (deleted while the node or the driver was down, or its directory
+// removed by hand). After Options.GC.OrphanGracePeriod of being seen that way
+// — and, with Options.GC.Pods, after the API server confirms the pod is
+// gone — it is torn down like an unpublish (GCConfig.Remove). Volumes busy
+// with another operation are skipped until the next pass. It returns what it
+// did per volume.
+//
+// The GC distrusts a sudden empty world. It acts only on the pods directory it
+// first saw (same device and inode: a directory replaced, or a mount over it
+// lazily unmounted, stops it), and a pass in which more than
+// Options.GC.MaxOrphanShare of the volumes look orphaned at once removes only
+// volumes the API server confirms gone (none without Options.GC.Pods). Storage
+// still mounted anywhere is never deleted (the lifecycle's teardown).
+func (g *GC) Collect(ctx context.Context, now time.Time) (map[string]Result, error) {
+	log := g.cfg.Logger.WithName("gc")
+	podsDir := filepath.Join(g.cfg.KubeletRoot, "pods")
+	if err := g.CheckPodsDir(podsDir); err != nil {
+		g.cfg.Observe(nil, string(Refused))
+		return nil, err
+	}
+	recs, err := g.cfg.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
+	}
+	p := &pass{g: g, log: log, results: map[string]Result{}}
+	due, total := p.due(recs, podsDir, now)
+	// A wholesale disappearance is more likely a replaced or hidden pods
+	// directory than that many pods deleted behind the kubelet's back.
+	if len(due) > max(1, int(g.cfg.MaxOrphanShare*float64(total))) {
+		if g.cfg.Pods == nil {
+			log.Error(nil, g.cfg.Words.Say("Orphan GC pass refused: too many volumes look orphaned at once, and without API confirmation that their pods are gone (Options.GC.Pods not set) nothing is removed"),
+				logkeys.Orphaned, len(due), logkeys.Volumes, total, logkeys.MaxShare, g.cfg.MaxOrphanShare, logkeys.PodsDir, podsDir)
+			for _, rec := range due {
+				p.report(rec, Refused)
+			}
+			return p.results, nil
+		}
+		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
+	}
+	p.remove(ctx, p.confirmed(ctx, due, now))
+	return p.results, nil
+}
+
+// pass is one pass of the orphan GC: what it did with each volume.
+type pass struct {
+	g       *GC
+	log     klog.Logger
+	mu      sync.Mutex // report, from the removals in flight
+	results map[string]Result
+}
+
+// report records and reports what the pass did with rec.
+func (p *pass) report(rec *store.Record, r Result) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.results[rec.VolumeID] = r
+	p.g.cfg.Observe(rec, string(r))
+}
+
+// due are the records whose pod directory has been gone for the grace
+// period; total counts the records that belong to a pod. Volumes whose pod
+// directory is back are no longer orphans; those within the grace period
+// are pending.
+func (p *pass) due(recs []*store.Record, podsDir string, now time.Time) (due []*store.Record, total int) {
+	g := p.g
+	seen := map[string]bool{}
+	for _, rec := range recs {
+		seen[rec.VolumeID] = true
+		if rec.Pod.UID == "" {
+			continue // unclaimed storage: no pod to look for
+		}
+		total++
+		_, err := os.Lstat(filepath.Join(podsDir, rec.Pod.UID))
+		if err == nil {
+			g.orphans.clear(rec.VolumeID)
+			continue
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			p.report(rec, Failed)
+			continue
+		}
+		first := g.orphans.mark(rec.VolumeID, now)
+		if now.Sub(first) < g.cfg.OrphanGracePeriod {
+			p.report(rec, Pending)
+			continue
+		}
+		due = append(due, rec)
+	}
+	g.orphans.forgetExcept(seen)
+	return due, total
+}
+
+// confirmed are the volumes of due to remove, by backend: with
+// Options.GC.Pods, those whose pod the API server confirms gone; in a dry run
+// none (each is logged).
+func (p *pass) confirmed(ctx context.Context, due []*store.Record, now time.Time) map[string][]*store.Record {
+	g, log := p.g, p.log
+	byBackend := map[string][]*store.Record{}
+	for _, rec := range due {
+		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
+		if g.cfg.Pods != nil {
+			exists, err := g.cfg.Pods.PodExists(ctx, rec.Pod.UID)
+			if err != nil {
+				vlog.Error(err, "Cannot confirm the pod is gone; keeping the volume")
+				p.report(rec, Failed)
+				continue
+			}
+			if exists {
+				p.report(rec, PodExists)
+				continue
+			}
+		}
+		first := g.orphans.mark(rec.VolumeID, now)
+		if g.cfg.DryRun {
+			vlog.Info("Dry run: would remove orphaned volume (pod directory gone)", logkeys.OrphanedFor, now.Sub(first).Round(time.Second))
+			p.report(rec, WouldRemove)
+			continue
+		}
+		byBackend[rec.Backend] = append(byBackend[rec.Backend], rec)
+	}
+	return byBackend
+}
+
+// remove tears the volumes down, gcConcurrency at a time per backend, in the
+// teardown lane of the volume's backend (GCConfig.Teardowns): each is an
+// unpublish (an unmount, a backend Delete, a record deleted), concurrent
+// record deletions share the store's commits, and a backend whose Delete
+// hangs holds up only the removals of its own volumes. A volume busy with
+// another operation is left to the next pass.
+func (p *pass) remove(ctx context.Context, byBackend map[string][]*store.Record) {
+	g, log := p.g, p.log
+	var wg sync.WaitGroup
+	for backend, recs := range byBackend {
+		wg.Go(func() {
+			var bwg sync.WaitGroup
+			sem := make(chan struct{}, gcConcurrency)
+			for _, rec := range recs {
+				sem <- struct{}{}
+				slot, err := g.cfg.Teardowns.Acquire(ctx, backend, 1)
+				if err != nil {
+					<-sem
+					break // the GC is stopping
+				}
+				if !g.cfg.Locks.TryAcquire(rec.VolumeID) {
+					slot.Release()
+					<-sem
+					continue // an operation is in progress: the kubelet is on it
+				}
+				vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
+				bwg.Go(func() {
+					defer func() { <-sem }()
+					err := g.cfg.Remove(ctx, rec)
+					g.cfg.Locks.Release(rec.VolumeID)
+					slot.Release()
+					if err != nil {
+						vlog.Error(err, "Removing orphaned volume failed; will retry")
+						p.report(rec, Failed)
+						return
+					}
+					g.orphans.clear(rec.VolumeID)
+					g.cfg.Forget(rec.VolumeID)
+					vlog.Info("Removed orphaned volume (pod directory gone)")
+					p.report(rec, Removed)
+				})
+			}
+			bwg.Wait()
+		})
+	}
+	wg.Wait()
+}
+
+// CheckPodsDir fails unless the kubelet's pods directory exists and is the
+// directory the GC saw first (same device and inode). Without it every volume
+// would look orphaned: a wrong --kubelet-root, a pods directory replaced by an
+// empty one, or a mount over it lazily unmounted must not delete anything.
+func (g *GC) CheckPodsDir(podsDir string) error {
+	fi, err := os.Stat(podsDir)
+	if err != nil {
+		return fmt.Errorf("orphan GC skipped: kubelet pods directory %s: %w", podsDir, err)
+	}
+	g.orphans.mu.Lock()
+	defer g.orphans.mu.Unlock()
+	if g.orphans.podsDir == nil {
+		g.orphans.podsDir = fi
+		return nil
+	}
+	if !os.SameFile(g.orphans.podsDir, fi) {
+		return fmt.Errorf("orphan GC skipped: kubelet pods directory %s is not the directory seen when the driver started (another device or inode: replaced, or a mount over it went away); restart the driver if the change is intended", podsDir)
+	}
+	return nil
+}
+
+// mark returns since when volume id has looked orphaned, now if it did not.
+func (o *orphans) mark(id string, now time.Time) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since == nil {
+		o.since = map[string]time.Time{}
+	}
+	if t, ok := o.since[id]; ok {
+		return t
+	}
+	o.since[id] = now
+	return now
+}
+
+// clear forgets that volume id looked orphaned.
+func (o *orphans) clear(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.since, id)
+}
+
+// forgetExcept forgets every volume not in keep.
+func (o *orphans) forgetExcept(keep map[string]bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for id := range o.since {
+		if !keep[id] {
+			delete(o.since, id)
+		}
+	}
+}
+
+// Run runs the orphan GC at startup and every GCConfig.Interval until ctx
+// ends.
+func (g *GC) Run(ctx context.Context) {
+	log := g.cfg.Logger.WithName("gc")
+	t := time.NewTicker(g.cfg.Interval)
+	defer t.Stop()
+	for {
+		results, err := g.Collect(ctx, time.Now())
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// A node whose kubelet has not created its pods directory yet.
+			log.V(2).Info("Orphan GC pass skipped", logkeys.Reason, err.Error())
+		case err != nil && ctx.Err() == nil:
+			log.Error(err, "Orphan GC pass")
+		}
+		counts := map[Result]int{}
+		for _, r := range results {
+			counts[r]++
+		}
+		if len(counts) > 0 {
+			log.V(2).Info("Orphan GC pass", logkeys.Removed, counts[Removed], logkeys.DryRun, counts[WouldRemove], logkeys.Pending, counts[Pending], logkeys.PodExists, counts[PodExists], logkeys.Failed, counts[Failed])
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
