@@ -80,19 +80,3 @@ const (
 	ReasonOrphanRemoved    = "OrphanRemoved"
 	ReasonProvisioningSlow = "ProvisioningSlow"
 )
-
-// authorizers returns what approves a first publish of a volume of the named
-// backend: Options.Authorizer, then the backend itself when it is an
-// Authorizer. Each must approve.
-func (d *Engine) authorizers(backend string) []Authorizer {
-	var as []Authorizer
-	if d.cfg.Volumes.Authorizer != nil {
-		as = append(as, d.cfg.Volumes.Authorizer)
-	}
-	if b, ok := d.cfg.Backends[backend]; ok {
-		if a := b.Authorizer(); a != nil {
-			as = append(as, a)
-		}
-	}
-	return as
-}
