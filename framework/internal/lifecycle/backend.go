@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/fill"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 )
 
@@ -47,14 +47,9 @@ type (
 		Stamp(ctx context.Context) (string, error)
 		SetStamp(ctx context.Context, id string) error
 	}
-	ContentProvider interface {
-		Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
-	}
-	ContentBounder interface {
-		ContentProvider
-		ContentLimits() content.Limits
-	}
-	HealthChecker interface {
+	ContentProvider = fill.ContentProvider
+	ContentBounder  = fill.ContentBounder
+	HealthChecker   interface {
 		Check(ctx context.Context, v *api.Volume) error
 	}
 	Authorizer interface {

@@ -1,11 +1,11 @@
 // Package lifecycle runs the life of a driver's volumes: the transition table
 // and one function per event (lifecycle.go), and the collaborators the events
-// call down into — the backends (Backend), content (fill.go,
-// refresh.go, heldcontent.go), long provisioning (provisioning.go), the
+// call down into — the backends (Backend), the refreshes (refresh.go; what
+// they write is internal/fill's), long provisioning (provisioning.go), the
 // startup reconcile's view of the node (adopt.go) and the orphan GC (gc.go);
-// the backends' calls and the records, capacity, the bulkheads and the
-// refreshes' timers are packages below it (internal/storage,
-// internal/capacity, internal/lanes, internal/refresh). Its core type is Engine, built from a Config by package
+// the backends' calls and the records, capacity, the bulkheads, the
+// refreshes' timers and the content are packages below it (internal/storage,
+// internal/capacity, internal/lanes, internal/refresh, internal/fill). Its core type is Engine, built from a Config by package
 // framework, which feeds it the CSI publish and unpublish calls, the startup
 // and RebuildState.
 package lifecycle

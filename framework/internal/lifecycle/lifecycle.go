@@ -39,9 +39,9 @@ import (
 //     (internal/storage), through Backend (backend.go);
 //   - the mounter: d.mounter;
 //   - capacity: d.capacity (internal/capacity), the content capacity
-//     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
-//   - content: fill, refreshContent (fill.go), the refresher's credentials
-//     (internal/refresh);
+//     d.lanes.Held (internal/lanes) and d.fill's CountHeld (internal/fill);
+//   - content: d.fill's Fill, Refresh (internal/fill), the refresher's
+//     credentials (internal/refresh);
 //   - the node view of the reconcile: unrecordedMounts, unrecordedStorage
 //     (adopt.go);
 //   - events and metrics: events.go, d.metrics.
@@ -444,7 +444,7 @@ func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		switch {
 		case !isMount:
 			when = whenSameUnmounted
-		case d.contentFor(rec.Backend) == nil:
+		case !d.fill.Provides(rec.Backend):
 			when = whenSameMounted
 		default:
 			when = whenSameRefresh
@@ -584,7 +584,7 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
-	d.countHeldContent(klog.NewContext(ctx, log))
+	d.fill.CountHeld(klog.NewContext(ctx, log), d.store)
 	return nil
 }
 
@@ -615,7 +615,7 @@ func (d *Engine) refreshVolume(ctx context.Context, id string) {
 	from, when := stateOf(rec), whenAlways
 	if from != stateNone {
 		when = whenStale
-		if from == statePublished && d.contentFor(rec.Backend) != nil {
+		if from == statePublished && d.fill.Provides(rec.Backend) {
 			if isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
 				when = whenRefreshable
 			}
@@ -705,7 +705,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	log.V(2).Info("Published volume", logkeys.Size, v.Size)
@@ -728,7 +728,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
 	d.capacity.Adopt(v.Backend, v.Pod.UID, v.Size)
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	d.metrics.Reconciled(metrics.ReconcileAdopted)
@@ -765,7 +765,7 @@ func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
 	d.refresher.Remember(v)
-	if err := d.refreshContent(ctx, v); err != nil {
+	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 	} else {
 		d.refresher.Succeeded(v.ID)
@@ -841,7 +841,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	klog.FromContext(ctx).V(2).Info("Published volume after its background provisioning", logkeys.Size, v.Size)
@@ -881,7 +881,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.Complete(rec, full)
-	if d.contentFor(pr.vol.Backend) != nil {
+	if d.fill.Provides(pr.vol.Backend) {
 		d.refresher.Remember(pr.vol)
 	}
 	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
@@ -1024,7 +1024,7 @@ func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 	v := d.fromRecord(o.rec)
 	c := d.refresher.CredsOf(v.ID)
 	v.Secrets, v.Tokens = c.Secrets, c.Tokens
-	if err := d.refreshContent(ctx, v); err != nil {
+	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 		return nil
 	}
@@ -1039,7 +1039,7 @@ func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 // republish repairs it, with fresh content), not published. A published
 // volume whose backend has no content any more is forgotten.
 func (d *Engine) skipRefresh(_ context.Context, o *op) error {
-	if o.rec.Phase == store.PhasePublished && d.contentFor(o.rec.Backend) == nil {
+	if o.rec.Phase == store.PhasePublished && !d.fill.Provides(o.rec.Backend) {
 		d.refresher.Forget(o.rec.VolumeID)
 	}
 	return nil
@@ -1082,12 +1082,12 @@ func (d *Engine) finishMounted(ctx context.Context, pr *publishRequest, state ma
 	v := pr.vol
 	v.State = state
 	root := d.cfg.Node.KubeletRootDir
-	if v.ReadOnly && d.fills(v) {
+	if v.ReadOnly && d.fill.Fills(v) {
 		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable to finish its publish: %w", err)
 		}
 	}
-	err = d.fill(ctx, v)
+	err = d.fill.Fill(ctx, v)
 	if v.ReadOnly {
 		if rerr := d.mounter.SetReadOnly(root, v.TargetPath, true); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("making volume read-only: %w", rerr))
@@ -1109,7 +1109,7 @@ func (d *Engine) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
-	if err := d.fill(ctx, v); err != nil {
+	if err := d.fill.Fill(ctx, v); err != nil {
 		return err
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)
