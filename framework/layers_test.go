@@ -55,20 +55,23 @@ var layers = map[string]int{
 	"framework/internal/storage":   6,
 	"framework/internal/provision": 6,
 	"framework/internal/reconcile": 6,
+	// A collaborator over the lanes: content charged to their budget and
+	// capacity.
+	"framework/internal/fill": 7,
 	// The request side and the volume side of the driver: one layer, so
 	// that neither can import the other; package framework joins them.
-	"framework/internal/csiserver": 7,
-	"framework/internal/lifecycle": 7,
+	"framework/internal/csiserver": 8,
+	"framework/internal/lifecycle": 8,
 	// A driver process: Run's components around the two.
-	"framework/internal/daemon": 8,
+	"framework/internal/daemon": 9,
 	// The public surface: Options, New, Run, the extension interfaces.
-	"framework":                            9,
-	"framework/plugin":                     10,
-	"framework/pluginserver":               11,
-	"framework/drivertest":                 11,
-	"framework/backendtest":                12,
-	"drivers/scratch":                      12,
-	"drivers/scratch/cmd/kubectl-ephemera": 12,
+	"framework":                            10,
+	"framework/plugin":                     11,
+	"framework/pluginserver":               12,
+	"framework/drivertest":                 12,
+	"framework/backendtest":                13,
+	"drivers/scratch":                      13,
+	"drivers/scratch/cmd/kubectl-ephemera": 13,
 }
 
 // TestLayers: every import between the module's packages (test files aside)

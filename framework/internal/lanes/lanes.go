@@ -37,7 +37,7 @@ import (
 //   - refresh: content refreshes in flight; Volumes.RefreshConcurrency per
 //     content provider, one of them reserved.
 //   - held: Volumes.ContentCapacity, the memory of the content written into
-//     memory-backed volumes while they exist (heldcontent.go), by content
+//     memory-backed volumes while they exist (internal/fill), by content
 //     provider.
 type Lanes struct {
 	Locks     admission.Locks

@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/fill"
 	"github.com/ephemera-csi/ephemera/framework/internal/reconcile"
 	"github.com/ephemera-csi/ephemera/framework/internal/storage"
 )
@@ -45,14 +45,9 @@ type (
 		Plan(ctx context.Context, v *api.Volume) (mountOnly bool, err error)
 	}
 	Stamper         = reconcile.Stamper
-	ContentProvider interface {
-		Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
-	}
-	ContentBounder interface {
-		ContentProvider
-		ContentLimits() content.Limits
-	}
-	HealthChecker interface {
+	ContentProvider = fill.ContentProvider
+	ContentBounder  = fill.ContentBounder
+	HealthChecker   interface {
 		Check(ctx context.Context, v *api.Volume) error
 	}
 	Authorizer interface {
@@ -76,19 +71,3 @@ const (
 	ReasonOrphanRemoved    = "OrphanRemoved"
 	ReasonProvisioningSlow = "ProvisioningSlow"
 )
-
-// authorizers returns what approves a first publish of a volume of the named
-// backend: Options.Authorizer, then the backend itself when it is an
-// Authorizer. Each must approve.
-func (d *Engine) authorizers(backend string) []Authorizer {
-	var as []Authorizer
-	if d.cfg.Volumes.Authorizer != nil {
-		as = append(as, d.cfg.Volumes.Authorizer)
-	}
-	if b, ok := d.cfg.Backends[backend]; ok {
-		if a := b.Authorizer(); a != nil {
-			as = append(as, a)
-		}
-	}
-	return as
-}

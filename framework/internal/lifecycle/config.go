@@ -60,7 +60,7 @@ func (c *Config) Check() []error {
 		errs = append(errs, errors.New("Volumes.RefreshInterval and Volumes.RefreshConcurrency must not be negative"))
 	}
 	errs = append(errs, c.checkContentBounds()...)
-	if err := CheckContentShares(c); err != nil {
+	if err := c.providers().CheckShares(c.Volumes.ContentBytesInFlight); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.checkMountOptions()...)

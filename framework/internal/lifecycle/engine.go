@@ -12,6 +12,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/capacity"
+	"github.com/ephemera-csi/ephemera/framework/internal/fill"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/provision"
@@ -100,6 +101,7 @@ type Engine struct {
 	storage    *storage.Storage // the backends' calls and the records (internal/storage)
 	lanes      *lanes.Lanes     // the volume locks and the bulkheads (internal/lanes, lanes.go)
 	capacity   *capacity.Capacity
+	fill       *fill.Filler // fsGroup and content (internal/fill)
 	refresher  *refresh.Scheduler
 	provisions *provision.Provisions // long provisioning (internal/provision, provisioning.go)
 	node       *reconcile.Node       // the reconcile's view of the node (internal/reconcile, reconcile.go)
@@ -127,6 +129,17 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 	}
 	d.node = newNode(d, &cfg)
 	d.gc = newGC(d, &cfg, d.collectOrphan) // the gc event
+	d.fill = fill.New(fill.Config{
+		KubeletRootDir: cfg.Node.KubeletRootDir,
+		ContentTimeout: cfg.Volumes.ContentTimeout,
+		Windows:        isWindows,
+		Providers:      cfg.providers(),
+		Mounter:        mounter,
+		Content:        d.lanes.Content,
+		Refresh:        d.lanes.Refresh,
+		Held:           d.lanes.Held,
+		Refreshed:      d.refreshed,
+	})
 	return d, nil
 }
 
@@ -157,6 +170,20 @@ func (d *Engine) Stats() *stats.Cache { return d.stats }
 // Mounter is the engine's mounter.
 func (d *Engine) Mounter() mount.Interface { return d.mounter }
 
+// providers are the content providers of c: Options.Content and the
+// backends, each asked at each use whether it is one (internal/fill).
+func (c *Config) providers() fill.Providers {
+	backends := make(map[string]fill.Backend, len(c.Backends))
+	for name, b := range c.Backends {
+		backends[name] = b
+	}
+	return fill.Providers{Content: c.Content, Backends: backends}
+}
+
+// ContentProviders returns the content party of every provider of o,
+// bounded or not (fill.Providers.Parties).
+func ContentProviders(o *Config) []string { return o.providers().Parties() }
+
 // backendNames returns the names of m, sorted.
 func backendNames(m map[string]Backend) []string {
 	return slices.Sorted(maps.Keys(m))
@@ -175,13 +202,13 @@ func (d *Engine) InFlight() int { return d.inFlight() }
 func (d *Engine) HeldContent() int64 { return d.lanes.Held.InUse() }
 
 // AnyContent reports whether any volume of this driver may have content.
-func (d *Engine) AnyContent() bool { return d.anyContent() }
+func (d *Engine) AnyContent() bool { return d.fill.Any() }
 
 // StartRefresher enables driver-initiated refreshes until ctx ends;
 // StopRefresher waits for them.
 func (d *Engine) StartRefresher(ctx context.Context) {
 	var interval time.Duration
-	if d.anyContent() {
+	if d.fill.Any() {
 		interval = d.cfg.Volumes.RefreshInterval
 	}
 	d.refresher.Start(ctx, interval, d.refreshAll)

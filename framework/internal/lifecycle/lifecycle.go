@@ -40,9 +40,9 @@ import (
 //     (internal/storage), through Backend (backend.go);
 //   - the mounter: d.mounter;
 //   - capacity: d.capacity (internal/capacity), the content capacity
-//     d.lanes.Held (internal/lanes) and countHeldContent (heldcontent.go);
-//   - content: fill, refreshContent (fill.go), the refresher's credentials
-//     (internal/refresh);
+//     d.lanes.Held (internal/lanes) and d.fill's CountHeld (internal/fill);
+//   - content: d.fill's Fill, Refresh (internal/fill), the refresher's
+//     credentials (internal/refresh);
 //   - the node view of the reconcile: d.node's UnrecordedMounts,
 //     UnrecordedStorage, StampArea (internal/reconcile), whose findings
 //     Reconcile fires by kind (foundCases);
@@ -53,8 +53,11 @@ import (
 // framework calls for the CSI handlers, Run's startup and RebuildState; the
 // orphan GC (internal/reconcile's GC, which New hands collectOrphan) and the
 // refresher's timers (internal/refresh, which New hands refreshVolume).
-// TestLifecycleEntries checks it; package framework and internal/csiserver
-// cannot import each other's way back (TestLayers).
+// Every collaborator is a package below this one, so none can call back:
+// the import graph says so (framework/layers_test.go, TestLayers). The
+// package's other files are those event sources and the wiring of the
+// collaborators (engine.go, config.go, reconcile.go, provisioning.go,
+// lanes.go, events.go).
 
 // volState is where a volume is in its life, as its record says (stateOf).
 type volState string
@@ -456,7 +459,7 @@ func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		switch {
 		case !isMount:
 			when = whenSameUnmounted
-		case d.contentFor(rec.Backend) == nil:
+		case !d.fill.Provides(rec.Backend):
 			when = whenSameMounted
 		default:
 			when = whenSameRefresh
@@ -598,7 +601,7 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
-	d.countHeldContent(klog.NewContext(ctx, log))
+	d.fill.CountHeld(klog.NewContext(ctx, log), d.store)
 	return nil
 }
 
@@ -630,7 +633,7 @@ func (d *Engine) refreshVolume(ctx context.Context, id string) {
 	from, when := stateOf(rec), whenAlways
 	if from != stateNone {
 		when = whenStale
-		if from == statePublished && d.contentFor(rec.Backend) != nil {
+		if from == statePublished && d.fill.Provides(rec.Backend) {
 			if isMount, err := d.mounter.IsMountPoint(d.cfg.Node.KubeletRootDir, rec.TargetPath); err == nil && isMount {
 				when = whenRefreshable
 			}
@@ -720,7 +723,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
 	failpoint.Hit(failpoint.PublishAfterDone)
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	log.V(2).Info("Published volume", logkeys.Size, v.Size)
@@ -743,7 +746,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
 	d.capacity.Adopt(v.Backend, v.Pod.UID, v.Size)
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	d.metrics.Reconciled(metrics.ReconcileAdopted)
@@ -780,7 +783,7 @@ func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
 	d.refresher.Remember(v)
-	if err := d.refreshContent(ctx, v); err != nil {
+	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 	} else {
 		d.refresher.Succeeded(v.ID)
@@ -856,7 +859,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
-	if d.contentFor(v.Backend) != nil {
+	if d.fill.Provides(v.Backend) {
 		d.refresher.Remember(v)
 	}
 	klog.FromContext(ctx).V(2).Info("Published volume after its background provisioning", logkeys.Size, v.Size)
@@ -896,7 +899,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
 	d.capacity.Complete(rec, full)
-	if d.contentFor(pr.vol.Backend) != nil {
+	if d.fill.Provides(pr.vol.Backend) {
 		d.refresher.Remember(pr.vol)
 	}
 	klog.FromContext(ctx).Info("Completed the record of a volume rebuilt from the node with its publish request", logkeys.Phase, rec.Phase)
@@ -1039,7 +1042,7 @@ func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 	v := d.fromRecord(o.rec)
 	c := d.refresher.CredsOf(v.ID)
 	v.Secrets, v.Tokens = c.Secrets, c.Tokens
-	if err := d.refreshContent(ctx, v); err != nil {
+	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
 		return nil
 	}
@@ -1054,7 +1057,7 @@ func (d *Engine) refreshPublished(ctx context.Context, o *op) error {
 // republish repairs it, with fresh content), not published. A published
 // volume whose backend has no content any more is forgotten.
 func (d *Engine) skipRefresh(_ context.Context, o *op) error {
-	if o.rec.Phase == store.PhasePublished && d.contentFor(o.rec.Backend) == nil {
+	if o.rec.Phase == store.PhasePublished && !d.fill.Provides(o.rec.Backend) {
 		d.refresher.Forget(o.rec.VolumeID)
 	}
 	return nil
@@ -1097,12 +1100,12 @@ func (d *Engine) finishMounted(ctx context.Context, pr *publishRequest, state ma
 	v := pr.vol
 	v.State = state
 	root := d.cfg.Node.KubeletRootDir
-	if v.ReadOnly && d.fills(v) {
+	if v.ReadOnly && d.fill.Fills(v) {
 		if err := d.mounter.SetReadOnly(root, v.TargetPath, false); err != nil {
 			return fmt.Errorf("making volume writable to finish its publish: %w", err)
 		}
 	}
-	err = d.fill(ctx, v)
+	err = d.fill.Fill(ctx, v)
 	if v.ReadOnly {
 		if rerr := d.mounter.SetReadOnly(root, v.TargetPath, true); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("making volume read-only: %w", rerr))
@@ -1124,7 +1127,7 @@ func (d *Engine) mountAndFill(ctx context.Context, pr *publishRequest, src api.S
 		return fmt.Errorf("publishing at target: %w", err)
 	}
 	failpoint.Hit(failpoint.PublishAfterMount)
-	if err := d.fill(ctx, v); err != nil {
+	if err := d.fill.Fill(ctx, v); err != nil {
 		return err
 	}
 	failpoint.Hit(failpoint.PublishAfterContent)

@@ -2,9 +2,6 @@ package lifecycle
 
 import (
 	"flag"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
 	"path/filepath"
 	"slices"
@@ -143,83 +140,4 @@ func TestLifecycleDoc(t *testing.T) {
 		return
 	}
 	t.Errorf("the lifecycle table of %s differs from framework/internal/lifecycle/lifecycle.go; run go test ./framework/internal/lifecycle/ -run TestLifecycleDoc -update-lifecycle-doc\ngot:\n%s\nwant:\n%s", path, got, want)
-}
-
-// lifecycleEntries are the only calls into lifecycle.go from the package's
-// other files: the event sources, each calling its event's function.
-var lifecycleEntries = map[string][]string{
-	"request.go Publish": {"nodePublishVolume"},
-	// The refresh Scheduler's timers fire refreshVolume, the orphan GC's
-	// removals collectOrphan.
-	"engine.go New": {"refreshVolume", "collectOrphan"},
-}
-
-// TestLifecycleEntries checks that nothing the lifecycle calls calls back
-// into it: outside lifecycle.go, only the event sources name a function of
-// lifecycle.go, and only their event's. Calls are matched by name, so the
-// names of lifecycle.go are unique in the package.
-func TestLifecycleEntries(t *testing.T) {
-	fset := token.NewFileSet()
-	paths, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]*ast.File{}
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, p, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[p] = f
-	}
-	name := func(f string) string { return filepath.Base(f) }
-	ours := map[string]bool{}
-	for path, f := range files {
-		if name(path) != "lifecycle.go" {
-			continue
-		}
-		for _, d := range f.Decls {
-			if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name != "init" {
-				ours[fd.Name.Name] = true
-			}
-		}
-	}
-	if !ours["nodePublishVolume"] || !ours["Reconcile"] {
-		t.Fatal("lifecycle.go does not hold the lifecycle")
-	}
-	for _, path := range paths {
-		file := name(path)
-		if file == "lifecycle.go" || files[path] == nil {
-			continue
-		}
-		for _, d := range files[path].Decls {
-			fd, ok := d.(*ast.FuncDecl)
-			if !ok {
-				continue
-			}
-			if ours[fd.Name.Name] {
-				t.Errorf("%s declares %s, a name of lifecycle.go", file, fd.Name.Name)
-			}
-			if fd.Body == nil {
-				continue
-			}
-			allowed := lifecycleEntries[file+" "+fd.Name.Name]
-			ast.Inspect(fd.Body, func(n ast.Node) bool {
-				var id *ast.Ident
-				switch x := n.(type) {
-				case *ast.SelectorExpr:
-					id = x.Sel
-				case *ast.CallExpr:
-					id, _ = x.Fun.(*ast.Ident)
-				}
-				if id != nil && ours[id.Name] && !slices.Contains(allowed, id.Name) {
-					t.Errorf("%s: %s calls %s of lifecycle.go: only the event sources call into the lifecycle (lifecycleEntries), its collaborators never climb back", fset.Position(id.Pos()), fd.Name.Name, id.Name)
-				}
-				return true
-			})
-		}
-	}
 }

@@ -16,7 +16,7 @@ import (
 
 // Refresh is framework.Driver.Refresh.
 func (d *Engine) Refresh(ctx context.Context, volumeID string) error {
-	if !d.anyContent() {
+	if !d.fill.Any() {
 		return errors.New("the driver has no content provider")
 	}
 	if _, err := d.store.Get(ctx, volumeID); err != nil {
@@ -31,7 +31,7 @@ func (d *Engine) Refresh(ctx context.Context, volumeID string) error {
 
 // RefreshAll is framework.Driver.RefreshAll.
 func (d *Engine) RefreshAll(ctx context.Context, spread time.Duration) error {
-	if !d.anyContent() {
+	if !d.fill.Any() {
 		return errors.New("the driver has no content provider")
 	}
 	return d.refreshAll(ctx, spread)

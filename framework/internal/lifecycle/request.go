@@ -57,5 +57,21 @@ func (d *Engine) declared(backend string) api.Attributes {
 	return d.cfg.Volumes.AcceptedAttributes
 }
 
+// authorizers returns what approves a first publish of a volume of the named
+// backend: Options.Authorizer, then the backend itself when it is an
+// Authorizer. Each must approve.
+func (d *Engine) authorizers(backend string) []Authorizer {
+	var as []Authorizer
+	if d.cfg.Volumes.Authorizer != nil {
+		as = append(as, d.cfg.Volumes.Authorizer)
+	}
+	if b, ok := d.cfg.Backends[backend]; ok {
+		if a := b.Authorizer(); a != nil {
+			as = append(as, a)
+		}
+	}
+	return as
+}
+
 // sameTarget reports whether two target paths name the same target.
 func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
