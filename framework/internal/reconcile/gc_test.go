@@ -257,6 +257,9 @@ func TestGCRefusesWholesaleOrphaning(t *testing.T) {
 	if res[api.VolumeHandle("a", "v")] != PodExists || res[api.VolumeHandle("b", "v")] != Removed || res[api.VolumeHandle("c", "v")] != Removed {
 		t.Errorf("with API confirmation: %v", res)
 	}
+	if got := slices.Sorted(slices.Values(v.removed)); !slices.Equal(got, slices.Sorted(slices.Values([]string{api.VolumeHandle("b", "v"), api.VolumeHandle("c", "v")}))) {
+		t.Errorf("with API confirmation removed %v, want b's and c's volumes", got)
+	}
 }
 
 // A failed removal is reported and retried at the next pass.
