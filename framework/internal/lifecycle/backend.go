@@ -14,12 +14,9 @@ import (
 // answers each optional interface at the time of asking, as framework.As
 // does: nil (false) when the backend does not implement it now.
 type Backend interface {
-	Create(ctx context.Context, v *api.Volume) (api.Source, error)
-	Delete(ctx context.Context, v *api.Volume) error
-
-	Lister() Lister
-	Finder() Finder
-	MountOnly() bool
+	// Create, Delete and the storage's optional interfaces (Lister, Finder,
+	// MountOnly): what internal/storage calls.
+	storage.Backend
 	// LongProvisioning reports whether Create may outlive the call
 	// (framework.LongProvisioner).
 	LongProvisioning() bool
