@@ -137,7 +137,7 @@ func (d *Daemon) components(log klog.Logger, sock string) components {
 			}
 			n, used := d.engine.Volumes()
 			log.Info("Reconciled state", logkeys.Count, n, logkeys.BytesByBackend, used, logkeys.Duration, time.Since(start))
-			// The orphan GC acts only on the pods directory seen now (see checkPodsDir).
+			// The orphan GC acts only on the pods directory seen now (reconcile.GC.CheckPodsDir, through Engine.CheckPodsDir).
 			_ = d.engine.CheckPodsDir(filepath.Join(d.cfg.Node.KubeletRootDir, "pods"))
 			return nil
 		}},
