@@ -14,6 +14,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/metrics"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -27,12 +28,12 @@ type Result string
 
 // The results of a pass.
 const (
-	Removed     Result = "removed"    // torn down
-	WouldRemove Result = "dry_run"    // would have been torn down
-	Pending     Result = "pending"    // orphaned, within the grace period
-	PodExists   Result = "pod_exists" // pod dir gone but the API server has the pod
-	Failed      Result = "failed"     // teardown or check failed; retried next pass
-	Refused     Result = "refused"    // the pass looked unsafe (see Collect)
+	Removed     Result = metrics.GCRemoved // torn down
+	WouldRemove Result = "dry_run"         // would have been torn down
+	Pending     Result = "pending"         // orphaned, within the grace period
+	PodExists   Result = "pod_exists"      // pod dir gone but the API server has the pod
+	Failed      Result = metrics.GCFailed  // teardown or check failed; retried next pass
+	Refused     Result = "refused"         // the pass looked unsafe (see Collect)
 )
 
 // PodChecker asks the API server whether a pod exists (framework.PodChecker).
