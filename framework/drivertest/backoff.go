@@ -44,6 +44,9 @@ type Backoff struct {
 	// the context given to Retry. [Kubelet] operations have their own bound,
 	// KubeletOptions.Timeout.
 	Timeout time.Duration
+	// Attempts bounds how many attempts Retry makes: 1 sends one and never
+	// retries. 0: no bound but the context.
+	Attempts int
 }
 
 // KubeletBackoff returns the kubelet's schedule with every duration
@@ -112,7 +115,7 @@ type Attempt struct {
 }
 
 // Retry runs op, and again on the kubelet's schedule ([Backoff.Next]) after
-// every error, until op succeeds or ctx ends. Every error is retried, as the
+// every error, until op succeeds, ctx ends or Attempts were made. Every error is retried, as the
 // kubelet retries the operations of a volume while its pod wants it mounted
 // (a publish) or is gone (an unpublish), final or not. Each attempt gets ctx
 // bounded by Timeout.
@@ -131,6 +134,12 @@ type Attempt struct {
 // and of a pod's volumes by calling Retry for each volume on a goroutine of
 // its own, as the kubelet runs each volume's operation on its own.
 func (b Backoff) Retry(ctx context.Context, op func(context.Context) error) ([]Attempt, error) {
+	return b.retryWhile(ctx, op, func(error) bool { return true })
+}
+
+// retryWhile is Retry that stops at the first error retryable does not
+// accept, as it stops at success.
+func (b Backoff) retryWhile(ctx context.Context, op func(context.Context) error, retryable func(error) bool) ([]Attempt, error) {
 	var (
 		attempts []Attempt
 		lastErr  error
@@ -160,7 +169,23 @@ func (b Backoff) Retry(ctx context.Context, op func(context.Context) error) ([]A
 		if a.Err == nil {
 			return attempts, nil
 		}
+		if !retryable(a.Err) || (b.Attempts > 0 && len(attempts) >= b.Attempts) {
+			return attempts, a.Err
+		}
 	}
+}
+
+// InProgress reports whether err says that the driver may still be working
+// on the volume or cannot be reached for now: a gRPC Aborted (another
+// operation on the volume is in progress) or Unavailable (the driver or its
+// plugin is restarting). The kit's teardowns retry exactly these
+// (KubeletOptions.Retry); any other error is the answer.
+func InProgress(err error) bool {
+	switch status.Code(err) {
+	case codes.Aborted, codes.Unavailable:
+		return true
+	}
+	return false
 }
 
 // attempt runs op once under Timeout and records it.

@@ -33,11 +33,17 @@ type kfakeDriver struct {
 	capsErr      []codes.Code // per NodeGetCapabilities call, consumed in order
 	publishErr   codes.Code
 	unpublishErr codes.Code
-	keepTarget   bool // unpublish leaves the target alone
-	publishes    []*csi.NodePublishVolumeRequest
-	unpublishes  []*csi.NodeUnpublishVolumeRequest
-	authorities  []string
-	accepts      atomic.Int64
+	// unpublishErrs are the answers of the next unpublishes, consumed in
+	// order before unpublishErr applies.
+	unpublishErrs []codes.Code
+	// onUnpublish, when set, runs (without d.mu) before each unpublish
+	// answers.
+	onUnpublish func(*csi.NodeUnpublishVolumeRequest)
+	keepTarget  bool // unpublish leaves the target alone
+	publishes   []*csi.NodePublishVolumeRequest
+	unpublishes []*csi.NodeUnpublishVolumeRequest
+	authorities []string
+	accepts     atomic.Int64
 }
 
 func (d *kfakeDriver) recordAuthority(ctx context.Context) {
@@ -87,8 +93,14 @@ func (d *kfakeDriver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	d.mu.Lock()
 	d.recordAuthority(ctx)
 	d.unpublishes = append(d.unpublishes, proto.Clone(req).(*csi.NodeUnpublishVolumeRequest))
-	code, keep := d.unpublishErr, d.keepTarget
+	code, keep, hook := d.unpublishErr, d.keepTarget, d.onUnpublish
+	if len(d.unpublishErrs) > 0 {
+		code, d.unpublishErrs = d.unpublishErrs[0], d.unpublishErrs[1:]
+	}
 	d.mu.Unlock()
+	if hook != nil {
+		hook(req)
+	}
 	if code != codes.OK {
 		return nil, status.Error(code, "injected unpublish failure")
 	}

@@ -39,8 +39,19 @@ type KubeletOptions struct {
 	// volume_context.
 	PodInfoOnMount *bool
 	// Timeout bounds each kubelet operation (one publish sequence, one
-	// unpublish), like the kubelet's csiTimeout. Defaults to 2 minutes.
+	// unpublish with its retries), like the kubelet's csiTimeout. Defaults
+	// to 2 minutes.
 	Timeout time.Duration
+	// Retry is how Unpublish, DeletePod and Restart retry a
+	// NodeUnpublishVolume the driver answers Aborted or Unavailable
+	// ([InProgress]: a refresh or another request holds the volume, the driver
+	// or its plugin is restarting), as the kubelet retries a pod's teardown
+	// until it succeeds; every other answer is returned at once. The retries
+	// of one teardown stay within Timeout. Publish and Republish never retry:
+	// their answer is what a test checks (retry them with [Backoff.Retry]).
+	// Defaults to KubeletBackoff(1); Backoff{Attempts: 1} sends one attempt.
+	// [Kubelet.SetRetry] changes it later.
+	Retry *Backoff
 }
 
 // Pod is a pod as far as the kubelet's CSI code cares.
@@ -115,6 +126,7 @@ type Kubelet struct {
 	timeout        time.Duration
 
 	mu       sync.Mutex
+	retry    Backoff                       // KubeletOptions.Retry
 	pods     map[string]*kubeletPod        // desired state, by pod UID
 	actual   map[kubeletVolKey]*kubeletVol // actual state
 	locks    map[kubeletVolKey]*sync.Mutex
@@ -171,7 +183,21 @@ func NewKubelet(opts KubeletOptions) *Kubelet {
 	if k.timeout <= 0 {
 		k.timeout = kubeletCSITimeout
 	}
+	k.retry = KubeletBackoff(1)
+	if opts.Retry != nil {
+		k.retry = *opts.Retry
+	}
 	return k
+}
+
+// SetRetry replaces KubeletOptions.Retry, the schedule on which teardowns
+// retry an Aborted or Unavailable unpublish, for the operations started
+// after it: for example Backoff{Attempts: 1} in a test that checks the code
+// of a teardown's first answer, on a [Harness]'s Kubelet.
+func (k *Kubelet) SetRetry(b Backoff) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.retry = b
 }
 
 // Root returns the kubelet root directory (absolute).

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -492,7 +493,7 @@ func TestKubeletRestartDeletedPod(t *testing.T) {
 
 func TestKubeletRestartAfterFailedDelete(t *testing.T) {
 	ctx := context.Background()
-	k, d := newTestKubelet(t, KubeletOptions{})
+	k, d := newTestKubelet(t, KubeletOptions{Retry: &Backoff{Attempts: 1}})
 	pod := k.NewPod("ns", "p")
 	if err := k.Publish(ctx, pod, InlineVolume{Name: "v"}); err != nil {
 		t.Fatal(err)
@@ -754,5 +755,110 @@ func TestKubeletIsFinal(t *testing.T) {
 		if got := IsFinal(tc.err); got != tc.want {
 			t.Errorf("IsFinal(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// DeletePod retries an unpublish the driver answers Aborted or Unavailable
+// on the kubelet's schedule (here scaled) until it succeeds, as the kubelet
+// does while a refresh holds the volume or the driver restarts; a final code
+// is the answer at once.
+func TestDeletePodRetriesInProgress(t *testing.T) {
+	ctx := t.Context()
+	fast := KubeletBackoff(1.0 / 50)
+	k, d := newTestKubelet(t, KubeletOptions{Retry: &fast})
+	pod := k.NewPod("ns", "p")
+	if err := k.Publish(ctx, pod, InlineVolume{Name: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	d.set(func(d *kfakeDriver) { d.unpublishErrs = []codes.Code{codes.Aborted, codes.Unavailable, codes.Aborted} })
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatalf("DeletePod: %v, want the retries to succeed", err)
+	}
+	if n := len(d.gotUnpublishes()); n != 4 {
+		t.Errorf("%d unpublishes, want 3 refused and 1 that succeeded", n)
+	}
+	if kpathExists(k.PodDir(pod)) {
+		t.Error("pod dir left")
+	}
+
+	final := k.NewPod("ns", "final")
+	if err := k.Publish(ctx, final, InlineVolume{Name: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(d.gotUnpublishes())
+	d.set(func(d *kfakeDriver) { d.unpublishErrs = []codes.Code{codes.Aborted, codes.InvalidArgument} })
+	if err := k.DeletePod(ctx, final); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("DeletePod: %v, want the final InvalidArgument after one retry", err)
+	}
+	if n := len(d.gotUnpublishes()) - before; n != 2 {
+		t.Errorf("%d unpublishes, want 2 (Aborted, then the final answer)", n)
+	}
+	if k.State(final, "v") != StateMounted {
+		t.Error("volume forgotten after a final unpublish failure")
+	}
+
+	// One attempt: the first answer is the result.
+	k.SetRetry(Backoff{Attempts: 1})
+	before = len(d.gotUnpublishes())
+	d.set(func(d *kfakeDriver) { d.unpublishErrs = []codes.Code{codes.Aborted} })
+	if err := k.Unpublish(ctx, final, "v"); status.Code(err) != codes.Aborted {
+		t.Fatalf("Unpublish with Attempts 1: %v, want Aborted", err)
+	}
+	if n := len(d.gotUnpublishes()) - before; n != 1 {
+		t.Errorf("%d unpublishes with Attempts 1, want 1", n)
+	}
+}
+
+// The retries of one teardown stay within KubeletOptions.Timeout: a driver
+// that answers Aborted forever gets DeletePod's Aborted back, not a hang.
+func TestDeletePodRetriesWithinTimeout(t *testing.T) {
+	fast := KubeletBackoff(1.0 / 50)
+	k, d := newTestKubelet(t, KubeletOptions{Retry: &fast, Timeout: 300 * time.Millisecond})
+	pod := k.NewPod("ns", "p")
+	if err := k.Publish(t.Context(), pod, InlineVolume{Name: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	d.set(func(d *kfakeDriver) { d.unpublishErr = codes.Aborted })
+	if err := k.DeletePod(t.Context(), pod); status.Code(err) != codes.Aborted {
+		t.Fatalf("DeletePod: %v, want Aborted once Timeout passed", err)
+	}
+	if n := len(d.gotUnpublishes()); n < 2 {
+		t.Errorf("%d unpublishes, want retries within the timeout", n)
+	}
+}
+
+// DeletePod unpublishes a pod's volumes in parallel, as the kubelet's
+// operation executor does: volume a's unpublish answers only once volume b's
+// has arrived.
+func TestDeletePodUnpublishesInParallel(t *testing.T) {
+	k, d := newTestKubelet(t, KubeletOptions{Retry: &Backoff{Attempts: 1}})
+	ctx := t.Context()
+	pod := k.NewPod("ns", "p")
+	for _, name := range []string{"a", "b"} {
+		if err := k.Publish(ctx, pod, InlineVolume{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bArrived := make(chan struct{})
+	var waited atomic.Bool
+	d.set(func(d *kfakeDriver) {
+		d.onUnpublish = func(req *csi.NodeUnpublishVolumeRequest) {
+			switch filepath.Base(filepath.Dir(req.GetTargetPath())) {
+			case "b":
+				close(bArrived)
+			case "a":
+				select {
+				case <-bArrived:
+					waited.Store(true)
+				case <-time.After(10 * time.Second):
+				}
+			}
+		}
+	})
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if !waited.Load() {
+		t.Fatal("volume a's unpublish answered before volume b's was sent: DeletePod unpublished one after another")
 	}
 }

@@ -17,8 +17,9 @@ import (
 // sequence), and every other one is unpublished with the handle from
 // vol_data.json; a pod that is not desired and whose volumes were all
 // unpublished has its empty directories removed as in DeletePod (best
-// effort). The simulator has no retry loop: desired volumes that are not on
-// disk (never published, or failed finally) are not published by Restart.
+// effort). The simulator has no retry loop for publishes: desired volumes
+// that are not on disk (never published, or failed finally) are not published
+// by Restart. Unpublishes are retried as [Kubelet.Unpublish]'s are.
 // Operations run one after another; their errors are joined.
 func (k *Kubelet) Restart(ctx context.Context) error {
 	found, err := k.scanVolumes()

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
@@ -15,7 +16,9 @@ import (
 
 // Unpublish runs the kubelet's TearDownAt for the volume: it reads the volume
 // handle from vol_data.json (as NewUnmounter does), sends NodeUnpublishVolume
-// with only volume_id and target_path, then runs removeMountDir. If any step
+// with only volume_id and target_path (again on KubeletOptions.Retry's
+// schedule while the answer is Aborted or Unavailable), then runs
+// removeMountDir. If any step
 // fails the volume stays tracked so that a retry (or Restart) unpublishes it
 // again. The volume is no longer desired either way. A volume the kubelet does
 // not consider mounted or uncertain gets no RPC.
@@ -50,10 +53,15 @@ func (k *Kubelet) tearDown(ctx context.Context, uid, volName string) error {
 	}
 	handle := data[volDataVolumeHandle]
 	req := &csi.NodeUnpublishVolumeRequest{VolumeId: handle, TargetPath: target}
-	if err := k.call(ctx, "NodeUnpublishVolume "+handle, func(c csi.NodeClient) error {
-		_, err := c.NodeUnpublishVolume(ctx, req)
-		return err
-	}); err != nil {
+	k.mu.Lock()
+	retry := k.retry
+	k.mu.Unlock()
+	if _, err := retry.retryWhile(ctx, func(ctx context.Context) error {
+		return k.call(ctx, "NodeUnpublishVolume "+handle, func(c csi.NodeClient) error {
+			_, err := c.NodeUnpublishVolume(ctx, req)
+			return err
+		})
+	}, InProgress); err != nil {
 		return err
 	}
 	if err := k.removeMountDir(target); err != nil {
@@ -67,7 +75,9 @@ func (k *Kubelet) tearDown(ctx context.Context, uid, volName string) error {
 
 // DeletePod models deleting the pod while the kubelet runs: the pod leaves the
 // desired state, every tracked (mounted or uncertain) volume of the pod is
-// unpublished (all of them; the errors are joined), and when that succeeded
+// unpublished, each on a goroutine of its own as the kubelet's operation
+// executor runs them, retried as [Kubelet.Unpublish] is (the errors are
+// joined, in the volumes' name order), and when that succeeded
 // the kubelet's orphaned-pod cleanup removes the empty directories
 // volumes/kubernetes.io~csi/<vol> of volumes it never mounted,
 // volumes/kubernetes.io~csi, volumes, plugins and the pod directory. A
@@ -86,14 +96,18 @@ func (k *Kubelet) DeletePod(ctx context.Context, pod *Pod) error {
 	names := k.trackedVolumesLocked(pod.UID)
 	k.mu.Unlock()
 
-	var errs []error
-	for _, name := range names {
-		if err := k.tearDown(ctx, pod.UID, name); err != nil {
-			errs = append(errs, fmt.Errorf("volume %s: %w", name, err))
-		}
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			if err := k.tearDown(ctx, pod.UID, name); err != nil {
+				errs[i] = fmt.Errorf("volume %s: %w", name, err)
+			}
+		})
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	if err := k.cleanupPodDirs(pod.UID); err != nil {
 		return err
