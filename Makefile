@@ -42,7 +42,7 @@ EXAMPLES    := examples/hello examples/tokenfile examples/plugin-node
 NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
-.PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-flakes test-root test-crash test-sanity test-examples e2e \
         vet cross fmt verify bench bench-memory bench-fleet clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
@@ -120,6 +120,11 @@ test-model:
 ## test-security: the safety guarantees of docs/security.md, with the model test (root)
 test-security: test-model
 	$(GO) test -race -count=1 $(GOBUILDFLAGS) -v ./test/security/
+
+## test-flakes: the timing-sensitive packages 20 times under -race beside a busy loop on every
+## core (root; not in make test; FLAKE_COUNT, FLAKE_RUN, FLAKE_PKGS, FLAKE_LOAD: test/flakes.sh)
+test-flakes:
+	@test/flakes.sh
 
 ## test-crash: kill -9 at every side-effect boundary (root)
 test-crash:
