@@ -33,9 +33,16 @@
 //     testing a driver's garbage collection.
 //   - [Kubelet.Calls] and [Kubelet.CapabilityCalls] expose the RPC log.
 //
-// The simulator does not retry on its own: tests drive every operation and
+// Publishes are not retried on their own: tests drive every operation and
 // assert on the returned gRPC errors (status.Code) and on [Kubelet.State].
-// It is safe for concurrent use.
+// Teardowns ([Kubelet.Unpublish], [Kubelet.DeletePod], [Kubelet.Restart]'s
+// unpublishes) retry an answer of Aborted or Unavailable on the kubelet's
+// schedule ([KubeletOptions.Retry]), as the kubelet keeps tearing a deleted
+// pod down: a refresh that still holds the volume, or a driver that
+// restarts, does not fail the test. A test that checks such a first answer
+// sets Backoff{Attempts: 1} ([Kubelet.SetRetry]). DeletePod unpublishes a
+// pod's volumes in parallel, as the kubelet does. It is safe for concurrent
+// use.
 //
 // # Retries
 //
