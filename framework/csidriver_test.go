@@ -130,17 +130,18 @@ func TestCSIDriverCheckedAtStartup(t *testing.T) {
 			getter := &fakeCSIDrivers{obj: tc.obj, fails: 1}
 			ev := &driverEvents{}
 			h, _, _ := fakeHarness(t, func(o *framework.Options) { o.Observability.CSIDrivers = getter; o.Observability.Events = ev })
-			var m map[string]float64
+			// The checks are exported one after another: wait for as many
+			// as the case exports (a scrape between two saw only some).
+			var got map[string]float64
 			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				m = scrape(t, handlerGet(h.Driver().Handler(), "/metrics"))
-				if _, ok := m[`ephemera_csidriver_misconfigured{check="exists"}`]; ok || time.Now().After(deadline) {
-					break
+				got = map[string]float64{}
+				for k, v := range scrape(t, handlerGet(h.Driver().Handler(), "/metrics")) {
+					if check, ok := strings.CutPrefix(k, `ephemera_csidriver_misconfigured{check="`); ok {
+						got[strings.TrimSuffix(check, `"}`)] = v
+					}
 				}
-			}
-			got := map[string]float64{}
-			for k, v := range m {
-				if check, ok := strings.CutPrefix(k, `ephemera_csidriver_misconfigured{check="`); ok {
-					got[strings.TrimSuffix(check, `"}`)] = v
+				if len(got) >= len(tc.metrics) || time.Now().After(deadline) {
+					break
 				}
 			}
 			if len(got) != len(tc.metrics) {

@@ -813,14 +813,16 @@ func TestDeletePodRetriesInProgress(t *testing.T) {
 // that answers Aborted forever gets DeletePod's Aborted back, not a hang.
 func TestDeletePodRetriesWithinTimeout(t *testing.T) {
 	fast := KubeletBackoff(1.0 / 50)
-	k, d := newTestKubelet(t, KubeletOptions{Retry: &fast, Timeout: 300 * time.Millisecond})
+	k, d := newTestKubelet(t, KubeletOptions{Retry: &fast, Timeout: 2 * time.Second})
 	pod := k.NewPod("ns", "p")
 	if err := k.Publish(t.Context(), pod, InlineVolume{Name: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	d.set(func(d *kfakeDriver) { d.unpublishErr = codes.Aborted })
-	if err := k.DeletePod(t.Context(), pod); status.Code(err) != codes.Aborted {
-		t.Fatalf("DeletePod: %v, want Aborted once Timeout passed", err)
+	// The last answer: Aborted, or the deadline when Timeout cut the last
+	// attempt short.
+	if err := k.DeletePod(t.Context(), pod); status.Code(err) != codes.Aborted && status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("DeletePod: %v, want Aborted (or DeadlineExceeded) once Timeout passed", err)
 	}
 	if n := len(d.gotUnpublishes()); n < 2 {
 		t.Errorf("%d unpublishes, want retries within the timeout", n)
