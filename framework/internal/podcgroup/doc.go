@@ -35,4 +35,13 @@
 // status, and never outlives the Write that started it. Its [Result] and
 // error say what happened ([ErrNoSpace], [ErrPodOutOfMemory], ...),
 // never what the files hold.
+//
+// What the driver's container needs: on cgroup v2, a privileged container
+// runs in the host's cgroup namespace with the host's cgroup2 mounted at
+// /sys/fs/cgroup (containerd and CRI-O do so for privileged containers),
+// which is Hierarchy's default; an unprivileged one cannot move a process
+// out of its own cgroup namespace where cgroup2 is mounted with nsdelegate
+// (systemd's default), so the writer's start fails. On v1 a container
+// sees only its own subtree of each controller: mount the host's
+// /sys/fs/cgroup (hostPath) and give its place as Hierarchy.Mount.
 package podcgroup

@@ -48,8 +48,9 @@ const (
 // it is sent a byte of the files. Either way it allocates no page of the
 // files before it is the pod's.
 //
-// dir is an open directory (the writer gets a duplicate of the descriptor
-// and resolves every name beneath it, never following a link); names are
+// dir is an open directory, opened for reading (not O_PATH: the writer
+// fsyncs it); the writer gets a duplicate of the descriptor and resolves
+// every name beneath it, never following a link. Names are
 // slash-separated and relative; missing parent directories are made with
 // opts.DirMode. Files are created exclusively (a name that exists fails
 // the write), given their mode and opts.GID through their descriptor and
@@ -58,10 +59,20 @@ const (
 // reaped before Write returns. What it was writing when it failed is left
 // in dir for the caller to remove.
 //
+// On v2 the writer is in all the pod's controllers, not only memory: it
+// counts against the pod's pids limit (a pod at it cannot get a writer
+// started) and runs within its CPU quota (a pod throttled to a few
+// millicores writes its own files slowly, within ctx). On v1 it joins
+// only the pod's memory cgroup. Before it is the pod's, on v1, the
+// writer's runtime start-up (not the files) is charged to the driver's
+// cgroup, and given back when it exits.
+//
 // Errors: ErrBadFiles (before anything starts), ErrNoSpace (the
 // filesystem is full), ErrPodOutOfMemory (the pod's memory cgroup is at
 // its limit: the writer was refused memory or OOM-killed), ctx's error,
-// or another failure described. File contents never appear in an error.
+// one that is fs.ErrNotExist when the pod's cgroup is gone since Find (the
+// pod went away), or another failure described. File contents never
+// appear in an error.
 func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File, opts WriteOptions) (res Result, err error) {
 	entries, data, err := plan(files, opts.Limits)
 	if err != nil {
@@ -119,7 +130,11 @@ func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File,
 	if err != nil {
 		hint := ""
 		if attr.UseCgroupFD && errors.Is(err, unix.ENOENT) {
-			hint = " (with cgroup2's nsdelegate, a process may move only within its cgroup namespace: the driver needs the host's)"
+			// nsdelegate (systemd mounts cgroup2 with it): a process
+			// may move others only within its cgroup namespace. A
+			// privileged container runs in the host's (containerd/cri
+			// #1415), an unprivileged one in its own.
+			hint = " (with cgroup2's nsdelegate a process moves others only within its cgroup namespace: the driver's container must be privileged, or otherwise in the host's cgroup namespace)"
 		}
 		return res, fmt.Errorf("pod %s: starting the writer: %w%s", c.UID, err, hint)
 	}
@@ -212,7 +227,7 @@ func (c *Cgroup) outcome(ctx context.Context, procs string, sendErr, waitErr err
 		return fmt.Errorf("%s: %s", prefix, msg)
 	}
 	if sendErr != nil && !errors.Is(sendErr, syscall.EPIPE) {
-		return fmt.Errorf("%s: %w", prefix, sendErr)
+		return fmt.Errorf("pod %s: %w", c.UID, sendErr)
 	}
 	var ee *exec.ExitError
 	if errors.As(waitErr, &ee) {

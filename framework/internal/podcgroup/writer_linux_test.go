@@ -346,9 +346,31 @@ func TestWriteOverThePodsLimit(t *testing.T) {
 func TestWriteNoSpace(t *testing.T) {
 	_, c := v1Pod(t)
 	dir := tmpfs(t, "1m")
-	_, err := c.Write(context.Background(), dir, map[string]File{"a": {Data: make([]byte, 2*MiB)}}, WriteOptions{})
+	secret := bytes.Repeat([]byte("SECRET"), 2*MiB/6)
+	_, err := c.Write(context.Background(), dir, map[string]File{"a": {Data: secret}}, WriteOptions{})
 	if !errors.Is(err, ErrNoSpace) {
 		t.Errorf("Write of 2 MiB into a 1 MiB tmpfs: %v, want ErrNoSpace", err)
+	}
+	if err != nil && strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("the error shows the file's data: %v", err)
+	}
+}
+
+// TestWriteWithoutItsCgroup: a pod cgroup removed between Find and Write
+// (the pod went away) fails the write, the writer not left anywhere.
+func TestWriteWithoutItsCgroup(t *testing.T) {
+	_, c := v1Pod(t)
+	dir := tmpfs(t, "4m")
+	if err := unix.Rmdir(c.Dir); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Write(context.Background(), dir, map[string]File{"a": {Data: []byte("a")}}, WriteOptions{})
+	t.Logf("Write into a removed pod cgroup: %v", err)
+	if !errors.Is(err, fs.ErrNotExist) || res.Pid == 0 || !gone(res.Pid) {
+		t.Errorf("Write into a removed pod cgroup: %v (writer %d gone: %v), want fs.ErrNotExist and no writer", err, res.Pid, gone(res.Pid))
+	}
+	if entries, _ := os.ReadDir(dir.Name()); len(entries) > 0 {
+		t.Errorf("the writer wrote outside the pod's cgroup: %v", entries)
 	}
 }
 
