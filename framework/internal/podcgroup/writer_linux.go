@@ -119,8 +119,15 @@ func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File,
 	}
 
 	start := time.Now()
-	cmd, stdin, out, errOut, err := startWriter(ctx, dir, attr)
-	if err != nil && attr.UseCgroupFD && errors.Is(err, unix.ENOSYS) {
+	var cmd *exec.Cmd
+	var stdin *os.File
+	var out, errOut *boundedBuffer
+	fallback := attr.UseCgroupFD && noCloneIntoCgroup
+	if !fallback {
+		cmd, stdin, out, errOut, err = startWriter(ctx, dir, attr)
+		fallback = err != nil && attr.UseCgroupFD && errors.Is(err, unix.ENOSYS)
+	}
+	if fallback {
 		// A kernel before 5.7 (no clone3): start it in this cgroup and
 		// move it, as on v1.
 		attr.UseCgroupFD = false
@@ -157,6 +164,10 @@ func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File,
 	res.Elapsed = time.Since(start)
 	return res, c.outcome(ctx, procs, sendErr, waitErr, out.String(), errOut.String(), oomBefore)
 }
+
+// noCloneIntoCgroup makes Write start a v2 writer as it does on a kernel
+// without clone3, and move it into its leaf: a test hook.
+var noCloneIntoCgroup bool
 
 // afterStart, when set, is called with the writer's pid once it is in its
 // cgroup, before it is sent anything: a test hook.

@@ -431,6 +431,17 @@ func TestWriteStaysBeneath(t *testing.T) {
 // memory controller may be bound to v1, so the charge itself is the v1
 // tests'.
 func TestWriteV2Leaf(t *testing.T) {
+	t.Run("clone3", func(t *testing.T) { testWriteV2Leaf(t) })
+	// A kernel without clone3: started here, moved into the leaf before
+	// it is sent anything.
+	t.Run("moved", func(t *testing.T) {
+		noCloneIntoCgroup = true
+		defer func() { noCloneIntoCgroup = false }()
+		testWriteV2Leaf(t)
+	})
+}
+
+func testWriteV2Leaf(t *testing.T) {
 	needRoot(t)
 	mount := t.TempDir()
 	if err := unix.Mount("ephemera-test", mount, "cgroup2", 0, ""); err != nil {
