@@ -6,7 +6,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/ephemera-csi/ephemera/api"
 )
+
+// The content path holds api.Files: each converts to a File as it is (a
+// test may import what the package may not).
+var _ = File(api.File{Data: []byte("x"), Mode: 0o600})
 
 const testUID = "0b6e7d5c-1f2a-4c3b-9d8e-7f6a5b4c3d2e"
 

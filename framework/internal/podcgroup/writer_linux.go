@@ -55,7 +55,7 @@ const (
 // opts.DirMode. Files are created exclusively (a name that exists fails
 // the write), given their mode and opts.GID through their descriptor and
 // fsync'd. The writer never outlives Write: it is killed when ctx ends
-// (and when the calling thread's process dies: PR_SET_PDEATHSIG) and
+// (and when the driver dies: PR_SET_PDEATHSIG) and
 // reaped before Write returns. What it was writing when it failed is left
 // in dir for the caller to remove.
 //
@@ -162,7 +162,7 @@ func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File,
 	_ = stdin.Close()
 	waitErr := cmd.Wait()
 	res.Elapsed = time.Since(start)
-	return res, c.outcome(ctx, procs, sendErr, waitErr, out.String(), errOut.String(), oomBefore)
+	return res, c.outcome(ctx, sendErr, waitErr, out.String(), errOut.String(), oomBefore)
 }
 
 // noCloneIntoCgroup makes Write start a v2 writer as it does on a kernel
@@ -217,7 +217,7 @@ func send(w io.Writer, header []byte, data [][]byte) error {
 }
 
 // outcome turns how the writer ended into Write's error.
-func (c *Cgroup) outcome(ctx context.Context, procs string, sendErr, waitErr error, out, errOut string, oomBefore int64) error {
+func (c *Cgroup) outcome(ctx context.Context, sendErr, waitErr error, out, errOut string, oomBefore int64) error {
 	status := strings.TrimSpace(out)
 	if waitErr == nil && status == "ok" {
 		return nil
