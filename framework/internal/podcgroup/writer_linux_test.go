@@ -300,6 +300,21 @@ func TestWriteChargesThePod(t *testing.T) {
 		}
 	}
 
+	// The control: the same pages written by this process are charged
+	// to this process's cgroup, not the pod's.
+	podBefore, ownBefore := stat(t, c.Dir, "memory.stat", "shmem"), stat(t, own, "memory.stat", "shmem")
+	if err := os.WriteFile(filepath.Join(dir.Name(), "control"), make([]byte, 4*MiB), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	podCtl, ownCtl := stat(t, c.Dir, "memory.stat", "shmem"), stat(t, own, "memory.stat", "shmem")
+	t.Logf("control: 4 MiB written by this process: pod cgroup shmem %d → %d KiB, this process's %d → %d KiB", podBefore>>10, podCtl>>10, ownBefore>>10, ownCtl>>10)
+	if ownCtl-ownBefore < 4*MiB || podCtl-podBefore > MiB {
+		t.Errorf("control: 4 MiB written by this process charged %d bytes to its cgroup and %d to the pod's, want all to its own", ownCtl-ownBefore, podCtl-podBefore)
+	}
+	if err := os.Remove(filepath.Join(dir.Name(), "control")); err != nil {
+		t.Fatal(err)
+	}
+
 	// The pages are the files': removed, the pod's charge goes.
 	if err := os.Remove(filepath.Join(dir.Name(), "token")); err != nil {
 		t.Fatal(err)
