@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -607,4 +608,29 @@ func TestWriterCost(t *testing.T) {
 	slices.Sort(placed)
 	t.Logf("one write of 4 KiB through a writer, %d runs: min %v, median %v, max %v; of which started and in the pod's cgroup: min %v, median %v, max %v",
 		n, times[0], times[n/2], times[n-1], placed[0], placed[n/2], placed[n-1])
+}
+
+// TestDispatch: this binary runs as a writer only with both marks, argv[0]
+// and the environment; with one of them it is itself (here, the tests).
+func TestDispatch(t *testing.T) {
+	run := func(arg0 string, env ...string) (string, int) {
+		t.Helper()
+		var out bytes.Buffer
+		cmd := &exec.Cmd{Path: selfExe, Args: []string{arg0, "-test.run=^$"}, Env: env, Stdout: &out, Stderr: &out, Stdin: strings.NewReader("not a request")}
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return out.String(), cmd.ProcessState.ExitCode()
+	}
+	marker := writerEnv + "=" + writerEnvValue
+	if out, code := run(writerArg0, marker); code != exitRequest || !strings.HasPrefix(out, "error 0 bad request header") {
+		t.Errorf("argv[0] %s and %s: exit %d, %q; want the writer refusing the request", writerArg0, marker, code, out)
+	}
+	for _, tc := range [][]string{{"podcgroup.test", marker}, {writerArg0, writerEnv + "=0"}, {writerArg0}} {
+		if out, code := run(tc[0], tc[1:]...); code != 0 || !strings.Contains(out, "PASS") {
+			t.Errorf("argv[0] %s, environment %q: exit %d, %q; want the test binary", tc[0], tc[1:], code, out)
+		}
+	}
 }
