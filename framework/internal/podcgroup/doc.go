@@ -28,7 +28,10 @@
 // that any binary linking the package is its own writer. On cgroup v2 the
 // writer is born (clone3 CLONE_INTO_CGROUP) in a leaf cgroup of its own
 // made below the pod's, since the pod's cgroup, whose controllers are
-// enabled for its children, takes no process itself; on v1 it is moved
+// enabled for its children, takes no process itself (the leaf is a plain
+// directory, "ephemera-writer-<random>", with either cgroup driver: no
+// ".scope" suffix, so systemd counts the writer as the pod slice's, and no
+// D-Bus call to PID 1 per write); on v1 it is moved
 // into the pod's memory cgroup before it is sent the files. The files
 // reach it on a pipe, the directory as a descriptor; it writes them
 // beneath that descriptor without following links, exits with its
