@@ -24,6 +24,7 @@ var layers = map[string]int{
 	"framework/internal/exepages":          0,
 	"framework/internal/logkeys":           0,
 	"framework/internal/metrics":           0,
+	"framework/internal/podcgroup":         0,
 	"framework/internal/unixsock":          0,
 	"framework/internal/winpath":           0,
 	"framework/internal/words":             0,
