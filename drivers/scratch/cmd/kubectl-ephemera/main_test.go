@@ -276,16 +276,22 @@ func TestVolumesFanOut(t *testing.T) {
 
 // A driver pod that never answers costs its own --pod-timeout, not the
 // command's: every other node is still listed, and the silent one named.
+//
+// The pod timeout bounds the healthy pods' answers too, each of which may
+// need a TLS connection of its own: with -race on a loaded machine those took
+// longer than 300 ms (test-flakes), so it is 3 s; the test takes that long.
 func TestVolumesHangingPod(t *testing.T) {
 	kubeconfig := fleetAPI(t, 5, func(w http.ResponseWriter, r *http.Request, node string) {
 		if node == "node-001" {
 			<-r.Context().Done() // until the client gives up
-			return
+			// No answer at all. Returning would make net/http complete the
+			// request as an empty 200, an answer a silent pod never gives.
+			panic(http.ErrAbortHandler)
 		}
 		answer(w, node)
 	})
 	var out, errb bytes.Buffer
-	code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--concurrency", "2", "--pod-timeout", "300ms", "--timeout", "20s"}, &out, &errb)
+	code := run([]string{"volumes", "--kubeconfig", kubeconfig, "--concurrency", "2", "--pod-timeout", "3s", "--timeout", "30s"}, &out, &errb)
 	if code != 1 {
 		t.Errorf("exit %d, want 1 (a node did not answer)", code)
 	}
