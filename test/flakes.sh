@@ -11,8 +11,9 @@
 #   FLAKE_LOAD   busy loops beside the tests (default: one per core; 0: none)
 #   GOTESTFLAGS  more go test flags (e.g. -v)
 #
-# It stops at the first failure of a package (-failfast) and prints each package's
-# result; the exit code is go test's.
+# Every package runs to the end (no -failfast: go test would skip the packages after
+# the first failure), so a failing test shows how often it fails; the exit code is go
+# test's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ echo "test-flakes: -race -count=$count${FLAKE_RUN:+ -run $FLAKE_RUN} beside $loa
 start=$(date +%s)
 rc=0
 # shellcheck disable=SC2086 # word splitting of the package list and flags is wanted
-go test -race -failfast -count="$count" -timeout 180m -tags "${EPHEMERA_GOTAGS:-grpcnotrace}" \
+go test -race -count="$count" -timeout 180m -tags "${EPHEMERA_GOTAGS:-grpcnotrace}" \
 	${FLAKE_RUN:+-run "$FLAKE_RUN"} ${GOTESTFLAGS:-} $pkgs || rc=$?
 echo "test-flakes: $(( $(date +%s) - start ))s, exit $rc"
 exit "$rc"
