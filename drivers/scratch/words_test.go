@@ -1,19 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
 
 // optionsFields lists every field path of framework.Options ("Limits.MaxInFlight"),
@@ -130,7 +129,7 @@ func TestOperatorWords(t *testing.T) {
 	// CSIDriver object is not checked) name flags too.
 	t.Run("startup", func(t *testing.T) {
 		cmd := exec.Command(bin, append(append([]string{}, base...), "--v=2")...)
-		var out syncBuffer
+		var out drivertest.SyncBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -168,22 +167,4 @@ func TestOperatorWords(t *testing.T) {
 			t.Errorf("the logs name Options fields %v:\n%s", w, s)
 		}
 	})
-}
-
-// syncBuffer is a bytes.Buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -43,7 +43,7 @@ type pluginProc struct {
 	t        *testing.T
 	endpoint string
 	cmd      *exec.Cmd
-	log      syncBuffer
+	log      drivertest.SyncBuffer
 }
 
 // startPlugin starts "tokenfile plugin" on endpoint, allowing team-a and
@@ -108,7 +108,7 @@ func TestPlugin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dlog syncBuffer
+	var dlog drivertest.SyncBuffer
 	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&dlog), textlogger.Verbosity(10)))
 	tokensBackend, err := plugin.New(plugin.Options{Name: "tokens", Endpoint: p.endpoint, Tmpfs: mem,
 		DriverName: "scratch.csi.ephemera.dev", NodeID: "node-1", Timeout: 5 * time.Second, Logger: logger})

@@ -3,13 +3,11 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -28,12 +26,12 @@ func tokens(audience, token string) string {
 
 // start runs the driver in-process, allowing namespaces "team-a" and "team-b",
 // with its log at verbosity 10 captured in the returned buffer.
-func start(t *testing.T) (*drivertest.Harness, *syncBuffer) {
+func start(t *testing.T) (*drivertest.Harness, *drivertest.SyncBuffer) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounts tmpfs: run as root")
 	}
-	var log syncBuffer
+	var log drivertest.SyncBuffer
 	opts, err := Options()
 	if err != nil {
 		t.Fatal(err)
@@ -231,22 +229,4 @@ func mountID(t *testing.T, target string) int {
 	}
 	t.Fatalf("%s is not mounted", target)
 	return 0
-}
-
-// syncBuffer is a bytes.Buffer the driver's goroutines may log into.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,7 +1,6 @@
 package drivertest_test
 
 import (
-	"bytes"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -65,7 +64,7 @@ func TestStartLogsToTheTest(t *testing.T) {
 }
 
 func TestStartKeepsTheAuthorsLogger(t *testing.T) {
-	var buf syncBuffer
+	var buf drivertest.SyncBuffer
 	opts := fakeOptions()
 	opts.Observability.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
 	tb := &logTB{TB: t}
@@ -87,24 +86,6 @@ func TestStartLogAfterTheTestEnded(t *testing.T) {
 	})
 	h.Options.Observability.Logger.Info("Logged after the test ended")
 	h.Options.Observability.Logger.Error(nil, "Logged after the test ended")
-}
-
-// syncBuffer is a bytes.Buffer safe for the driver's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // With the fake mounter, the Kubelet's directories exist in the Fake too, so

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/ephemera-csi/ephemera/framework"
+	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
 
 var (
@@ -144,24 +144,6 @@ func TestNewPodsValidates(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // An API server that does not answer is logged after SyncTimeout, not
 // returned: Run keeps running, PodExists keeps failing (the GC keeps the
 // volumes), and the late sync is logged when it comes.
@@ -177,7 +159,7 @@ func TestRunSyncTimeout(t *testing.T) {
 	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
 		return down.Load(), nil, unreachable
 	})
-	var log syncBuffer
+	var log drivertest.SyncBuffer
 	p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", SyncTimeout: 100 * time.Millisecond, StartJitter: -1,
 		Logger: textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log)))})
 	if err != nil {
