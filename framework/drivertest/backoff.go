@@ -115,10 +115,10 @@ type Attempt struct {
 }
 
 // Retry runs op, and again on the kubelet's schedule ([Backoff.Next]) after
-// every error, until op succeeds, ctx ends or Attempts were made. Every error is retried, as the
-// kubelet retries the operations of a volume while its pod wants it mounted
-// (a publish) or is gone (an unpublish), final or not. Each attempt gets ctx
-// bounded by Timeout.
+// every error, until op succeeds, ctx ends or Attempts were made. Every error
+// is retried, as the kubelet retries the operations of a volume while its pod
+// wants it mounted (a publish) or is gone (an unpublish), final or not. Each
+// attempt gets ctx bounded by Timeout.
 //
 // It returns every attempt made, in order, and the last attempt's error: nil
 // when op succeeded. When ctx ends before any attempt it returns ctx's error;

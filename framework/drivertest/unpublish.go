@@ -18,9 +18,8 @@ import (
 // handle from vol_data.json (as NewUnmounter does), sends NodeUnpublishVolume
 // with only volume_id and target_path (again on KubeletOptions.Retry's
 // schedule while the answer is Aborted or Unavailable), then runs
-// removeMountDir. If any step
-// fails the volume stays tracked so that a retry (or Restart) unpublishes it
-// again. The volume is no longer desired either way. A volume the kubelet does
+// removeMountDir. If any step fails the volume stays tracked so that a retry
+// (or Restart) unpublishes it again. The volume is no longer desired either way. A volume the kubelet does
 // not consider mounted or uncertain gets no RPC.
 func (k *Kubelet) Unpublish(ctx context.Context, pod *Pod, volName string) error {
 	k.mu.Lock()
@@ -77,8 +76,8 @@ func (k *Kubelet) tearDown(ctx context.Context, uid, volName string) error {
 // desired state, every tracked (mounted or uncertain) volume of the pod is
 // unpublished, each on a goroutine of its own as the kubelet's operation
 // executor runs them, retried as [Kubelet.Unpublish] is (the errors are
-// joined, in the volumes' name order), and when that succeeded
-// the kubelet's orphaned-pod cleanup removes the empty directories
+// joined, in the volumes' name order), and when that succeeded the kubelet's
+// orphaned-pod cleanup removes the empty directories
 // volumes/kubernetes.io~csi/<vol> of volumes it never mounted,
 // volumes/kubernetes.io~csi, volumes, plugins and the pod directory. A
 // directory that is not empty (for example a target the driver left mounted)
