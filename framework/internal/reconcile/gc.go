@@ -100,12 +100,16 @@ type GC struct {
 	orphans orphans
 
 	mu       sync.Mutex
-	removing map[string]bool // backends whose removals of a pass still run
-	running  sync.WaitGroup  // every backend's removals
+	removing map[string]bool   // backends whose removals of a pass still run
+	ended    map[string]uint64 // when each backend's removals last ended, in ends
+	ends     uint64            // removals of a backend that ended, ever
+	running  sync.WaitGroup    // every backend's removals
 }
 
 // NewGC returns the GC of a validated cfg.
-func NewGC(cfg GCConfig) *GC { return &GC{cfg: cfg, removing: map[string]bool{}} }
+func NewGC(cfg GCConfig) *GC {
+	return &GC{cfg: cfg, removing: map[string]bool{}, ended: map[string]uint64{}}
+}
 
 // orphans remembers since when each volume has looked orphaned, and the
 // kubelet pods directory the GC first saw.
@@ -143,11 +147,14 @@ func (g *GC) Collect(ctx context.Context, now time.Time) (*Pass, error) {
 		g.cfg.Observe(nil, string(Refused))
 		return nil, err
 	}
+	g.mu.Lock()
+	listed := g.ends
+	g.mu.Unlock()
 	recs, err := g.cfg.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
 	}
-	p := &Pass{g: g, log: log, results: map[string]Result{}}
+	p := &Pass{g: g, log: log, results: map[string]Result{}, listed: listed}
 	due, total := p.due(recs, podsDir, now)
 	// A wholesale disappearance is more likely a replaced or hidden pods
 	// directory than that many pods deleted behind the kubelet's back.
@@ -176,6 +183,7 @@ type Pass struct {
 	mu      sync.Mutex // report, from the removals in flight
 	results map[string]Result
 	started int
+	listed  uint64         // GC.ends when the pass listed the records
 	wg      sync.WaitGroup // the pass's removals
 }
 
@@ -274,12 +282,14 @@ func (p *Pass) confirmed(ctx context.Context, due []*store.Record, now time.Time
 }
 
 // start removes recs, the due volumes of backend, in a goroutine of the
-// backend's own, unless the backend's removals of an earlier pass still run:
-// then each is Busy, left to a later pass. The pass does not wait for it.
+// backend's own, unless the backend's removals of an earlier pass still run,
+// or ended after the pass listed the records (which may then be of volumes
+// those removals tore down): then each is Busy, left to a later pass. The
+// pass does not wait for it.
 func (p *Pass) start(ctx context.Context, backend string, recs []*store.Record) {
 	g := p.g
 	g.mu.Lock()
-	busy := g.removing[backend]
+	busy := g.removing[backend] || g.ended[backend] > p.listed
 	if !busy {
 		g.removing[backend] = true
 		g.running.Add(1)
@@ -300,6 +310,8 @@ func (p *Pass) start(ctx context.Context, backend string, recs []*store.Record) 
 		defer func() {
 			g.mu.Lock()
 			delete(g.removing, backend)
+			g.ends++
+			g.ended[backend] = g.ends
 			g.mu.Unlock()
 			g.running.Done()
 			p.wg.Done()

@@ -491,3 +491,33 @@ func TestGCRemoveIsBoundedByTheOperationTimeout(t *testing.T) {
 		t.Errorf("the hung backend's Delete was called %d times, want once per pass (2)", n)
 	}
 }
+
+// A backend whose removals end while a pass lists the records is skipped by
+// that pass: its records may be of volumes just torn down, and a second
+// teardown of one would release its capacity twice.
+func TestGCSkipsABackendWhoseRemovalsEndedSinceTheList(t *testing.T) {
+	g, v, _ := newTestGC(t, GCConfig{OrphanGracePeriod: time.Nanosecond, MaxOrphanShare: 1}, []string{"hung"})
+	ctx, now, id := t.Context(), time.Now(), api.VolumeHandle("hung", "v")
+	collect(ctx, g, now)
+	first := mustCollect(t, g, now.Add(time.Second))
+	<-v.entered
+	// The next pass lists the record, then the removal returns (and, as a
+	// real teardown would, deletes it) before the pass goes on.
+	list := g.cfg.List
+	g.cfg.List = func(ctx context.Context) ([]*store.Record, error) {
+		recs, err := list(ctx)
+		v.mu.Lock()
+		delete(v.recs, id)
+		v.mu.Unlock()
+		close(v.hang)
+		waitPass(t, first)
+		return recs, err
+	}
+	res := waitPass(t, mustCollect(t, g, now.Add(2*time.Second)))
+	if res[id] != Busy {
+		t.Errorf("a volume listed before its backend's removals ended: %q, want %s", res[id], Busy)
+	}
+	if n := len(v.entered); n != 0 {
+		t.Errorf("the volume was torn down again (%d more Removes)", n)
+	}
+}
