@@ -297,7 +297,7 @@ func (p *Pass) start(ctx context.Context, backend string, recs []*store.Record) 
 	}
 	g.mu.Unlock()
 	if busy {
-		p.log.V(2).Info("Orphan GC: the backend's removals of an earlier pass still run; its orphans wait for a later pass", logkeys.Backend, backend, logkeys.Orphaned, len(recs))
+		p.log.V(2).Info("Orphan GC: the backend's removals of an earlier pass still run, or ended since this pass listed the volumes; its orphans wait for a later pass", logkeys.Backend, backend, logkeys.Orphaned, len(recs))
 		for _, rec := range recs {
 			p.report(rec, Busy)
 		}
