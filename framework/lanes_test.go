@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -90,5 +91,90 @@ func TestHungBackendsKeepToTheirShares(t *testing.T) {
 	}
 	if err := k.DeletePod(ctx, p); err != nil {
 		t.Fatalf("unpublish while every publish slot is taken: %v", err)
+	}
+}
+
+// hungDelete's Create succeeds and its Delete never answers, whatever its
+// context (a creating plugin whose Delete hangs): deleting receives whether
+// each Delete's context had a deadline.
+type hungDelete struct {
+	source   string
+	release  chan struct{}
+	deleting chan bool
+}
+
+func (h *hungDelete) Create(context.Context, *api.Volume) (api.Source, error) {
+	return api.Source{Path: h.source}, nil
+}
+
+func (h *hungDelete) Delete(ctx context.Context, _ *api.Volume) error {
+	_, ok := ctx.Deadline()
+	h.deleting <- ok
+	<-h.release
+	return errors.New("hung Delete released")
+}
+
+// Issue 44, finding 3: the orphan GC collects each backend on its own. While
+// a backend's Deletes of orphans never answer, another backend's orphan is
+// still removed by a later pass; each Delete the GC makes is bounded by the
+// operation timeout (its context has a deadline).
+func TestHungDeleteHoldsOnlyItsBackendsOrphans(t *testing.T) {
+	hung := &hungDelete{source: t.TempDir(), release: make(chan struct{}), deleting: make(chan bool, 64)}
+	h, _, st := fakeHarness(t, func(o *framework.Options) {
+		o.Backends["hung"] = hung
+		o.GC = framework.GCOptions{Interval: 10 * time.Millisecond, OrphanGracePeriod: time.Nanosecond, MaxOrphanShare: 1}
+	})
+	t.Cleanup(func() { close(hung.release) }) // before the driver stops
+	ctx, k := t.Context(), h.Kubelet
+	var hungPods []*drivertest.Pod
+	for range 4 {
+		pod := k.NewPod("ns", "hung")
+		if err := k.Publish(ctx, pod, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"backend": "hung"}}); err != nil {
+			t.Fatal(err)
+		}
+		hungPods = append(hungPods, pod)
+	}
+	other := k.NewPod("ns", "other")
+	if err := k.Publish(ctx, other, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"backend": "dir"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range hungPods {
+		if err := k.OrphanPod(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case withDeadline := <-hung.deleting:
+		if !withDeadline {
+			t.Error("the orphan GC's Delete has no deadline, want the operation timeout")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the orphan GC did not start removing the hung backend's orphans")
+	}
+	// The hung backend's removals never return; the dir backend's orphan
+	// goes now and is removed all the same.
+	if err := k.OrphanPod(other); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		recs, err := st.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := false
+		for _, rec := range recs {
+			left = left || rec.Pod.UID == other.UID
+		}
+		if !left {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dir backend's orphan was not removed while the hung backend's Deletes ran")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if recs, _ := st.List(ctx); len(recs) != len(hungPods) {
+		t.Errorf("%d records left, want the hung backend's %d", len(recs), len(hungPods))
 	}
 }

@@ -444,7 +444,9 @@ type GCOptions struct {
 	// startup. Defaults to 1m; negative disables the GC.
 	Interval time.Duration
 	// OrphanGracePeriod is how long a volume must look orphaned before the GC
-	// tears it down. Defaults to 2m.
+	// tears it down: a time from the pass that first saw it so, whatever the
+	// passes in between (each backend's removals run apart, each bounded by
+	// Limits.OperationTimeout, and no pass waits for them). Defaults to 2m.
 	OrphanGracePeriod time.Duration
 	// DryRun makes the GC only log what it would remove.
 	DryRun bool

@@ -39,7 +39,14 @@
 // node together are written at Options.PerNodePerMinute
 // (DefaultPerNodePerMinute) per minute after a burst of as many: on a fleet
 // where every node fails the same way at once (a content backend down), the
-// API server gets at most that many writes per node. An event like one
+// API server gets at most that many writes per node. The node's budget is
+// shared between pods as the driver's bulkheads are: half of it (rounded
+// down) is a reserve that a noisy pod, one that has spent more than half of
+// its own PerPodPerMinute recently, may not take. Pods whose refreshes keep
+// failing share the other half, and a quiet pod's RefreshFailed or
+// ProvisioningSlow is written even while they fail (with the defaults: 5 of
+// the node's 10 per minute are kept for the pods that are not noisy). An
+// event like one
 // written in the last 10 minutes (same object, type and reason, and the same
 // message but for its numbers: "3 of 10 MiB in use" repeats "4 of 10 MiB in
 // use") is merged into it: its count, last timestamp and message are patched,

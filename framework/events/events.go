@@ -85,8 +85,11 @@ type Options struct {
 	PerPodPerMinute int
 	// PerNodePerMinute is how many events of any object this Recorder (one
 	// per node) writes per minute, after a burst of as many; a merged repeat
-	// counts as a write. Defaults to DefaultPerNodePerMinute when zero;
-	// negative is an error.
+	// counts as a write. Half of it (rounded down) is a reserve that only
+	// quiet objects take: an object that has spent more than half its own
+	// PerPodPerMinute gets none of it, so that a few noisy pods cannot spend
+	// the node's budget for all the others (see the package documentation).
+	// Defaults to DefaultPerNodePerMinute when zero; negative is an error.
 	PerNodePerMinute int
 	// Logger logs events that cannot be written or are dropped. Defaults to
 	// klog.Background().
@@ -254,7 +257,12 @@ func (r *Recorder) Run(ctx context.Context) error {
 // Event implements framework.EventSink: it queues an event about pod. It never
 // blocks; see the package documentation for when the event is written.
 func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
-	r.post(event{
+	r.post(podEvent(pod, eventType, reason, message))
+}
+
+// podEvent is an event about pod.
+func podEvent(pod api.Pod, eventType, reason, message string) event {
+	return event{
 		ref: corev1.ObjectReference{
 			APIVersion: "v1",
 			Kind:       "Pod",
@@ -264,7 +272,7 @@ func (r *Recorder) Event(pod api.Pod, eventType, reason, message string) {
 		},
 		namespace: pod.Namespace,
 		eventType: eventType, reason: reason, message: message,
-	})
+	}
 }
 
 // CSIDriverEvent implements framework.CSIDriverEventSink: it queues an event
@@ -314,15 +322,25 @@ func (r *Recorder) post(e event) {
 func (r *Recorder) write(ctx context.Context, e event) {
 	log := r.opts.Logger.WithValues(logkeys.Object, klog.KRef(e.ref.Namespace, e.ref.Name), logkeys.Reason, e.reason)
 	now := r.opts.clock.Now()
-	if !r.allow(e.ref, now) {
+	b := r.bucketOf(e.ref, now)
+	perPod := float64(r.opts.PerPodPerMinute)
+	// A pod that has spent more than half its own budget recently is noisy:
+	// it may not take the node's reserve.
+	noisy := b.tokens < perPod/2
+	if !b.take(now, perPod, 0) {
 		log.V(4).Info("Dropping an event: its object is over its rate (PerPodPerMinute)", logkeys.PerMinute, r.opts.PerPodPerMinute)
 		return
 	}
+	perNode := float64(r.opts.PerNodePerMinute)
 	if r.node == nil {
-		r.node = &bucket{tokens: float64(r.opts.PerNodePerMinute), last: now}
+		r.node = &bucket{tokens: perNode, last: now}
 	}
-	if !r.node.take(now, float64(r.opts.PerNodePerMinute)) {
-		log.V(4).Info("Dropping an event: the node is over its rate (PerNodePerMinute)", logkeys.PerMinute, r.opts.PerNodePerMinute)
+	keep := 0.0
+	if noisy {
+		keep = float64(r.opts.PerNodePerMinute / 2)
+	}
+	if !r.node.take(now, perNode, keep) {
+		log.V(4).Info("Dropping an event: the node is over its rate (PerNodePerMinute), or only its reserve for quiet objects is left", logkeys.PerMinute, r.opts.PerNodePerMinute)
 		return
 	}
 	key := string(e.ref.UID) + "\x00" + e.ref.Kind + "\x00" + e.ref.Namespace + "\x00" + e.ref.Name + "\x00" + e.eventType + "\x00" + e.reason + "\x00" + normalize(e.message)
@@ -434,9 +452,10 @@ func normalize(message string) string {
 	return b.String()
 }
 
-// allow takes a token of the object's bucket: PerPodPerMinute per minute
-// after a burst of as many.
-func (r *Recorder) allow(ref corev1.ObjectReference, now time.Time) bool {
+// bucketOf is the object's bucket, refilled to now: PerPodPerMinute per
+// minute up to a burst of as many. At most maxTracked objects are tracked,
+// those written longest ago forgotten first.
+func (r *Recorder) bucketOf(ref corev1.ObjectReference, now time.Time) *bucket {
 	key := ref.Kind + "/" + ref.Namespace + "/" + ref.Name + "/" + string(ref.UID)
 	burst := float64(r.opts.PerPodPerMinute)
 	b := r.buckets[key]
@@ -447,17 +466,22 @@ func (r *Recorder) allow(ref corev1.ObjectReference, now time.Time) bool {
 		b = &bucket{tokens: burst, last: now}
 		r.buckets[key] = b
 	}
-	return b.take(now, burst)
+	b.refill(now, burst)
+	return b
 }
 
-// take refills b at perMinute per minute up to a burst of as many and takes
-// a token if there is one.
-func (b *bucket) take(now time.Time, perMinute float64) bool {
+// refill refills b at perMinute per minute up to a burst of as many.
+func (b *bucket) refill(now time.Time, perMinute float64) {
 	if d := now.Sub(b.last); d > 0 {
 		b.tokens = min(perMinute, b.tokens+d.Minutes()*perMinute)
 		b.last = now
 	}
-	if b.tokens < 1 {
+}
+
+// take refills b and takes a token if one is left beyond keep.
+func (b *bucket) take(now time.Time, perMinute, keep float64) bool {
+	b.refill(now, perMinute)
+	if b.tokens < 1+keep {
 		return false
 	}
 	b.tokens--

@@ -497,3 +497,57 @@ func TestRetryWait(t *testing.T) {
 		t.Errorf("retryWait after a 429 with Retry-After 7: %s, want 7s", d)
 	}
 }
+
+// Issue 44, finding 4: the node's budget is shared between pods. Two pods
+// whose refreshes keep failing (an event every 3 s each, for 10 minutes) do
+// not spend it for the others: every quiet pod's single event is written,
+// the noisy pods still get theirs at the node's other half, and the node
+// writes no more than PerNodePerMinute per minute after its burst. On ac28008
+// the two noisy pods took all 10 per minute and every quiet pod's event was
+// dropped.
+func TestNoisyPodsLeaveTheNodesReserve(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	r, client := newRecorder(t, nil, Options{clock: clk}) // the defaults: 5 per pod, 10 per node
+	ctx := t.Context()
+	noisy := []api.Pod{{Namespace: "ns", Name: "noisy-a", UID: "a"}, {Namespace: "ns", Name: "noisy-b", UID: "b"}}
+	const (
+		step    = 3 * time.Second
+		minutes = 10
+	)
+	var quiet []string
+	for i := range minutes * int(time.Minute/step) {
+		for _, pod := range noisy {
+			r.write(ctx, podEvent(pod, corev1.EventTypeWarning, "RefreshFailed", fmt.Sprintf("refresh %d failed", i)))
+		}
+		if i%10 == 5 { // a quiet pod's one event every 30 s, amid the noise
+			pod := api.Pod{Namespace: "ns", Name: fmt.Sprint("quiet-", i), UID: fmt.Sprint("q", i)}
+			quiet = append(quiet, pod.Name)
+			reason := "RefreshFailed"
+			if i%20 == 5 {
+				reason = "ProvisioningSlow"
+			}
+			r.write(ctx, podEvent(pod, corev1.EventTypeNormal, reason, "once"))
+		}
+		clk.Step(step)
+	}
+	for _, name := range quiet {
+		if n := writes(client, name); n != 1 {
+			t.Errorf("quiet pod %s: %d event writes, want its one event written", name, n)
+		}
+	}
+	total := 0
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "create" || a.GetVerb() == "patch" {
+			total++
+		}
+	}
+	if limit := DefaultPerNodePerMinute * (1 + minutes); total > limit {
+		t.Errorf("%d event writes in %d minutes, more than the node's burst and rate allow (%d)", total, minutes, limit)
+	}
+	for _, pod := range noisy {
+		if n := writes(client, pod.Name); n < minutes {
+			t.Errorf("noisy pod %s: %d event writes in %d minutes, want at least one a minute (the node's other half is theirs)", pod.Name, n, minutes)
+		}
+	}
+	t.Logf("%d writes: noisy %d and %d, quiet %d", total, writes(client, noisy[0].Name), writes(client, noisy[1].Name), len(quiet))
+}

@@ -48,7 +48,9 @@ func (c *cluster) restartAPIServer(ctx context.Context, mode string) error {
 // a real kube-scheduler, with no mount attempt; the driver starts, the kubelet
 // registers it, the driver removes the taint, and the pod is scheduled and starts
 // on its first NodePublishVolume, with no FailedMount. Then the admission policy:
-// the same token may not change another node, a label, or another taint.
+// the same token may not change another node, a label, another taint, nor set
+// the node's pod CIDRs or provider ID (which the API server lets be set once
+// while empty).
 func TestStartupTaint(t *testing.T) {
 	c := clu
 	drvA := requireDriver(t)
@@ -227,6 +229,11 @@ func TestStartupTaint(t *testing.T) {
 		"a label":               {b.name, `{"metadata":{"labels":{"example.com/evil":"true"}}}`},
 		"another taint":         {b.name, `{"spec":{"taints":[{"key":"example.com/other","effect":"NoSchedule"}]}}`},
 		"unschedulable":         {b.name, `{"spec":{"unschedulable":true}}`},
+		// Settable once while empty (the API server's own validation lets
+		// them through): issue 44, finding 4.
+		"spec.podCIDR":    {b.name, `{"spec":{"podCIDR":"10.250.0.0/24"}}`},
+		"spec.podCIDRs":   {b.name, `{"spec":{"podCIDRs":["10.250.1.0/24"]}}`},
+		"spec.providerID": {b.name, `{"spec":{"providerID":"evil://node"}}`},
 	} {
 		_, err := sa.CoreV1().Nodes().Patch(ctx, patch.node, types.MergePatchType, []byte(patch.body), metav1.PatchOptions{})
 		if err == nil || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) || !strings.Contains(err.Error(), "ephemera-scratch-startup-taint") {
@@ -236,7 +243,8 @@ func TestStartupTaint(t *testing.T) {
 	if hasTaint(t, c, nodeName) {
 		t.Errorf("node %s got the taint from a refused patch", nodeName)
 	}
-	if n := mustNode(t, c, b.name); n.Labels["example.com/evil"] != "" || n.Spec.Unschedulable || len(n.Spec.Taints) > 1 {
+	if n := mustNode(t, c, b.name); n.Labels["example.com/evil"] != "" || n.Spec.Unschedulable || len(n.Spec.Taints) > 1 ||
+		n.Spec.PodCIDR != "" || len(n.Spec.PodCIDRs) != 0 || n.Spec.ProviderID != "" {
 		t.Errorf("node %s changed by a refused patch: %+v", b.name, n.Spec)
 	}
 	t.Logf("scenario in %v", time.Since(start).Round(time.Millisecond))

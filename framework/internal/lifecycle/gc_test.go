@@ -66,14 +66,19 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 	d, fake, st := gcDriver(t, GCConfig{OrphanGracePeriod: time.Minute}, []string{"live", "gone"}, "live")
 	ctx, now := t.Context(), time.Now()
 
-	res, err := d.gc.Collect(ctx, now)
+	pass, err := d.gc.Collect(ctx, now)
 	if err != nil {
 		t.Fatal(err)
 	}
+	res := pass.Wait()
 	if res[api.VolumeHandle("gone", "v")] != reconcile.Pending || len(res) != 1 {
 		t.Fatalf("first pass: %v, want only the orphan, pending", res)
 	}
-	res, _ = d.gc.Collect(ctx, now.Add(61*time.Second))
+	pass, err = d.gc.Collect(ctx, now.Add(61*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = pass.Wait()
 	if res[api.VolumeHandle("gone", "v")] != reconcile.Removed {
 		t.Fatalf("after the grace period: %v", res)
 	}

@@ -58,6 +58,7 @@ func newGC(d *Engine, cfg *Config, remove func(context.Context, *store.Record) e
 		KubeletRoot:       cfg.Node.KubeletRootDir,
 		Interval:          cfg.GC.Interval,
 		OrphanGracePeriod: cfg.GC.OrphanGracePeriod,
+		OperationTimeout:  cfg.Limits.OperationTimeout,
 		DryRun:            cfg.GC.DryRun,
 		MaxOrphanShare:    cfg.GC.MaxOrphanShare,
 		Pods:              cfg.GC.Pods,

@@ -44,6 +44,8 @@ const (
 	PodExists       = "podExists"
 	PodsDir         = "podsDir"
 	Removed         = "removed"
+	Removing        = "removing"
+	Busy            = "busy"
 	Volumes         = "volumes"
 	CSIDriver       = "csiDriver"
 	Check           = "check"

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -19,8 +21,12 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// gcConcurrency bounds the orphan GC's removals in flight.
+// gcConcurrency bounds the orphan GC's removals in flight, per backend.
 const gcConcurrency = 8
+
+// stopWait bounds how long Run, once its context ended, waits for the
+// removals still running (cancelled with it) to return.
+const stopWait = 10 * time.Second
 
 // Result labels what one GC pass did with one volume (the result label of
 // ephemera_gc_total).
@@ -34,6 +40,7 @@ const (
 	PodExists   Result = "pod_exists"      // pod dir gone but the API server has the pod
 	Failed      Result = metrics.GCFailed  // teardown or check failed; retried next pass
 	Refused     Result = "refused"         // the pass looked unsafe (see Collect)
+	Busy        Result = "busy"            // due, but its backend's removals of an earlier pass still run; next pass
 )
 
 // PodChecker asks the API server whether a pod exists (framework.PodChecker).
@@ -60,9 +67,12 @@ type GCConfig struct {
 	KubeletRoot       string
 	Interval          time.Duration
 	OrphanGracePeriod time.Duration
-	DryRun            bool
-	MaxOrphanShare    float64
-	Pods              PodChecker // nil: no API confirmation
+	// OperationTimeout is Options.Limits.OperationTimeout: each Remove's
+	// context ends after it, as an unpublish's does.
+	OperationTimeout time.Duration
+	DryRun           bool
+	MaxOrphanShare   float64
+	Pods             PodChecker // nil: no API confirmation
 	// Logger is Options.Observability.Logger; the GC logs as "gc".
 	Logger klog.Logger
 	// Words are the operator's words for Options' fields.
@@ -83,15 +93,23 @@ type GCConfig struct {
 }
 
 // GC is the orphan GC (docs/design.md, "Orphan GC"): since when each
-// volume has looked orphaned, the kubelet pods directory it first saw, its
-// passes (Collect) and its loop (Run).
+// volume has looked orphaned, the kubelet pods directory it first saw, the
+// backends whose removals run, its passes (Collect) and its loop (Run).
 type GC struct {
 	cfg     GCConfig
 	orphans orphans
+
+	mu       sync.Mutex
+	removing map[string]bool   // backends whose removals of a pass still run
+	ended    map[string]uint64 // when each backend's removals last ended, in ends
+	ends     uint64            // removals of a backend that ended, ever
+	running  sync.WaitGroup    // every backend's removals
 }
 
 // NewGC returns the GC of a validated cfg.
-func NewGC(cfg GCConfig) *GC { return &GC{cfg: cfg} }
+func NewGC(cfg GCConfig) *GC {
+	return &GC{cfg: cfg, removing: map[string]bool{}, ended: map[string]uint64{}}
+}
 
 // orphans remembers since when each volume has looked orphaned, and the
 // kubelet pods directory the GC first saw.
@@ -104,11 +122,17 @@ type orphans struct {
 // Collect runs one pass of the orphan GC: a volume whose pod directory
 // <kubelet-root>/pods/<uid> is gone belongs to a pod the kubelet will never
 // unpublish (deleted while the node or the driver was down, or its directory
-// removed by hand). After Options.GC.OrphanGracePeriod of being seen that way
-// — and, with Options.GC.Pods, after the API server confirms the pod is
-// gone — it is torn down like an unpublish (GCConfig.Remove). Volumes busy
-// with another operation are skipped until the next pass. It returns what it
-// did per volume.
+// removed by hand). Once Options.GC.OrphanGracePeriod has passed since a pass
+// first saw it that way (a time, whatever the passes in between) — and, with
+// Options.GC.Pods, once the API server confirms the pod is gone — it is torn
+// down like an unpublish (GCConfig.Remove). Volumes busy with another
+// operation are skipped until the next pass.
+//
+// No pass waits on one backend. Collect decides and returns: the removals it
+// starts run in a goroutine per backend (Pass.Wait waits for them), each
+// Remove bounded by GCConfig.OperationTimeout. A backend whose removals of an
+// earlier pass still run (a Delete that hangs) is skipped, its due volumes
+// counted Busy, while the other backends' orphans are removed on time.
 //
 // The GC distrusts a sudden empty world. It acts only on the pods directory it
 // first saw (same device and inode: a directory replaced, or a mount over it
@@ -116,18 +140,21 @@ type orphans struct {
 // Options.GC.MaxOrphanShare of the volumes look orphaned at once removes only
 // volumes the API server confirms gone (none without Options.GC.Pods). Storage
 // still mounted anywhere is never deleted (the lifecycle's teardown).
-func (g *GC) Collect(ctx context.Context, now time.Time) (map[string]Result, error) {
+func (g *GC) Collect(ctx context.Context, now time.Time) (*Pass, error) {
 	log := g.cfg.Logger.WithName("gc")
 	podsDir := filepath.Join(g.cfg.KubeletRoot, "pods")
 	if err := g.CheckPodsDir(podsDir); err != nil {
 		g.cfg.Observe(nil, string(Refused))
 		return nil, err
 	}
+	g.mu.Lock()
+	listed := g.ends
+	g.mu.Unlock()
 	recs, err := g.cfg.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("orphan GC: listing volumes: %w", err)
 	}
-	p := &pass{g: g, log: log, results: map[string]Result{}}
+	p := &Pass{g: g, log: log, results: map[string]Result{}, listed: listed}
 	due, total := p.due(recs, podsDir, now)
 	// A wholesale disappearance is more likely a replaced or hidden pods
 	// directory than that many pods deleted behind the kubelet's back.
@@ -138,24 +165,52 @@ func (g *GC) Collect(ctx context.Context, now time.Time) (map[string]Result, err
 			for _, rec := range due {
 				p.report(rec, Refused)
 			}
-			return p.results, nil
+			return p, nil
 		}
 		log.Info("Many volumes look orphaned at once; removing only those whose pods the API server confirms gone", logkeys.Orphaned, len(due), logkeys.Volumes, total)
 	}
-	p.remove(ctx, p.confirmed(ctx, due, now))
-	return p.results, nil
+	for backend, recs := range p.confirmed(ctx, due, now) {
+		p.start(ctx, backend, recs)
+	}
+	return p, nil
 }
 
-// pass is one pass of the orphan GC: what it did with each volume.
-type pass struct {
+// Pass is one pass of the orphan GC: what it did with each volume, and the
+// removals it started.
+type Pass struct {
 	g       *GC
 	log     klog.Logger
 	mu      sync.Mutex // report, from the removals in flight
 	results map[string]Result
+	started int
+	listed  uint64         // GC.ends when the pass listed the records
+	wg      sync.WaitGroup // the pass's removals
+}
+
+// Wait waits for the removals the pass started and returns what the pass did
+// with each volume.
+func (p *Pass) Wait() map[string]Result {
+	p.wg.Wait()
+	return p.Results()
+}
+
+// Results returns what the pass did with each volume so far: a volume whose
+// removal still runs is not in it yet.
+func (p *Pass) Results() map[string]Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.results)
+}
+
+// Started is how many volumes the pass started removing.
+func (p *Pass) Started() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.started
 }
 
 // report records and reports what the pass did with rec.
-func (p *pass) report(rec *store.Record, r Result) {
+func (p *Pass) report(rec *store.Record, r Result) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.results[rec.VolumeID] = r
@@ -166,7 +221,7 @@ func (p *pass) report(rec *store.Record, r Result) {
 // period; total counts the records that belong to a pod. Volumes whose pod
 // directory is back are no longer orphans; those within the grace period
 // are pending.
-func (p *pass) due(recs []*store.Record, podsDir string, now time.Time) (due []*store.Record, total int) {
+func (p *Pass) due(recs []*store.Record, podsDir string, now time.Time) (due []*store.Record, total int) {
 	g := p.g
 	seen := map[string]bool{}
 	for _, rec := range recs {
@@ -198,7 +253,7 @@ func (p *pass) due(recs []*store.Record, podsDir string, now time.Time) (due []*
 // confirmed are the volumes of due to remove, by backend: with
 // Options.GC.Pods, those whose pod the API server confirms gone; in a dry run
 // none (each is logged).
-func (p *pass) confirmed(ctx context.Context, due []*store.Record, now time.Time) map[string][]*store.Record {
+func (p *Pass) confirmed(ctx context.Context, due []*store.Record, now time.Time) map[string][]*store.Record {
 	g, log := p.g, p.log
 	byBackend := map[string][]*store.Record{}
 	for _, rec := range due {
@@ -226,52 +281,94 @@ func (p *pass) confirmed(ctx context.Context, due []*store.Record, now time.Time
 	return byBackend
 }
 
-// remove tears the volumes down, gcConcurrency at a time per backend, in the
-// teardown lane of the volume's backend (GCConfig.Teardowns): each is an
-// unpublish (an unmount, a backend Delete, a record deleted), concurrent
-// record deletions share the store's commits, and a backend whose Delete
-// hangs holds up only the removals of its own volumes. A volume busy with
-// another operation is left to the next pass.
-func (p *pass) remove(ctx context.Context, byBackend map[string][]*store.Record) {
+// start removes recs, the due volumes of backend, in a goroutine of the
+// backend's own, unless the backend's removals of an earlier pass still run,
+// or ended after the pass listed the records (which may then be of volumes
+// those removals tore down): then each is Busy, left to a later pass. The
+// pass does not wait for it.
+func (p *Pass) start(ctx context.Context, backend string, recs []*store.Record) {
+	g := p.g
+	g.mu.Lock()
+	busy := g.removing[backend] || g.ended[backend] > p.listed
+	if !busy {
+		g.removing[backend] = true
+		g.running.Add(1)
+		p.wg.Add(1)
+	}
+	g.mu.Unlock()
+	if busy {
+		p.log.V(2).Info("Orphan GC: the backend's removals of an earlier pass still run, or ended since this pass listed the volumes; its orphans wait for a later pass", logkeys.Backend, backend, logkeys.Orphaned, len(recs))
+		for _, rec := range recs {
+			p.report(rec, Busy)
+		}
+		return
+	}
+	p.mu.Lock()
+	p.started += len(recs)
+	p.mu.Unlock()
+	go func() {
+		defer func() {
+			g.mu.Lock()
+			delete(g.removing, backend)
+			g.ends++
+			g.ended[backend] = g.ends
+			g.mu.Unlock()
+			g.running.Done()
+			p.wg.Done()
+		}()
+		p.remove(ctx, backend, recs)
+	}()
+}
+
+// remove tears the volumes of backend down, gcConcurrency at a time, in the
+// backend's teardown lane (GCConfig.Teardowns): each is an unpublish (an
+// unmount, a backend Delete, a record deleted) bounded by
+// GCConfig.OperationTimeout, and concurrent record deletions share the
+// store's commits. A volume busy with another operation is left to the next
+// pass. It returns when every removal it started has.
+func (p *Pass) remove(ctx context.Context, backend string, recs []*store.Record) {
 	g, log := p.g, p.log
 	var wg sync.WaitGroup
-	for backend, recs := range byBackend {
+	var removed, failed atomic.Int64
+	start := time.Now()
+	defer func() {
+		wg.Wait()
+		log.V(2).Info("Orphan GC: the backend's removals of this pass ended", logkeys.Backend, backend, logkeys.Removed, removed.Load(), logkeys.Failed, failed.Load(), logkeys.Duration, time.Since(start))
+	}()
+	sem := make(chan struct{}, gcConcurrency)
+	for _, rec := range recs {
+		sem <- struct{}{}
+		slot, err := g.cfg.Teardowns.Acquire(ctx, backend, 1)
+		if err != nil {
+			<-sem
+			return // the GC is stopping
+		}
+		if !g.cfg.Locks.TryAcquire(rec.VolumeID) {
+			slot.Release()
+			<-sem
+			continue // an operation is in progress: the kubelet is on it
+		}
+		vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name, logkeys.Backend, backend)
 		wg.Go(func() {
-			var bwg sync.WaitGroup
-			sem := make(chan struct{}, gcConcurrency)
-			for _, rec := range recs {
-				sem <- struct{}{}
-				slot, err := g.cfg.Teardowns.Acquire(ctx, backend, 1)
-				if err != nil {
-					<-sem
-					break // the GC is stopping
-				}
-				if !g.cfg.Locks.TryAcquire(rec.VolumeID) {
-					slot.Release()
-					<-sem
-					continue // an operation is in progress: the kubelet is on it
-				}
-				vlog := log.WithValues(logkeys.VolumeID, rec.VolumeID, logkeys.PodUID, rec.Pod.UID, logkeys.Pod, rec.Pod.Namespace+"/"+rec.Pod.Name)
-				bwg.Go(func() {
-					defer func() { <-sem }()
-					err := g.cfg.Remove(ctx, rec)
-					g.cfg.Locks.Release(rec.VolumeID)
-					slot.Release()
-					if err != nil {
-						vlog.Error(err, "Removing orphaned volume failed; will retry")
-						p.report(rec, Failed)
-						return
-					}
-					g.orphans.clear(rec.VolumeID)
-					g.cfg.Forget(rec.VolumeID)
-					vlog.Info("Removed orphaned volume (pod directory gone)")
-					p.report(rec, Removed)
-				})
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, g.cfg.OperationTimeout)
+			err := g.cfg.Remove(rctx, rec)
+			cancel()
+			g.cfg.Locks.Release(rec.VolumeID)
+			slot.Release()
+			if err != nil {
+				vlog.Error(err, "Removing orphaned volume failed; will retry")
+				failed.Add(1)
+				p.report(rec, Failed)
+				return
 			}
-			bwg.Wait()
+			g.orphans.clear(rec.VolumeID)
+			g.cfg.Forget(rec.VolumeID)
+			vlog.Info("Removed orphaned volume (pod directory gone)")
+			removed.Add(1)
+			p.report(rec, Removed)
 		})
 	}
-	wg.Wait()
 }
 
 // CheckPodsDir fails unless the kubelet's pods directory exists and is the
@@ -328,13 +425,15 @@ func (o *orphans) forgetExcept(keep map[string]bool) {
 }
 
 // Run runs the orphan GC at startup and every GCConfig.Interval until ctx
-// ends.
+// ends, on time whatever a backend's removals do (Collect). It then waits a
+// little (stopWait) for the removals still running, cancelled with ctx.
 func (g *GC) Run(ctx context.Context) {
 	log := g.cfg.Logger.WithName("gc")
+	defer g.stop(log)
 	t := time.NewTicker(g.cfg.Interval)
 	defer t.Stop()
 	for {
-		results, err := g.Collect(ctx, time.Now())
+		p, err := g.Collect(ctx, time.Now())
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// A node whose kubelet has not created its pods directory yet.
@@ -342,17 +441,33 @@ func (g *GC) Run(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			log.Error(err, "Orphan GC pass")
 		}
-		counts := map[Result]int{}
-		for _, r := range results {
-			counts[r]++
-		}
-		if len(counts) > 0 {
-			log.V(2).Info("Orphan GC pass", logkeys.Removed, counts[Removed], logkeys.DryRun, counts[WouldRemove], logkeys.Pending, counts[Pending], logkeys.PodExists, counts[PodExists], logkeys.Failed, counts[Failed])
+		if p != nil {
+			counts := map[Result]int{}
+			for _, r := range p.Results() {
+				counts[r]++
+			}
+			if started := p.Started(); len(counts) > 0 || started > 0 {
+				log.V(2).Info("Orphan GC pass", logkeys.Removing, started, logkeys.DryRun, counts[WouldRemove], logkeys.Pending, counts[Pending], logkeys.PodExists, counts[PodExists], logkeys.Busy, counts[Busy], logkeys.Failed, counts[Failed])
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// stop waits at most stopWait for the removals still running.
+func (g *GC) stop(log klog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		g.running.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		log.Info("Stopping with orphan removals that did not return after their cancellation; the next start's GC retries them", logkeys.Timeout, stopWait)
 	}
 }
