@@ -95,3 +95,29 @@ func TestGCRemovesOrphansAfterGrace(t *testing.T) {
 		t.Errorf("capacity not released: %d volumes accounted", n)
 	}
 }
+
+// The GC tears a volume down from the record it listed; a kubelet unpublish
+// may have torn it down between that list and the GC taking the volume's
+// lock. The gc event reads the record again under the lock: a volume already
+// gone is left alone (its storage is not deleted twice, its capacity not
+// released twice).
+func TestGCStaleRecordIsNotTornDownTwice(t *testing.T) {
+	d, _, st := gcDriver(t, GCConfig{}, []string{"gone", "other"})
+	ctx := t.Context()
+	stale, err := st.Get(ctx, api.VolumeHandle("gone", "v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.collectOrphan(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := d.capacity.Snapshot(); n != 1 {
+		t.Fatalf("%d volumes accounted after one teardown, want 1", n)
+	}
+	if err := d.collectOrphan(ctx, stale); err != nil {
+		t.Fatalf("gc of a volume torn down since the list: %v", err)
+	}
+	if n, _ := d.capacity.Snapshot(); n != 1 {
+		t.Errorf("%d volumes accounted after the stale gc, want 1: the other volume's capacity was released", n)
+	}
+}

@@ -607,9 +607,19 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 
 // collectOrphan is the gc event: the orphan GC (internal/reconcile's GC,
 // through the Remove func New gives it) found rec's pod gone and holds the
-// volume's lock.
+// volume's lock. rec is what the GC listed; an unpublish may have torn the
+// volume down since, so the event works from the record read under the lock
+// (none: nothing to do; tearing it down again would release its capacity a
+// second time).
 func (d *Engine) collectOrphan(ctx context.Context, rec *store.Record) error {
-	return d.fire(ctx, evGC, stateOf(rec), whenPodGone, &op{rec: rec})
+	cur, err := d.store.Get(ctx, rec.VolumeID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	return d.fire(ctx, evGC, stateOf(cur), whenPodGone, &op{rec: cur})
 }
 
 // refreshVolume is the refresh event of volume id: a driver-initiated
