@@ -34,8 +34,8 @@ func smallFiles(n, size int, tag string) map[string]api.File {
 // --content-capacity, the way the kernel charges it. A publish past the
 // capacity is refused (ResourceExhausted, naming the flag); content larger
 // than the capacity ever allows is InvalidArgument; an unpublish gives room
-// back; a restarted driver counts the content already there; and a refresh
-// holds the old and the new content until the swap.
+// back; a restarted driver counts the content already there (as its records
+// say); and a refresh holds the old and the new content until the swap.
 func TestContentCapacity(t *testing.T) {
 	tag := atomic.Value{}
 	tag.Store("a")
@@ -97,7 +97,7 @@ func TestContentCapacity(t *testing.T) {
 	}
 	tag.Store("a")
 
-	// A restarted driver counts what the volumes hold.
+	// A restarted driver counts what the records say the volumes hold.
 	h.RestartDriver()
 	if got := held(); got != float64(3*charge) {
 		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %d the volumes hold", got, 3*charge)

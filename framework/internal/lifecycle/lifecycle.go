@@ -719,6 +719,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.storage.PutRecordRelaxed(ctx, relax, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
@@ -742,6 +743,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 	rec := newRecord(pr, store.PhasePublished)
 	src := o.src
 	rec.Source, rec.State = &src, v.State
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
@@ -803,6 +805,7 @@ func (d *Engine) repairMount(ctx context.Context, o *op) error {
 		return errkind.Transient(fmt.Errorf("repairing volume: %w", err))
 	}
 	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving repaired volume: %w", err))
 	}
@@ -856,6 +859,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
@@ -895,6 +899,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 		return errkind.Transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
 	}
 	full.State = pr.vol.State
+	d.recordHeld(full)
 	if err := d.storage.PutRecord(ctx, pr.backend, full); err != nil {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
@@ -1182,6 +1187,37 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	d.refresher.Forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
+}
+
+// recordHeld puts into rec what its volume's content holds in memory, as
+// the content capacity counts it (store.Record.ContentHeld), when its
+// backend has content: a restarted driver counts it from there.
+func (d *Engine) recordHeld(rec *store.Record) {
+	if !d.fill.Provides(rec.Backend) {
+		return
+	}
+	n := d.lanes.Held.Of(rec.VolumeID)
+	rec.ContentHeld = &n
+}
+
+// saveHeld records that v's content holds n bytes (fill's SaveHeld, around
+// the write of a refresh, under the volume's lock): in the record of a
+// published volume. Any other record is saved, with what it holds, by the
+// publish that writes it.
+func (d *Engine) saveHeld(ctx context.Context, v *api.Volume, n int64) error {
+	rec, err := d.store.Get(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if rec.Phase != store.PhasePublished || rec.Rebuilt || (rec.ContentHeld != nil && *rec.ContentHeld == n) {
+		return nil
+	}
+	b, ok := d.cfg.Backends[rec.Backend]
+	if !ok {
+		return fmt.Errorf("volume uses backend %q, which this driver no longer has", rec.Backend)
+	}
+	rec.ContentHeld, rec.Updated = &n, time.Now().UTC()
+	return d.storage.PutRecord(ctx, b, rec)
 }
 
 // newRecord is the record of a validated request.
