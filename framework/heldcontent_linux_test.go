@@ -83,10 +83,11 @@ func TestContentCapacity(t *testing.T) {
 	}
 
 	// A refresh with new content would hold both sets until the swap: no
-	// room, so the volume keeps its content (a republish answers OK then).
+	// room, so the volume keeps its content, and the republish says so
+	// (ResourceExhausted: the kubelet retries; issue 44).
 	tag.Store("b")
-	if err := k.Publish(ctx, pods[0], vol); err != nil {
-		t.Fatalf("republish with new content at capacity: %v", err)
+	if err := k.Publish(ctx, pods[0], vol); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--content-capacity") {
+		t.Fatalf("republish with new content at capacity: %v, want ResourceExhausted naming --content-capacity", err)
 	}
 	if got := readFile(t, k.TargetPath(pods[0], "v")+"/d0/f0000"); !strings.HasPrefix(got, "aaaa") {
 		t.Fatalf("the refused refresh changed the content: %.8q…", got)

@@ -7,9 +7,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework"
@@ -91,7 +95,9 @@ func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 	// still only what it wrote.
 	fillVolume(t, target)
 	tag.Store("b")
-	_ = k.Publish(ctx, attacker, vol) // fails: answered OK until issue 44's item 3
+	if err := k.Publish(ctx, attacker, vol); err == nil {
+		t.Fatal("a refresh into a full volume succeeded")
+	}
 	if got := heldBytes(t, h); got != float64(charge) {
 		t.Fatalf("ephemera_content_held_bytes = %v after a failed write, want the %d the driver wrote", got, charge)
 	}
@@ -155,5 +161,63 @@ func TestHeldCountedFromRecords(t *testing.T) {
 		if err := k.DeletePod(ctx, p); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A republish whose new content cannot be written (here: it does not fit
+// the volume beside the old) is not answered OK: the kubelet gets a
+// retryable code and records it, ephemera_refresh_total{result="failed"}
+// counts it, the pod gets a Warning event naming the volume and the cause,
+// and the volume keeps its mount and its last good content.
+func TestRepublishWriteFailureIsReported(t *testing.T) {
+	var tag atomic.Value
+	tag.Store("a")
+	ev := &sink{}
+	h := realHarness(t, func(o *framework.Options) {
+		o.Observability.Events = ev
+		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
+			return smallFiles(150, 1100, tag.Load().(string)), nil // 150 pages: once in 1Mi, not twice
+		})
+	})
+	k, ctx := h.Kubelet, t.Context()
+	pod := k.NewPod("ns", "app")
+	vol := drivertest.InlineVolume{Name: "certs", Attributes: map[string]string{"size": "1Mi"}}
+	if err := k.Publish(ctx, pod, vol); err != nil {
+		t.Fatal(err)
+	}
+	target := k.TargetPath(pod, "certs")
+	id := mountID(t, target)
+	held := heldBytes(t, h)
+	failed := func() float64 {
+		return scrape(t, handlerGet(h.Driver().Handler(), "/metrics"))[`ephemera_refresh_total{result="failed"}`]
+	}
+	before := failed()
+
+	tag.Store("b")
+	err := k.Republish(ctx, pod, "certs")
+	if err == nil || drivertest.IsFinal(err) {
+		t.Fatalf("republish whose content does not fit: %v, want a retryable error", err)
+	}
+	if c := status.Code(err); c != codes.ResourceExhausted {
+		t.Errorf("republish whose content does not fit: code %v, want ResourceExhausted", c)
+	}
+	if n := failed() - before; n < 1 {
+		t.Errorf(`ephemera_refresh_total{result="failed"} rose by %v, want at least 1`, n)
+	}
+	got := ev.list()
+	if len(got) == 0 || !strings.HasPrefix(got[0], "ns/app Warning RefreshFailed: ") || !strings.Contains(got[0], `"certs"`) || !strings.Contains(got[0], "does not fit") {
+		t.Errorf("events %q, want a Warning RefreshFailed on ns/app naming the volume and the cause", got)
+	}
+	if s := readFile(t, filepath.Join(target, "d0", "f0000")); !strings.HasPrefix(s, "aaaa") {
+		t.Errorf("the failed refresh changed the content: %.8q…", s)
+	}
+	if mountsAt(t, target) != 1 || mountID(t, target) != id {
+		t.Errorf("the failed refresh touched the mount: %d mounts, id %d -> %d", mountsAt(t, target), id, mountID(t, target))
+	}
+	if got := heldBytes(t, h); got != held {
+		t.Errorf("ephemera_content_held_bytes = %v after the failed write, want the %v of the content that stays", got, held)
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -223,7 +224,7 @@ func lifecycleTable() []transition {
 			To:  "published",
 			run: (*Engine).alreadyPublished},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameRefresh,
-			Do:  "refresh content with the request's secrets and tokens; a failure keeps the last good content and schedules a retry",
+			Do:  "refresh content with the request's secrets and tokens; a failure keeps the mount and the last good content, schedules a retry and answers a retryable code",
 			To:  "published",
 			run: (*Engine).republishContent},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameUnmounted,
@@ -779,19 +780,34 @@ func (d *Engine) alreadyPublished(ctx context.Context, _ *op) error {
 
 // republishContent handles requiresRepublish or a kubelet restart: new
 // content with the fresh secrets and tokens. A failure never touches the live
-// volume: it keeps its last good content, the kubelet gets OK, and a retry is
-// scheduled. It never unmounts a live volume.
+// volume: it keeps its mount and its last good content, and a retry is
+// scheduled; it is never silent (issue 44): the metric counts it, the pod
+// gets a Warning event (d.refreshed), and the kubelet gets the error with a
+// retryable code (retryable), which it records on the pod and retries
+// (DESIGN 3.4: a failed republish answers OK or a transient code).
 func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
 	d.refresher.Remember(v)
 	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
-	} else {
-		d.refresher.Succeeded(v.ID)
-		klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
+		return retryable(fmt.Errorf("volume %s keeps its last good content; refreshing it failed: %w", v.Name, err))
 	}
+	d.refresher.Succeeded(v.ID)
+	klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
 	return nil
+}
+
+// retryable is err with a code the kubelet retries: its own when it has one
+// of them (ResourceExhausted, Unavailable, DeadlineExceeded, Canceled,
+// Aborted), else Unavailable. The answer to a republish that failed, which
+// must never be final: the volume is live.
+func retryable(err error) error {
+	switch errkind.Code(err) {
+	case codes.ResourceExhausted, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
+		return err
+	}
+	return errkind.Transient(err)
 }
 
 // repairMount publishes again a volume answered OK whose mount vanished (node
