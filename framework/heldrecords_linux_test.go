@@ -120,16 +120,19 @@ func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 }
 
 // The count of content at a driver restart is what the driver recorded
-// when it wrote it, whatever the pod did to the files since: renaming the
-// content out of the driver's names (its pages stay in the tmpfs) changes
-// nothing.
+// when it wrote it (a refresh included), whatever the pod did to the files
+// since: renaming the content out of the driver's names (its pages stay in
+// the tmpfs) changes nothing. The count equals the sum of the records'
+// ContentHeld.
 func TestHeldCountedFromRecords(t *testing.T) {
 	page := int64(os.Getpagesize())
-	files := smallFiles(30, 1100, "a")
-	charge := content.Charge(files, page)
+	var n atomic.Int64
+	n.Store(30)
+	charge := content.Charge(smallFiles(30, 1100, "a"), page)
+	bigger := content.Charge(smallFiles(60, 1100, "a"), page)
 	h := realHarness(t, func(o *framework.Options) {
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
-			return smallFiles(30, 1100, "a"), nil
+			return smallFiles(int(n.Load()), 1100, "a"), nil
 		})
 	})
 	k, ctx := h.Kubelet, t.Context()
@@ -143,6 +146,15 @@ func TestHeldCountedFromRecords(t *testing.T) {
 	if got := heldBytes(t, h); got != float64(2*charge) {
 		t.Fatalf("ephemera_content_held_bytes = %v, want %d", got, 2*charge)
 	}
+	// p1's content grows at a refresh.
+	n.Store(60)
+	if err := k.Republish(ctx, pods[1], "v"); err != nil {
+		t.Fatal(err)
+	}
+	want := float64(charge + bigger)
+	if got := heldBytes(t, h); got != want {
+		t.Fatalf("ephemera_content_held_bytes = %v after a refresh, want %v", got, want)
+	}
 	// p0 moves the content out of the names the driver writes.
 	target := k.TargetPath(pods[0], "v")
 	ts, err := content.Current(target)
@@ -154,8 +166,19 @@ func TestHeldCountedFromRecords(t *testing.T) {
 	}
 
 	h.RestartDriver()
-	if got := heldBytes(t, h); got != float64(2*charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %d the driver recorded", got, 2*charge)
+	if got := heldBytes(t, h); got != want {
+		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %v the driver recorded", got, want)
+	}
+	var sum int64
+	for _, r := range records(t, h) { // restarts the driver once more
+		if r.ContentHeld == nil {
+			t.Errorf("the record of %s says nothing of its content", r.VolumeID)
+			continue
+		}
+		sum += *r.ContentHeld
+	}
+	if got := heldBytes(t, h); float64(sum) != want || got != want {
+		t.Errorf("the records say %d, ephemera_content_held_bytes = %v; want both %v", sum, got, want)
 	}
 	for _, p := range pods {
 		if err := k.DeletePod(ctx, p); err != nil {
