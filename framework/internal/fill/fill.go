@@ -248,7 +248,8 @@ func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[stri
 			saved = held.Of(v.ID)
 		}
 		if n := held.Of(v.ID); save && n != saved {
-			if serr := f.cfg.SaveHeld(ctx, v, n); serr != nil {
+			// Also when the write stopped because ctx ended.
+			if serr := f.cfg.SaveHeld(context.WithoutCancel(ctx), v, n); serr != nil {
 				// The record says more than is held, or less until the next
 				// write: logged, the count in memory is right.
 				klog.FromContext(ctx).Error(serr, "Recording the content's charge after writing it")
