@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 )
 
 // heldBytes is ephemera_content_held_bytes of h's driver.
@@ -239,6 +241,71 @@ func TestRepublishWriteFailureIsReported(t *testing.T) {
 	}
 	if got := heldBytes(t, h); got != held {
 		t.Errorf("ephemera_content_held_bytes = %v after the failed write, want the %v of the content that stays", got, held)
+	}
+	if err := k.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A record without ContentHeld (written by an earlier version, or rebuilt
+// from the node) counts what the kernel says the volume's own tmpfs uses
+// (fstatfs: a sparse file takes no pages), and the volume's next write
+// replaces that with the driver's own count, in the record too.
+func TestHeldWithoutRecordedCount(t *testing.T) {
+	page := int64(os.Getpagesize())
+	charge := content.Charge(smallFiles(30, 1100, "a"), page)
+	h := realHarness(t, func(o *framework.Options) {
+		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
+			return smallFiles(30, 1100, "a"), nil
+		})
+	})
+	k, ctx := h.Kubelet, t.Context()
+	vol := drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "4Mi"}}
+	pod := k.NewPod("ns", "old")
+	if err := k.Publish(ctx, pod, vol); err != nil {
+		t.Fatal(err)
+	}
+	// The pod's own files: a directory and a sparse 1 TiB file, two inodes.
+	target := k.TargetPath(pod, "v")
+	if err := os.Mkdir(filepath.Join(target, "mine"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "mine", "blob"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(target, "mine", "blob"), 1<<40); err != nil {
+		t.Fatal(err)
+	}
+
+	h.Stop()
+	st, err := boltstore.Open(filepath.Join(h.Options.Node.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := api.VolumeHandle(pod.UID, "v")
+	rec, err := st.Get(ctx, id)
+	if err == nil {
+		rec.ContentHeld = nil // as an earlier version wrote it
+		err = st.Put(ctx, rec)
+	}
+	if cerr := st.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	h.RestartDriver()
+	if got, want := heldBytes(t, h), float64(charge+2*content.InodeCharge); got != want {
+		t.Fatalf("ephemera_content_held_bytes = %v from a record without the count, want the %v the tmpfs uses", got, want)
+	}
+
+	if err := k.Republish(ctx, pod, "v"); err != nil {
+		t.Fatal(err)
+	}
+	if got := heldBytes(t, h); got != float64(charge) {
+		t.Fatalf("ephemera_content_held_bytes = %v after the volume's next write, want the driver's %d", got, charge)
+	}
+	for _, r := range records(t, h) {
+		if r.VolumeID == id && (r.ContentHeld == nil || *r.ContentHeld != charge) {
+			t.Errorf("the record's ContentHeld is %v after the volume's next write, want %d", r.ContentHeld, charge)
+		}
 	}
 	if err := k.DeletePod(ctx, pod); err != nil {
 		t.Fatal(err)
