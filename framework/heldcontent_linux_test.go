@@ -34,8 +34,8 @@ func smallFiles(n, size int, tag string) map[string]api.File {
 // --content-capacity, the way the kernel charges it. A publish past the
 // capacity is refused (ResourceExhausted, naming the flag); content larger
 // than the capacity ever allows is InvalidArgument; an unpublish gives room
-// back; a restarted driver counts the content already there; and a refresh
-// holds the old and the new content until the swap.
+// back; a restarted driver counts the content already there (as its records
+// say); and a refresh holds the old and the new content until the swap.
 func TestContentCapacity(t *testing.T) {
 	tag := atomic.Value{}
 	tag.Store("a")
@@ -83,10 +83,11 @@ func TestContentCapacity(t *testing.T) {
 	}
 
 	// A refresh with new content would hold both sets until the swap: no
-	// room, so the volume keeps its content (a republish answers OK then).
+	// room, so the volume keeps its content, and the republish says so
+	// (ResourceExhausted: the kubelet retries; issue 44).
 	tag.Store("b")
-	if err := k.Publish(ctx, pods[0], vol); err != nil {
-		t.Fatalf("republish with new content at capacity: %v", err)
+	if err := k.Publish(ctx, pods[0], vol); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--content-capacity") {
+		t.Fatalf("republish with new content at capacity: %v, want ResourceExhausted naming --content-capacity", err)
 	}
 	if got := readFile(t, k.TargetPath(pods[0], "v")+"/d0/f0000"); !strings.HasPrefix(got, "aaaa") {
 		t.Fatalf("the refused refresh changed the content: %.8q…", got)
@@ -97,7 +98,7 @@ func TestContentCapacity(t *testing.T) {
 	}
 	tag.Store("a")
 
-	// A restarted driver counts what the volumes hold.
+	// A restarted driver counts what the records say the volumes hold.
 	h.RestartDriver()
 	if got := held(); got != float64(3*charge) {
 		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %d the volumes hold", got, 3*charge)

@@ -130,7 +130,11 @@ type Stamper interface {
 //
 // A failing first publish rolls the volume back and the pod does not start. A
 // failing refresh keeps the volume and its last good content and is retried with
-// backoff. Each call is bounded by Options.Volumes.ContentTimeout.
+// backoff; a republish whose refresh fails answers the kubelet with the error
+// and a retryable code (the error's own when it is ResourceExhausted,
+// Unavailable, DeadlineExceeded, Canceled or Aborted, else Unavailable), which
+// the kubelet records on the pod and retries. Each call is bounded by
+// Options.Volumes.ContentTimeout.
 type ContentProvider interface {
 	Content(ctx context.Context, v *api.Volume) (map[string]api.File, error)
 }

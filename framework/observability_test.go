@@ -352,9 +352,10 @@ func TestRefreshFailureCountedAndReported(t *testing.T) {
 	fail.Lock()
 	failing = true
 	fail.Unlock()
-	// A republish (requiresRepublish) refreshes; the failure keeps the volume.
-	if err := publishFake(t, h, fake, pod, vol); err != nil {
-		t.Fatalf("republish with failing refresh: %v, want OK", err)
+	// A republish (requiresRepublish) refreshes; the failure keeps the
+	// volume, and is answered with a retryable code (issue 44: never OK).
+	if err := publishFake(t, h, fake, pod, vol); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "CA bundle source unreachable") {
+		t.Fatalf("republish with failing refresh: %v, want Unavailable with the cause", err)
 	}
 	fail.Lock()
 	failing = false

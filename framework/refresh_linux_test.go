@@ -111,12 +111,13 @@ func TestRefreshOnRepublish(t *testing.T) {
 		t.Fatalf("volume writable after refresh: %v", err)
 	}
 
-	// The content source fails: the republish still succeeds, the volume keeps
-	// T2, and a retry with backoff picks up T3 once the source is back.
+	// The content source fails: the republish answers a retryable error
+	// (issue 44: a refused refresh is never silent) and the volume keeps its
+	// mount and T2; a retry with backoff picks up T3 once the source is back.
 	fail.Store(true)
 	vol.Tokens = tokensJSON("vault", "T3")
-	if err := k.Publish(ctx, pod, vol); err != nil {
-		t.Fatalf("republish with a failing refresh: %v (must not fail a live volume)", err)
+	if err := k.Publish(ctx, pod, vol); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "vault unavailable") {
+		t.Fatalf("republish with a failing refresh: %v, want Unavailable with the cause", err)
 	}
 	if got := readFile(t, filepath.Join(target, "token")); got != "T2" {
 		t.Fatalf("token after failed refresh = %q, want the last good T2", got)

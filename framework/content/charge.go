@@ -1,10 +1,6 @@
 package content
 
 import (
-	"errors"
-	"fmt"
-	"io/fs"
-	"os"
 	"path"
 	"strings"
 
@@ -61,78 +57,4 @@ func pages(size, pageSize int64) int64 {
 		return max(size, 0)
 	}
 	return (size + pageSize - 1) / pageSize * pageSize
-}
-
-// maxChargedEntries bounds the walk of Charged: far more than the
-// DefaultMaxFiles files Write accepts, with their directories.
-const maxChargedEntries = 4 * DefaultMaxFiles
-
-// Charged is Charge of the content Write left in r: what its current
-// timestamped directory holds (files in whole pages, and an inode per
-// entry), its links, and any other timestamped directory a Write cut short
-// left behind (the next Write removes it). It returns 0 when r has no
-// content. It reads at most a bounded number of entries, more than Write
-// ever creates: past them it fails.
-func Charged(r *os.Root, pageSize int64) (int64, error) {
-	f, err := r.Open(".")
-	if err != nil {
-		return 0, err
-	}
-	ents, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	seen := 0
-	for _, e := range ents {
-		name := e.Name()
-		switch {
-		case name == DataDir || name == dataTmp:
-			n += InodeCharge
-		case tsPattern.MatchString(name) && e.IsDir():
-			c, err := chargedDir(r, name, pageSize, &seen)
-			if err != nil {
-				return 0, err
-			}
-			n += c
-		case e.Type()&fs.ModeSymlink != 0:
-			if t, err := readLink(r, name); err == nil && t == DataDir+"/"+name {
-				n += InodeCharge + linkPage(t, pageSize) // a top-level link Write made
-			}
-		}
-	}
-	return n, nil
-}
-
-// chargedDir is the charge of the tree at name in r, walked without
-// following links.
-func chargedDir(r *os.Root, name string, pageSize int64, seen *int) (int64, error) {
-	sub, err := r.OpenRoot(name)
-	if err != nil {
-		return 0, err
-	}
-	defer sub.Close()
-	var n int64
-	err = fs.WalkDir(sub.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if *seen++; *seen > maxChargedEntries {
-			return errors.New("more entries than content ever has")
-		}
-		n += InodeCharge
-		if d.Type().IsRegular() {
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			n += pages(fi.Size(), pageSize)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("reading the content in %s: %w", name, err)
-	}
-	return n, nil
 }

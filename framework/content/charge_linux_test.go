@@ -16,8 +16,8 @@ import (
 
 // TestChargeIsWhatTmpfsTakes writes file sets into a real tmpfs and checks
 // Charge against what the filesystem says it holds: its used pages, and
-// InodeCharge for each inode but the root's. Charged, read back from the
-// volume, must say the same; after a replacement, the new set's charge.
+// InodeCharge for each inode but the root's; after a replacement, the new
+// set's charge.
 func TestChargeIsWhatTmpfsTakes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
@@ -56,15 +56,6 @@ func TestChargeIsWhatTmpfsTakes(t *testing.T) {
 		used := int64(st.Blocks-st.Bfree)*st.Bsize + int64(st.Files-st.Ffree-1)*InodeCharge
 		if got := Charge(s.files, page); got != used {
 			t.Errorf("%s: Charge = %d, the tmpfs holds %d (%d pages, %d inodes besides the root)", s.name, got, used, st.Blocks-st.Bfree, st.Files-st.Ffree-1)
-		}
-		r, err := os.OpenRoot(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := Charged(r, page)
-		r.Close()
-		if err != nil || got != used {
-			t.Errorf("%s: Charged = %d, %v; the tmpfs holds %d", s.name, got, err, used)
 		}
 	}
 }

@@ -101,7 +101,7 @@ func (p *plan) write(r *os.Root, opts Options) error {
 			return nil // never had content, and none to write
 		}
 	}
-	ts := old
+	ts, swapped := old, false
 	if cerr != nil || old == "" || !p.matches(r, old) {
 		if err := p.done(); err != nil {
 			return err
@@ -113,20 +113,38 @@ func (p *plan) write(r *os.Root, opts Options) error {
 		}
 		var err error
 		if ts, err = p.writeDir(r, now()); err != nil {
-			return p.writeError(err)
+			err = p.writeError(err)
+			if ts != "" && undo(r, ts) {
+				err = rolledBack(err)
+			}
+			return err
 		}
 		if err := p.swapData(r, ts); err != nil {
-			_ = r.RemoveAll(ts)
-			return fmt.Errorf("swapping in the new files: %w", err)
+			err = fmt.Errorf("swapping in the new files: %w", err)
+			if undo(r, ts) {
+				err = rolledBack(err)
+			}
+			return err
 		}
+		swapped = true
 	}
 	if err := p.makeVisible(r); err != nil {
-		return fmt.Errorf("linking the files: %w", err)
+		err = fmt.Errorf("linking the files: %w", err)
+		if swapped && p.removeStale(r, ts) == nil {
+			err = replaced(err)
+		}
+		return err
 	}
 	if err := p.removeStale(r, ts); err != nil {
 		return fmt.Errorf("removing old files: %w", err)
 	}
-	return syncDir(r, ".")
+	if err := syncDir(r, "."); err != nil {
+		if swapped {
+			err = replaced(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // Current returns the name of the timestamped directory ..data points at, or ""
@@ -380,7 +398,9 @@ func (p *plan) writeError(err error) error {
 
 // writeDir creates and fills a fresh timestamped directory and returns its name.
 // Everything is created exclusively inside the new directory, with modes and
-// groups set through open descriptors, and fsync'd.
+// groups set through open descriptors, and fsync'd. On failure it returns
+// the name of the directory it made ("" when it made none), which the caller
+// removes (undo).
 func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 	for i := 0; ; i++ {
 		ts = fmt.Sprintf("..%s.%d", t.UTC().Format(tsLayout), rand.Uint32())
@@ -392,48 +412,71 @@ func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 			return "", err
 		}
 	}
-	made := ts // a failed return clears ts
-	defer func() {
-		if err != nil {
-			_ = r.RemoveAll(made)
-		}
-	}()
 	sub, err := r.OpenRoot(ts)
 	if err != nil {
-		return "", err
+		return ts, err
 	}
 	defer sub.Close()
 	if err := p.setDir(sub, "."); err != nil {
-		return "", err
+		return ts, err
 	}
 	for _, d := range p.dirs {
 		if err := p.done(); err != nil {
-			return "", err
+			return ts, err
 		}
 		if err := sub.Mkdir(d, 0o700); err != nil {
-			return "", err
+			return ts, err
 		}
 		if err := p.setDir(sub, d); err != nil {
-			return "", err
+			return ts, err
 		}
 	}
 	for _, name := range p.names {
 		if err := p.done(); err != nil {
-			return "", err
+			return ts, err
 		}
 		if err := p.writeFile(sub, name); err != nil {
-			return "", err
+			return ts, err
 		}
 	}
 	for i := len(p.dirs) - 1; i >= 0; i-- {
 		if err := syncDir(sub, p.dirs[i]); err != nil {
-			return "", err
+			return ts, err
 		}
 	}
 	if err := syncDir(sub, "."); err != nil {
-		return "", err
+		return ts, err
 	}
 	return ts, nil
+}
+
+// ErrRolledBack is wrapped by the error of a Write that failed after
+// Options.Admit let it write and removed everything it had written of the
+// new files: of what Write made, the volume holds the previous content
+// only, as before the call. The error of a Write that failed later, or
+// could not remove what it wrote, does not wrap it: some of the new files
+// may be left beside the previous content (until the next Write removes
+// them), or have replaced it.
+var ErrRolledBack = errors.New("the new files were removed, the previous content stays")
+
+// ErrReplaced is wrapped by the error of a Write that swapped the new files
+// in and removed every other timestamped directory, then failed (linking
+// the top-level names, the last sync): of what Write made, the volume holds
+// the new content only.
+var ErrReplaced = errors.New("the new files replaced the previous ones")
+
+// rolledBack marks err as the error of a Write that removed what it wrote.
+func rolledBack(err error) error { return fmt.Errorf("%w; %w", err, ErrRolledBack) }
+
+// replaced marks err as the error of a Write whose new files replaced the
+// previous ones.
+func replaced(err error) error { return fmt.Errorf("%w; %w", err, ErrReplaced) }
+
+// undo removes the timestamped directory ts a failed Write made, and the
+// scratch link it may have left, and reports whether nothing of either is
+// left.
+func undo(r *os.Root, ts string) bool {
+	return r.RemoveAll(ts) == nil && r.RemoveAll(dataTmp) == nil
 }
 
 // setDir gives a directory Write created its mode and group.

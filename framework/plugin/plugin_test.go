@@ -249,7 +249,8 @@ func TestPluginDiesMidCreate(t *testing.T) {
 	}
 }
 
-// The plugin dies during a refresh (a republish): the kubelet gets OK and the
+// The plugin dies during a refresh (a republish): the kubelet gets a
+// retryable error (issue 44: a failed refresh is never answered OK) and the
 // live volume keeps its last good content; a restarted plugin (another
 // version, handshake again) refreshes it.
 func TestPluginDiesDuringRefresh(t *testing.T) {
@@ -263,8 +264,8 @@ func TestPluginDiesDuringRefresh(t *testing.T) {
 	}
 	file := filepath.Join(k.TargetPath(pod, "v"), "version")
 	p.Kill()
-	if err := k.Republish(ctx, pod, "v"); err != nil {
-		t.Fatalf("republish with the plugin dead: %v, want OK (the volume keeps its content)", err)
+	if err := k.Republish(ctx, pod, "v"); err == nil || drivertest.IsFinal(err) {
+		t.Fatalf("republish with the plugin dead: %v, want a retryable error (the volume keeps its content)", err)
 	}
 	if got := readFile(t, file); got != "1" {
 		t.Fatalf("content after a failed refresh = %q, want the last good %q", got, "1")

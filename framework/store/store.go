@@ -76,9 +76,19 @@ type Record struct {
 	// Params, the pod's name, namespace and service account, ReadOnly, FSType,
 	// FSGroup, and for a directory volume Size. The next NodePublishVolume of
 	// the volume completes it from the request and clears the mark.
-	Rebuilt bool      `json:"rebuilt,omitempty"`
-	Created time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	Rebuilt bool `json:"rebuilt,omitempty"`
+	// ContentHeld is the node memory the content the driver wrote into the
+	// volume takes (content.Charge, in bytes), recorded when the driver
+	// writes it, so that a restarted driver counts it against
+	// Volumes.ContentCapacity without reading the volume, which the pod may
+	// write. While a write runs, and after one that may have left its files
+	// beside the old ones, it counts both. 0 for content on a disk; nil
+	// when not recorded (a volume without content, a record of an earlier
+	// version or rebuilt from the node). Added in schema version 1 without
+	// a new version: an earlier driver ignores it.
+	ContentHeld *int64    `json:"contentHeld,omitempty"`
+	Created     time.Time `json:"created"`
+	Updated     time.Time `json:"updated"`
 }
 
 // Clone returns a deep copy of r: nothing of it is shared with r (a nil map,
@@ -95,6 +105,10 @@ func (r *Record) Clone() *Record {
 	if r.Source != nil {
 		src := r.Source.Clone()
 		c.Source = &src
+	}
+	if r.ContentHeld != nil {
+		n := *r.ContentHeld
+		c.ContentHeld = &n
 	}
 	return &c
 }

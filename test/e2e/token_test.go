@@ -50,8 +50,9 @@ const (
 //  2. a failing refresh: tokenRequests switched to another audience, the next
 //     periodic republish brings no token for the pod's audience, tokenfile
 //     refuses it (ephemera_refresh_total{result="failed"}), the kubelet gets
-//     OK, and the container still reads the last good token from the same
-//     mount;
+//     the refusal with a retryable code (Unavailable: issue 44, a refused
+//     refresh is never answered OK), and the container still reads the last
+//     good token from the same mount;
 //  3. recovery: tokenRequests restored, the next periodic republish succeeds
 //     (ephemera_refresh_total{result="ok"}) with the kubelet's cached token,
 //     which is still the first one (less than 80% of its TTL has passed);
@@ -89,8 +90,13 @@ func TestTokenRotation(t *testing.T) {
 	if n := refreshes(m1, "failed") - refreshes(m0, "failed"); n < 1 {
 		t.Errorf("ephemera_refresh_total{result=\"failed\"} rose by %v, want >= 1", n)
 	}
-	if f := d.failedLines(since, h); len(f) > 0 {
-		t.Errorf("the republish without the token was answered with an error (the kubelet must get OK):\n%s", strings.Join(f, "\n"))
+	// The republish is answered with the refusal and a retryable code: the
+	// kubelet records it on the pod and retries (issue 44).
+	c.waitLogLine(t, d, since, h, regexp.MustCompile(`"Request failed".*code="?Unavailable`), 45*time.Second)
+	for _, l := range d.failedLines(since, h) {
+		if !regexp.MustCompile(`code="?Unavailable`).MatchString(l) {
+			t.Errorf("the republish without the token was answered with another code than Unavailable (the volume is live: the code must be retryable):\n%s", l)
+		}
 	}
 	if tok := c.readToken(t, pod, tokenPath); tok != tok1 {
 		t.Errorf("after a failing refresh the container reads another token than the last good one")

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
+	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -48,6 +49,13 @@ type Config struct {
 	// err nil when it succeeded: the lifecycle counts it and posts a failure
 	// to the pod's events.
 	Refreshed func(v *api.Volume, err error)
+	// SaveHeld records, durably, that v's content holds n bytes of node
+	// memory (store.Record.ContentHeld): Refresh calls it once a write is
+	// admitted, before it writes (with the old and the new content's
+	// charge), and once it is over, when what the content holds changed. A
+	// failure before the write stops it. Fill does not call it: its caller
+	// saves the record after it, with Held.Of.
+	SaveHeld func(ctx context.Context, v *api.Volume, n int64) error
 }
 
 // Filler gives a mounted volume to the pod's fsGroup and writes its content,
@@ -86,7 +94,7 @@ func (f *Filler) Fill(ctx context.Context, v *api.Volume) error {
 			return err
 		}
 		defer release()
-		return f.writeContent(ctx, v, files)
+		return f.writeContent(ctx, v, files, false)
 	}
 	return nil
 }
@@ -138,7 +146,7 @@ func (f *Filler) Refresh(ctx context.Context, v *api.Volume) (err error) {
 			}
 		}()
 	}
-	return f.writeContent(ctx, v, files)
+	return f.writeContent(ctx, v, files, true)
 }
 
 // content calls the content provider of v's backend (Providers.For) within
@@ -170,10 +178,18 @@ func (f *Filler) content(ctx context.Context, v *api.Volume) (files map[string]a
 // writeContent swaps files into the volume atomically, owned by the fsGroup,
 // under the limits of a provider that declares them (those its answer was
 // checked against), else the content package's defaults. It stops when ctx
-// is done, the previous content in place. In a memory-backed volume the new
-// files' charge is reserved from the content capacity (Config.Held) before
-// they are written, and replaces what the old ones held once they are.
-func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File) error {
+// is done, the previous content in place.
+//
+// In a memory-backed volume the new files' charge (content.Charge) is
+// reserved from the content capacity (Config.Held) before they are written;
+// what the content holds afterwards follows from what the write did, as the
+// content package reports it, never from reading the volume, which the pod
+// may write (DESIGN 4g): written, the new charge replaces the old one;
+// rolled back (content.ErrRolledBack), the old one stays; otherwise the new
+// files may be there beside the old ones, and both stay counted until a
+// later write removes them. With save (a refresh), the record of the volume
+// says so too (Config.SaveHeld), before the write and after it.
+func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File, save bool) error {
 	var opts content.Options
 	if !f.cfg.Windows {
 		opts.FSGroup = v.FSGroup
@@ -192,25 +208,52 @@ func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[stri
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
-	var charge int64
-	var pending *admission.Grant
+	var (
+		charge, old int64
+		pending     *admission.Grant
+		admitted    bool
+	)
 	if inMemory {
-		charge = content.Charge(files, held.Page())
+		charge, old = content.Charge(files, held.Page()), held.Of(v.ID)
 		opts.Admit = func() (err error) {
-			pending, err = held.Reserve(v.ID, party, charge, len(files))
-			return err
+			if pending, err = held.Reserve(v.ID, party, charge, len(files)); err != nil {
+				return err
+			}
+			if save {
+				if err := f.cfg.SaveHeld(ctx, v, old+charge); err != nil {
+					pending.Release()
+					return errkind.Transient(fmt.Errorf("recording the content's charge before writing it: %w", err))
+				}
+			}
+			admitted = true
+			return nil
 		}
 	}
 	err = content.WriteRoot(ctx, r, files, opts)
-	switch {
-	case !inMemory:
-	case err == nil && (pending != nil || !held.Holds(v.ID)):
-		held.Set(v.ID, pending, charge) // also without a bound: counted
-	case err != nil && pending != nil:
-		// Cut short after the reservation: count what is there now.
-		pending.Release()
-		if n, cerr := content.Charged(r, held.Page()); cerr == nil {
-			held.Adopt(v.ID, party, n)
+	if inMemory {
+		saved := old + charge // what the record says once admitted
+		switch {
+		case admitted && (err == nil || errors.Is(err, content.ErrReplaced)):
+			held.Set(v.ID, pending, charge)
+		case admitted && errors.Is(err, content.ErrRolledBack):
+			pending.Release()
+		case admitted:
+			held.Add(v.ID, pending, charge)
+		case err == nil && len(files) > 0 && held.Of(v.ID) != charge:
+			// Nothing to swap: the files are the content already, and the
+			// write removed every other generation it had left.
+			held.Adopt(v.ID, party, charge)
+			saved = old
+		default:
+			saved = held.Of(v.ID)
+		}
+		if n := held.Of(v.ID); save && n != saved {
+			// Also when the write stopped because ctx ended.
+			if serr := f.cfg.SaveHeld(context.WithoutCancel(ctx), v, n); serr != nil {
+				// The record says more than is held, or less until the next
+				// write: logged, the count in memory is right.
+				klog.FromContext(ctx).Error(serr, "Recording the content's charge after writing it")
+			}
 		}
 	}
 	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {

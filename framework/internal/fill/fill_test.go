@@ -185,29 +185,51 @@ func memoryDir(t *testing.T) string {
 }
 
 // Content written into a memory-backed volume is charged to the content
-// capacity (content.Charge) and replaced, not added to, by a refresh; a
-// restart counts what the published volumes hold (CountHeld), skipping the
-// ones that are gone or not published.
+// capacity (content.Charge) and replaced, not added to, by a refresh, which
+// records what it holds (SaveHeld) before and after its write; a restart
+// counts what the records of the published volumes say (CountHeld),
+// skipping the ones not published, whatever the files in the volumes say.
 func TestHeldContent(t *testing.T) {
 	mem := memoryDir(t)
 	cp := &provider{files: files("m")}
 	p := Providers{Content: cp, Backends: map[string]Backend{"b": backend{x: struct{}{}}}}
 	var r refreshes
 	f, l := newFiller(t, p, &mounter{}, 64<<20, &r)
+	var saved []int64
+	f.cfg.SaveHeld = func(_ context.Context, _ *api.Volume, n int64) error {
+		saved = append(saved, n)
+		return nil
+	}
 	v := &api.Volume{ID: "v1", Backend: "b", TargetPath: mem}
 	if err := f.Fill(t.Context(), v); err != nil {
 		t.Fatal(err)
 	}
 	page := l.Held.Page()
 	want := content.Charge(cp.files, page)
-	if n := l.Held.InUse(); n != want || !l.Held.Holds("v1") {
-		t.Fatalf("held %d after the write, want %d", n, want)
+	if n := l.Held.InUse(); n != want || !l.Held.Holds("v1") || len(saved) != 0 {
+		t.Fatalf("held %d after the write (saved %v), want %d and nothing saved (the publish saves the record)", n, saved, want)
 	}
 	if err := f.Refresh(t.Context(), v); err != nil {
 		t.Fatal(err)
 	}
-	if n := l.Held.InUse(); n != want {
-		t.Errorf("held %d after a refresh of the same size, want %d", n, want)
+	if n := l.Held.InUse(); n != want || len(saved) != 0 {
+		t.Errorf("held %d after a refresh of the same content (saved %v), want %d and nothing saved", n, saved, want)
+	}
+	cp.files = files("n")
+	if err := f.Refresh(t.Context(), v); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Held.InUse(); n != want || len(saved) != 2 || saved[0] != 2*want || saved[1] != want {
+		t.Errorf("held %d after a refresh with new content (saved %v), want %d, and saved [%d %d]", n, saved, want, 2*want, want)
+	}
+	saved = nil
+	f.cfg.SaveHeld = func(context.Context, *api.Volume, int64) error { return errors.New("store down") }
+	cp.files = files("o")
+	if err := f.Refresh(t.Context(), v); err == nil || !strings.Contains(err.Error(), "store down") {
+		t.Errorf("a refresh whose charge cannot be recorded: %v, want the store's error", err)
+	}
+	if s := readFile(t, mem, "a"); s != "n" || l.Held.InUse() != want {
+		t.Errorf("after a refresh that could not record its charge a holds %q and %d are held, want the last good content and %d", s, l.Held.InUse(), want)
 	}
 	disk := t.TempDir()
 	if err := f.Fill(t.Context(), &api.Volume{ID: "v2", Backend: "b", TargetPath: disk}); err != nil {
@@ -217,35 +239,34 @@ func TestHeldContent(t *testing.T) {
 		t.Error("content on a disk is counted")
 	}
 
-	// A restart: a new Filler counts what is there.
-	f2, l2 := newFiller(t, p, &mounter{}, 64<<20, &r)
-	onDisk, err := content.Charged(mustRoot(t, mem), page)
-	if err != nil {
+	// What the pod writes into its volume is not the driver's content: a
+	// directory named like it, with a sparse 1 TiB file.
+	fake := filepath.Join(mem, "..2020_01_01_00_00_00.1")
+	if err := os.Mkdir(fake, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(fake, "blob"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(fake, "blob"), 1<<40); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart: a new Filler counts what the records say.
+	f2, l2 := newFiller(t, p, &mounter{}, 64<<20, &r)
+	n1, n0 := want, int64(0)
 	f2.CountHeld(t.Context(), records{recs: []*store.Record{
-		{VolumeID: "v1", Backend: "b", Phase: store.PhasePublished, TargetPath: mem},
-		{VolumeID: "v2", Backend: "b", Phase: store.PhasePublished, TargetPath: disk},
+		{VolumeID: "v1", Backend: "b", Phase: store.PhasePublished, TargetPath: mem, ContentHeld: &n1},
+		{VolumeID: "v2", Backend: "b", Phase: store.PhasePublished, TargetPath: disk, ContentHeld: &n0},
 		{VolumeID: "gone", Backend: "b", Phase: store.PhasePublished, TargetPath: filepath.Join(mem, "gone")},
-		{VolumeID: "intent", Backend: "b", Phase: store.PhasePublishing, TargetPath: mem},
+		{VolumeID: "intent", Backend: "b", Phase: store.PhasePublishing, TargetPath: mem, ContentHeld: &n1},
 	}})
-	if n := l2.Held.InUse(); n != onDisk || !l2.Held.Holds("v1") || l2.Held.Holds("intent") {
-		t.Errorf("counted %d at startup (v1 %v, intent %v), want %d of v1 only", n, l2.Held.Holds("v1"), l2.Held.Holds("intent"), onDisk)
+	if n := l2.Held.InUse(); n != want || !l2.Held.Holds("v1") || l2.Held.Holds("intent") {
+		t.Errorf("counted %d at startup (v1 %v, intent %v), want %d of v1 only", n, l2.Held.Holds("v1"), l2.Held.Holds("intent"), want)
 	}
 	f3, l3 := newFiller(t, p, &mounter{}, 64<<20, &r)
 	f3.CountHeld(t.Context(), records{err: errors.New("store down")})
 	if n := l3.Held.InUse(); n != 0 {
 		t.Errorf("counted %d from a store that cannot list", n)
 	}
-}
-
-// mustRoot opens dir as an os.Root closed with the test.
-func mustRoot(t *testing.T, dir string) *os.Root {
-	t.Helper()
-	r, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
 }

@@ -20,10 +20,18 @@ type Records interface {
 }
 
 // CountHeld counts, at startup, the content the volumes published on the
-// node hold in memory-backed filesystems (content.Charged) into Config.Held:
-// written by an earlier run, it is still charged to the memory cgroup that
-// wrote it. It is counted whatever the capacity says; a volume whose content
-// cannot be read is logged and counted by its next write.
+// node hold in memory-backed filesystems into Config.Held: written by an
+// earlier run, it is still charged to the memory cgroup that wrote it. It
+// is counted whatever the capacity says, from what the records say
+// (store.Record.ContentHeld, recorded when the driver wrote it), never from
+// the files in the volumes, which the pods may write (DESIGN 4g: a file
+// named like the driver's content, a sparse one, a rename). A record
+// without it (of an earlier version, or rebuilt from the node) counts what
+// the kernel says the volume's own tmpfs uses (statfs), at most the size
+// the record gives it; the next write of its content replaces that with
+// the driver's count. A
+// volume whose filesystem cannot be read is logged and counted by its next
+// write.
 func (f *Filler) CountHeld(ctx context.Context, records Records) {
 	log := klog.FromContext(ctx)
 	if !f.cfg.Providers.Any() {
@@ -39,8 +47,10 @@ func (f *Filler) CountHeld(ctx context.Context, records Records) {
 		if rec.Phase != store.PhasePublished || f.cfg.Providers.For(rec.Backend) == nil {
 			continue
 		}
-		n, err := f.charged(rec.TargetPath)
-		if err != nil {
+		var n int64
+		if rec.ContentHeld != nil {
+			n = *rec.ContentHeld
+		} else if n, err = f.used(rec); err != nil {
 			log.Error(err, "Counting the content of a published volume", logkeys.VolumeID, rec.VolumeID)
 			continue
 		}
@@ -53,10 +63,15 @@ func (f *Filler) CountHeld(ctx context.Context, records Records) {
 	}
 }
 
-// charged is what the content at target holds in memory: 0 when its
-// filesystem is not memory-backed.
-func (f *Filler) charged(target string) (int64, error) {
-	r, err := f.cfg.Mounter.OpenTarget(f.cfg.KubeletRootDir, target)
+// used is what the kernel says the memory-backed filesystem at rec's
+// target uses, its inodes charged as content charges them, at most rec's
+// size (the tmpfs's size=, which the kernel enforces; 0 when the record has
+// none): 0 when it is not memory-backed (or not there).
+func (f *Filler) used(rec *store.Record) (int64, error) {
+	if rec.Size <= 0 {
+		return 0, nil
+	}
+	r, err := f.cfg.Mounter.OpenTarget(f.cfg.KubeletRootDir, rec.TargetPath)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return 0, nil
@@ -64,8 +79,9 @@ func (f *Filler) charged(target string) (int64, error) {
 		return 0, err
 	}
 	defer r.Close()
-	if mem, err := stats.MemoryBacked(r); err != nil || !mem {
+	mem, bytes, inodes, err := stats.MemoryUsed(r)
+	if err != nil || !mem {
 		return 0, err
 	}
-	return content.Charged(r, f.cfg.Held.Page())
+	return min(bytes+inodes*content.InodeCharge, rec.Size), nil
 }

@@ -165,8 +165,8 @@ func (b *Budget) InUse() int64 {
 // with large content would keep the driver OOM-killed. So each write
 // reserves content.Charge of its files before it writes (content.Options.Admit),
 // a replacement holds both sets until the old one is gone, a teardown
-// releases, and a startup counts what the volumes already hold
-// (content.Charged) whatever the capacity says.
+// releases, and a startup counts what the records of the volumes say their
+// content holds (internal/fill's CountHeld) whatever the capacity says.
 //
 // The capacity is partitioned by content provider (DESIGN 4f), as the
 // content budget is: with several providers, each has capacity/(2×providers)
@@ -182,8 +182,15 @@ type Held struct {
 }
 
 type heldVolume struct {
-	grant *admission.Grant // nil without a bound
-	n     int64
+	grants []*admission.Grant // none without a bound
+	n      int64
+}
+
+// release gives back every grant of v.
+func (v heldVolume) release() {
+	for _, g := range v.grants {
+		g.Release()
+	}
 }
 
 // newHeld builds the accounting of capacity between the content parties.
@@ -235,12 +242,38 @@ func (h *Held) Reserve(id, party string, n int64, files int) (*admission.Grant, 
 // Set makes g (n bytes) what volume id's content holds, releasing what it
 // held before.
 func (h *Held) Set(id string, g *admission.Grant, n int64) {
+	v := heldVolume{n: n}
+	if g != nil {
+		v.grants = []*admission.Grant{g}
+	}
 	h.mu.Lock()
 	old := h.vols[id]
-	h.vols[id] = heldVolume{grant: g, n: n}
+	h.vols[id] = v
 	h.held += n - old.n
 	h.mu.Unlock()
-	old.grant.Release()
+	old.release()
+}
+
+// Add counts g (n bytes) besides what volume id's content holds already: a
+// write that failed may have left its files beside the old ones.
+func (h *Held) Add(id string, g *admission.Grant, n int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	v := h.vols[id]
+	if g != nil {
+		v.grants = append(v.grants, g)
+	}
+	v.n += n
+	h.vols[id] = v
+	h.held += n
+}
+
+// Of returns what volume id's content is counted to hold: 0 when it is not
+// counted.
+func (h *Held) Of(id string) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.vols[id].n
 }
 
 // Adopt counts n bytes as what volume id's content holds, whatever the
@@ -269,7 +302,7 @@ func (h *Held) Release(id string) {
 	h.held -= old.n
 	h.mu.Unlock()
 	if ok {
-		old.grant.Release()
+		old.release()
 	}
 }
 

@@ -139,6 +139,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		Refresh:        d.lanes.Refresh,
 		Held:           d.lanes.Held,
 		Refreshed:      d.refreshed,
+		SaveHeld:       d.saveHeld,
 	})
 	return d, nil
 }

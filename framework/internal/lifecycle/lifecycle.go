@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -223,7 +224,7 @@ func lifecycleTable() []transition {
 			To:  "published",
 			run: (*Engine).alreadyPublished},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameRefresh,
-			Do:  "refresh content with the request's secrets and tokens; a failure keeps the last good content and schedules a retry",
+			Do:  "refresh content with the request's secrets and tokens; a failure keeps the mount and the last good content, schedules a retry and answers a retryable code",
 			To:  "published",
 			run: (*Engine).republishContent},
 		{From: []volState{statePublished}, On: evRepublish, When: whenSameUnmounted,
@@ -729,6 +730,7 @@ func (d *Engine) createVolume(ctx context.Context, o *op) (err error) {
 		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.storage.PutRecordRelaxed(ctx, relax, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
@@ -752,6 +754,7 @@ func (d *Engine) adoptMounted(ctx context.Context, o *op) error {
 	rec := newRecord(pr, store.PhasePublished)
 	src := o.src
 	rec.Source, rec.State = &src, v.State
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving adopted volume: %w", err))
 	}
@@ -787,19 +790,34 @@ func (d *Engine) alreadyPublished(ctx context.Context, _ *op) error {
 
 // republishContent handles requiresRepublish or a kubelet restart: new
 // content with the fresh secrets and tokens. A failure never touches the live
-// volume: it keeps its last good content, the kubelet gets OK, and a retry is
-// scheduled. It never unmounts a live volume.
+// volume: it keeps its mount and its last good content, and a retry is
+// scheduled; it is never silent (issue 44): the metric counts it, the pod
+// gets a Warning event (d.refreshed), and the kubelet gets the error with a
+// retryable code (retryable), which it records on the pod and retries
+// (DESIGN 3.4: a failed republish answers OK or a transient code).
 func (d *Engine) republishContent(ctx context.Context, o *op) error {
 	v := o.pr.vol
 	v.State = o.rec.State
 	d.refresher.Remember(v)
 	if err := d.fill.Refresh(ctx, v); err != nil {
 		d.refreshFailed(ctx, v.ID, err)
-	} else {
-		d.refresher.Succeeded(v.ID)
-		klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
+		return retryable(fmt.Errorf("volume %s keeps its last good content; refreshing it failed: %w", v.Name, err))
 	}
+	d.refresher.Succeeded(v.ID)
+	klog.FromContext(ctx).V(2).Info("Republished volume with refreshed content")
 	return nil
+}
+
+// retryable is err with a code the kubelet retries: its own when it has one
+// of them (ResourceExhausted, Unavailable, DeadlineExceeded, Canceled,
+// Aborted), else Unavailable. The answer to a republish that failed, which
+// must never be final: the volume is live.
+func retryable(err error) error {
+	switch errkind.Code(err) {
+	case codes.ResourceExhausted, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
+		return err
+	}
+	return errkind.Transient(err)
 }
 
 // repairMount publishes again a volume answered OK whose mount vanished (node
@@ -813,6 +831,7 @@ func (d *Engine) repairMount(ctx context.Context, o *op) error {
 		return errkind.Transient(fmt.Errorf("repairing volume: %w", err))
 	}
 	rec.Source, rec.State, rec.Updated = &src, pr.vol.State, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving repaired volume: %w", err))
 	}
@@ -866,6 +885,7 @@ func (d *Engine) attachProvision(ctx context.Context, o *op) (err error) {
 		return err
 	}
 	rec.Phase, rec.Updated = store.PhasePublished, time.Now().UTC()
+	d.recordHeld(rec)
 	if err := d.store.Put(ctx, rec); err != nil {
 		return errkind.Transient(fmt.Errorf("saving published volume: %w", err))
 	}
@@ -905,6 +925,7 @@ func (d *Engine) completeRebuilt(ctx context.Context, o *op, err error) error {
 		return errkind.Transient(fmt.Errorf("finishing the publish of a volume rebuilt from the node: %w", err))
 	}
 	full.State = pr.vol.State
+	d.recordHeld(full)
 	if err := d.storage.PutRecord(ctx, pr.backend, full); err != nil {
 		return errkind.Transient(fmt.Errorf("saving the completed record of a rebuilt volume: %w", err))
 	}
@@ -1192,6 +1213,37 @@ func (d *Engine) teardown(ctx context.Context, rec *store.Record) error {
 	d.refresher.Forget(rec.VolumeID)
 	failpoint.Hit(failpoint.UnpublishAfterRecordGone)
 	return nil
+}
+
+// recordHeld puts into rec what its volume's content holds in memory, as
+// the content capacity counts it (store.Record.ContentHeld), when its
+// backend has content: a restarted driver counts it from there.
+func (d *Engine) recordHeld(rec *store.Record) {
+	if !d.fill.Provides(rec.Backend) {
+		return
+	}
+	n := d.lanes.Held.Of(rec.VolumeID)
+	rec.ContentHeld = &n
+}
+
+// saveHeld records that v's content holds n bytes (fill's SaveHeld, around
+// the write of a refresh, under the volume's lock): in the record of a
+// published volume. Any other record is saved, with what it holds, by the
+// publish that writes it.
+func (d *Engine) saveHeld(ctx context.Context, v *api.Volume, n int64) error {
+	rec, err := d.store.Get(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if rec.Phase != store.PhasePublished || rec.Rebuilt || (rec.ContentHeld != nil && *rec.ContentHeld == n) {
+		return nil
+	}
+	b, ok := d.cfg.Backends[rec.Backend]
+	if !ok {
+		return fmt.Errorf("volume uses backend %q, which this driver no longer has", rec.Backend)
+	}
+	rec.ContentHeld, rec.Updated = &n, time.Now().UTC()
+	return d.storage.PutRecord(ctx, b, rec)
 }
 
 // newRecord is the record of a validated request.

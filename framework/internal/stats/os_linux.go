@@ -188,3 +188,30 @@ func MemoryBacked(r *os.Root) (bool, error) {
 	}
 	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
 }
+
+// MemoryUsed is what the kernel says the memory-backed filesystem of the
+// volume r uses (fstatfs: its used blocks in bytes, and its inodes besides
+// the root), and whether it is memory-backed at all (false: 0, 0). It reads
+// no name and no size of the files in it, which the pod may write; a sparse
+// file takes only its pages.
+func MemoryUsed(r *os.Root) (mem bool, bytes, inodes int64, err error) {
+	f, err := r.Open(".")
+	if err != nil {
+		return false, 0, 0, err
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return false, 0, 0, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
+	}
+	if st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+		return false, 0, 0, nil
+	}
+	if st.Blocks > st.Bfree {
+		bytes = int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	if st.Files > st.Ffree+1 {
+		inodes = int64(st.Files - st.Ffree - 1)
+	}
+	return true, bytes, inodes, nil
+}

@@ -133,3 +133,7 @@ func isVolumeRoot(dir string) bool {
 // MemoryBacked reports whether the volume r is on a filesystem whose pages
 // are memory: never on Windows.
 func MemoryBacked(*os.Root) (bool, error) { return false, nil }
+
+// MemoryUsed is what the memory-backed filesystem of the volume r uses:
+// none on Windows.
+func MemoryUsed(*os.Root) (mem bool, bytes, inodes int64, err error) { return false, 0, 0, nil }

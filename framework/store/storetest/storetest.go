@@ -371,7 +371,7 @@ func RunReopen(t *testing.T, open func(t *testing.T, dir string) store.Store) {
 // FullRecord returns a record with every field set, identified by id. Each call
 // returns a fresh value.
 func FullRecord(id string) *store.Record {
-	fsGroup := int64(2000)
+	fsGroup, held := int64(2000), int64(1<<20)
 	created := time.Date(2026, 3, 4, 5, 6, 7, 890123456, time.UTC)
 	tmpfsUID := uint32(1000)
 	return &store.Record{
@@ -399,10 +399,11 @@ func FullRecord(id string) *store.Record {
 			MountOptions: []string{"noatime"},
 			Tmpfs:        &api.Tmpfs{Size: 64 << 20, Mode: 0o755, UID: &tmpfsUID},
 		},
-		State:   map[string]string{"device": "/dev/loop3"},
-		Phase:   store.PhasePublishing,
-		Created: created,
-		Updated: created.Add(time.Second).In(time.FixedZone("CET", 3600)),
+		State:       map[string]string{"device": "/dev/loop3"},
+		Phase:       store.PhasePublishing,
+		ContentHeld: &held,
+		Created:     created,
+		Updated:     created.Add(time.Second).In(time.FixedZone("CET", 3600)),
 	}
 }
 
@@ -478,6 +479,10 @@ func cloneRecord(r *store.Record) *store.Record {
 		g := *r.FSGroup
 		c.FSGroup = &g
 	}
+	if r.ContentHeld != nil {
+		n := *r.ContentHeld
+		c.ContentHeld = &n
+	}
 	if r.Source != nil {
 		src := *r.Source
 		if r.Source.Options != nil {
@@ -505,6 +510,7 @@ func mutate(r *store.Record) {
 	r.Params["added"] = "x"
 	r.State["device"] = "/dev/loop9"
 	*r.FSGroup = 42
+	*r.ContentHeld = 7
 	r.Source.Options[0] = "size=1"
 	r.Source.MountOptions[0] = "strictatime"
 	r.Source.Tmpfs.Size = 1
