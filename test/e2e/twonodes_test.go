@@ -43,7 +43,7 @@ func (c *cluster) addNode(ctx context.Context, n *node) error {
 // kubelet and driver still run, it deletes the pods of ns and waits until they are
 // gone (so the kubelets unpublish their volumes); then it stops the driver d (may be
 // nil), the kubelet and the runtime, deletes their containers, kills the shims,
-// unmounts everything below the node's dir (deepest first), removes it and the
+// removes the kubelet's cgroups (deepest first), unmounts everything below the node's dir (deepest first), removes it and the
 // kubelet's links in /var/log/containers, and force-deletes what the API server
 // still has of the node: its pods, its CSINode and its Node object.
 func (n *node) remove(t *testing.T, d *driver, ns string) {
@@ -61,6 +61,9 @@ func (n *node) remove(t *testing.T, d *driver, ns string) {
 	n.kubelet.stop(10 * time.Second)
 	n.cri.stop(10 * time.Second)
 	removeContainers(n.dir, n.dir)
+	if failed := removeCgroupTree(n.cgroupRoot, false); len(failed) > 0 {
+		t.Errorf("teardown of %s: cgroups: %v", n.name, failed)
+	}
 	if failed := unmountAllUnder(n.dir); len(failed) > 0 {
 		t.Errorf("teardown of %s: unmount: %v", n.name, failed)
 	}
@@ -210,6 +213,8 @@ func TestTwoNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The harness's one node with pod cgroups off (the first node has them on).
+	b.podCgroups = false
 	var drvB *driver
 	t.Cleanup(func() {
 		t0 := time.Now()
