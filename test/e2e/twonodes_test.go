@@ -177,6 +177,9 @@ func (c *cluster) scheduledPod(name, app string, vol corev1.Volume) *corev1.Pod 
 //   - The pods land on both nodes (a topology spread over kubernetes.io/hostname),
 //     each volume published by the driver of its pod's node, mounted below that
 //     node's kubelet root and never seen by the other driver.
+//   - Node B is the harness's node with pod cgroups off (cgroupsPerQOS: false):
+//     its containers run in containerd's /k8s.io/<container ID>, the first
+//     node's in <its cgroupRoot>/kubepods/burstable/pod<UID>/<container ID>.
 //   - --max-volumes-per-node reaches CSINode (allocatable.count 2 on node B, none
 //     on the first node, whose driver has no limit). The scheduler does not count
 //     inline CSI volumes against it: in kube-scheduler v1.34.4 to v1.37.2 the NodeVolumeLimits
@@ -310,6 +313,10 @@ func TestTwoNodes(t *testing.T) {
 		}
 		if got := len(drivers[p.Spec.NodeName].rpcLines(since, "NodePublishVolume", h)); got != 1 {
 			t.Errorf("pod %s on %s: its driver logged %d NodePublishVolume requests, want 1", p.Name, n.name, got)
+		}
+		// Pod cgroups on the first node, none on node B.
+		if c.runtime == runtimeContainerd {
+			n.wantContainerCgroup(t, p)
 		}
 	}
 
