@@ -106,6 +106,16 @@ type node struct {
 	extraKubeletArgs        []string
 	kubeletRoot, podLogsDir string
 	criEndpoint             string
+	// podCgroups is the kubelet's cgroupsPerQOS: true (newNode's default, as on
+	// every production node) gives each pod a cgroup of its own, with the QoS
+	// levels and the pods' resource limits, below cgroupRoot/kubepods; false
+	// (set before startKubelet: TestTwoNodes' node B) leaves the containers
+	// where the runtime puts them (containerd: /k8s.io/<container ID>) and no
+	// pod has a cgroup, the mode a driver must fall back from.
+	podCgroups bool
+	// cgroupRoot is the kubelet's cgroupRoot with pod cgroups on: the node's
+	// own cgroup below the run's (cgroupRunDir), created by startKubelet.
+	cgroupRoot string
 
 	// containerd mode
 	ctrSock, runcRoot string
@@ -118,6 +128,8 @@ func (c *cluster) newNode(name, dir, suffix string) (*node, error) {
 		c: c, name: name, dir: dir, suffix: suffix, token: c.pki.NodeTokens[name],
 		kubeletRoot: filepath.Join(dir, "kubelet"),
 		podLogsDir:  filepath.Join(dir, "pod-logs"),
+		podCgroups:  true,
+		cgroupRoot:  cgroupRunDir(c.root) + "/node" + suffix,
 	}
 	if n.token == "" {
 		return nil, fmt.Errorf("no kubelet token for node %s in the PKI", name)
@@ -240,9 +252,11 @@ func cleanupRoot(dir string) []string {
 	// others' in <root>/nodes/*.
 	nodeDirs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*"))
 	removeContainers(dir, append([]string{dir}, nodeDirs...)...)
+	// Every node's pod cgroups, now that their processes are gone (deepest
+	// first; a leftover process of the run is killed).
+	problems := removeCgroupTree(cgroupRunDir(dir), false)
 	// TestUserNamespaces' pod network, once its pods are gone.
 	removePodBridge(dir)
-	var problems []string
 	if failed := unmountAllUnder(dir); len(failed) > 0 {
 		problems = append(problems, failed...)
 	}
@@ -700,9 +714,7 @@ authentication:
 authorization: {mode: AlwaysAllow}
 containerRuntimeEndpoint: %s
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
-enforceNodeAllocatable: []
-failSwapOn: false
+%sfailSwapOn: false
 failCgroupV1: false
 localStorageCapacityIsolation: false
 makeIPTablesUtilChains: false
@@ -723,11 +735,32 @@ maxPods: 200
 kubeAPIQPS: 100
 kubeAPIBurst: 200
 registerNode: true
-`, n.kubeletPort, n.kubeletHealthzPort, n.criEndpoint, n.podLogsDir, filepath.Join(n.dir, "volume-plugins"))
+`, n.kubeletPort, n.kubeletHealthzPort, n.criEndpoint, n.cgroupConfig(), n.podLogsDir, filepath.Join(n.dir, "volume-plugins"))
+}
+
+// cgroupConfig is the node's pod cgroup settings of its KubeletConfiguration
+// (cgroupDriver is cgroupfs either way, as containerd's runc: SystemdCgroup =
+// false). With pod cgroups on, node allocatable is enforced on the pods'
+// cgroup (the kubelet's default, enforceNodeAllocatable [pods]); off, it must
+// be empty (the kubelet refuses anything else without cgroupsPerQOS).
+func (n *node) cgroupConfig() string {
+	if !n.podCgroups {
+		return "cgroupsPerQOS: false\nenforceNodeAllocatable: []\n"
+	}
+	return fmt.Sprintf("cgroupsPerQOS: true\ncgroupRoot: %s\nenforceNodeAllocatable: [pods]\n", n.cgroupRoot)
 }
 
 func (n *node) startKubelet(ctx context.Context) error {
 	c := n.c
+	if n.podCgroups {
+		// The kubelet refuses to start when its cgroupRoot does not exist.
+		if err := makeCgroup(n.cgroupRoot); err != nil {
+			return err
+		}
+		c.logf("kubelet%s: pod cgroups on, cgroupRoot %s", n.suffix, n.cgroupRoot)
+	} else {
+		c.logf("kubelet%s: pod cgroups off (cgroupsPerQOS: false)", n.suffix)
+	}
 	cfg := filepath.Join(n.dir, "kubelet-config.yaml")
 	if err := os.WriteFile(cfg, []byte(n.kubeletConfig()), 0o644); err != nil {
 		return err

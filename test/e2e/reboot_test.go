@@ -164,8 +164,8 @@ func TestNodeReboot(t *testing.T) {
 
 // powerOff stops the node as a reboot would: the kubelet, the driver and
 // containerd stop, every container and shim dies, everything mounted below the
-// kubelet's root and containerd's state dir is unmounted, the runtime's
-// volatile state (runc's and containerd's state dirs: /run on a real node) is
+// kubelet's root and containerd's state dir is unmounted, the kubelet's pod
+// cgroups are removed, the runtime's volatile state (runc's and containerd's state dirs: /run on a real node) is
 // removed and the loop devices bound to files in loopDir are detached. What a
 // disk keeps stays: the driver's state dir and backing files, the kubelet's
 // root, containerd's root (images, container metadata).
@@ -186,6 +186,13 @@ func (c *cluster) powerOff(t *testing.T, loopDir string) {
 	for _, id := range ids {
 		sum := sha256.Sum256([]byte(filepath.Join(c.root, "containerd", "c.sock", "k8s.io", id.Name())))
 		_ = os.Remove(filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])))
+	}
+	// A reboot leaves no cgroup: the pod cgroups below the kubelet's cgroupRoot
+	// go (the root itself is the node's, as "/" on a real node).
+	if c.podCgroups {
+		if failed := removeCgroupTree(c.cgroupRoot, true); len(failed) > 0 {
+			t.Fatalf("remove the pod cgroups below %s: %v", c.cgroupRoot, failed)
+		}
 	}
 	state := filepath.Join(c.root, "containerd", "state")
 	for _, dir := range []string{c.kubeletRoot, state, c.runcRoot} {

@@ -43,7 +43,7 @@ func (c *cluster) addNode(ctx context.Context, n *node) error {
 // kubelet and driver still run, it deletes the pods of ns and waits until they are
 // gone (so the kubelets unpublish their volumes); then it stops the driver d (may be
 // nil), the kubelet and the runtime, deletes their containers, kills the shims,
-// unmounts everything below the node's dir (deepest first), removes it and the
+// removes the kubelet's cgroups (deepest first), unmounts everything below the node's dir (deepest first), removes it and the
 // kubelet's links in /var/log/containers, and force-deletes what the API server
 // still has of the node: its pods, its CSINode and its Node object.
 func (n *node) remove(t *testing.T, d *driver, ns string) {
@@ -61,6 +61,9 @@ func (n *node) remove(t *testing.T, d *driver, ns string) {
 	n.kubelet.stop(10 * time.Second)
 	n.cri.stop(10 * time.Second)
 	removeContainers(n.dir, n.dir)
+	if failed := removeCgroupTree(n.cgroupRoot, false); len(failed) > 0 {
+		t.Errorf("teardown of %s: cgroups: %v", n.name, failed)
+	}
 	if failed := unmountAllUnder(n.dir); len(failed) > 0 {
 		t.Errorf("teardown of %s: unmount: %v", n.name, failed)
 	}
@@ -174,6 +177,9 @@ func (c *cluster) scheduledPod(name, app string, vol corev1.Volume) *corev1.Pod 
 //   - The pods land on both nodes (a topology spread over kubernetes.io/hostname),
 //     each volume published by the driver of its pod's node, mounted below that
 //     node's kubelet root and never seen by the other driver.
+//   - Node B is the harness's node with pod cgroups off (cgroupsPerQOS: false):
+//     its containers run in containerd's /k8s.io/<container ID>, the first
+//     node's in <its cgroupRoot>/kubepods/burstable/pod<UID>/<container ID>.
 //   - --max-volumes-per-node reaches CSINode (allocatable.count 2 on node B, none
 //     on the first node, whose driver has no limit). The scheduler does not count
 //     inline CSI volumes against it: in kube-scheduler v1.34.4 to v1.37.2 the NodeVolumeLimits
@@ -210,6 +216,8 @@ func TestTwoNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The harness's one node with pod cgroups off (the first node has them on).
+	b.podCgroups = false
 	var drvB *driver
 	t.Cleanup(func() {
 		t0 := time.Now()
@@ -305,6 +313,10 @@ func TestTwoNodes(t *testing.T) {
 		}
 		if got := len(drivers[p.Spec.NodeName].rpcLines(since, "NodePublishVolume", h)); got != 1 {
 			t.Errorf("pod %s on %s: its driver logged %d NodePublishVolume requests, want 1", p.Name, n.name, got)
+		}
+		// Pod cgroups on the first node, none on node B.
+		if c.runtime == runtimeContainerd {
+			n.wantContainerCgroup(t, p)
 		}
 	}
 
