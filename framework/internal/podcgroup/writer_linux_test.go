@@ -268,8 +268,14 @@ func TestWriteChargesThePod(t *testing.T) {
 	if podAfter-podShmem < int64(len(token)) {
 		t.Errorf("the pod's cgroup was charged %d bytes of shmem, want at least the %d written", podAfter-podShmem, len(token))
 	}
-	if ownAfter-ownShmem > MiB {
-		t.Errorf("this process's cgroup was charged %d bytes of shmem, want none of the %d written", ownAfter-ownShmem, len(token))
+	// A page is charged to one memory cgroup, so the pod's charge above is
+	// not this process's as long as the pod's cgroup is not below ours. Our
+	// own shmem is only logged: this process shares its cgroup with every
+	// other process of the session (go test runs two packages at once, and
+	// their tmpfs pages come and go in it), so it moves with theirs
+	// (test-flakes saw +6 MiB of theirs here).
+	if strings.HasPrefix(c.Dir+"/", own+"/") {
+		t.Errorf("the pod's cgroup %s is below this process's %s: its charge would be ours too", c.Dir, own)
 	}
 	if pids := procs(t, c.Dir); len(pids) > 0 || !gone(res.Pid) {
 		t.Errorf("the writer %d outlived Write: pod cgroup's processes %v", res.Pid, pids)
@@ -301,16 +307,17 @@ func TestWriteChargesThePod(t *testing.T) {
 		}
 	}
 
-	// The control: the same pages written by this process are charged
-	// to this process's cgroup, not the pod's.
+	// The control: the same pages written by this process are not charged
+	// to the pod's cgroup (only logged for this process's, shared with
+	// others as above).
 	podBefore, ownBefore := stat(t, c.Dir, "memory.stat", "shmem"), stat(t, own, "memory.stat", "shmem")
 	if err := os.WriteFile(filepath.Join(dir.Name(), "control"), make([]byte, 4*MiB), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	podCtl, ownCtl := stat(t, c.Dir, "memory.stat", "shmem"), stat(t, own, "memory.stat", "shmem")
 	t.Logf("control: 4 MiB written by this process: pod cgroup shmem %d → %d KiB, this process's %d → %d KiB", podBefore>>10, podCtl>>10, ownBefore>>10, ownCtl>>10)
-	if ownCtl-ownBefore < 4*MiB || podCtl-podBefore > MiB {
-		t.Errorf("control: 4 MiB written by this process charged %d bytes to its cgroup and %d to the pod's, want all to its own", ownCtl-ownBefore, podCtl-podBefore)
+	if podCtl-podBefore > MiB {
+		t.Errorf("control: 4 MiB written by this process charged %d bytes to the pod's cgroup, want none", podCtl-podBefore)
 	}
 	if err := os.Remove(filepath.Join(dir.Name(), "control")); err != nil {
 		t.Fatal(err)
@@ -328,8 +335,8 @@ func TestWriteChargesThePod(t *testing.T) {
 // TestWriteOverThePodsLimit: a pod whose memory cgroup cannot take the
 // files gets its write refused (the writer, the pod cgroup's preferred
 // OOM victim, is killed: ErrPodOutOfMemory, read from the kernel's
-// oom_kill count); what was written stays within the pod's limit and
-// nothing of it is charged to this process.
+// oom_kill count); what was written stays within the pod's limit, in a
+// cgroup that is not this process's.
 func TestWriteOverThePodsLimit(t *testing.T) {
 	_, c := v1Pod(t)
 	dir := tmpfs(t, "64m")
@@ -350,8 +357,12 @@ func TestWriteOverThePodsLimit(t *testing.T) {
 	if shmem := stat(t, c.Dir, "memory.stat", "shmem"); shmem > limit {
 		t.Errorf("the pod's cgroup holds %d bytes of shmem, over its limit %d", shmem, limit)
 	}
-	if d := stat(t, own, "memory.stat", "shmem") - ownShmem; d > MiB {
-		t.Errorf("this process's cgroup was charged %d bytes of shmem", d)
+	// This process's cgroup is shared with the session's other processes
+	// (TestWriteChargesThePod): its shmem is only logged; the pod's cgroup
+	// not being below it is what keeps the pod's charge from being ours.
+	t.Logf("this process's cgroup shmem moved by %d KiB (its other processes' too)", (stat(t, own, "memory.stat", "shmem")-ownShmem)>>10)
+	if strings.HasPrefix(c.Dir+"/", own+"/") {
+		t.Errorf("the pod's cgroup %s is below this process's %s", c.Dir, own)
 	}
 	if pids := procs(t, c.Dir); len(pids) > 0 || !gone(res.Pid) {
 		t.Errorf("the writer %d outlived Write: pod cgroup's processes %v", res.Pid, pids)
