@@ -29,9 +29,8 @@ type Records interface {
 // without it (of an earlier version, or rebuilt from the node) counts what
 // the kernel says the volume's own tmpfs uses (statfs), at most the size
 // the record gives it; the next write of its content replaces that with
-// the driver's count. A
-// volume whose filesystem cannot be read is logged and counted by its next
-// write.
+// the driver's count. A volume whose filesystem cannot be read is logged and
+// counted by its next write.
 func (f *Filler) CountHeld(ctx context.Context, records Records) {
 	log := klog.FromContext(ctx)
 	if !f.cfg.Providers.Any() {
