@@ -5,6 +5,7 @@ package security
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,6 +103,8 @@ type pluginSpec struct {
 	mode     hostile.Mode
 	restart  time.Duration // after a crash; 0: not restarted
 	maxBytes int64         // its answers' bound (max-content-bytes); 0: the default, 16Mi
+	// rotateBytes is a rotate plugin's blob (hostile.Options.RotateBytes).
+	rotateBytes int64
 }
 
 func (s pluginSpec) creates() bool { return s.mode == hostile.Dir || s.mode == hostile.HangDelete }
@@ -126,11 +129,27 @@ type procNode struct {
 	led ledger
 }
 
+// procNodeOptions are a procNode's settings beyond its plugins and flags.
+type procNodeOptions struct {
+	// driverCgroup, when set, is the directory of the cgroup (v1 memory, or
+	// v2) the driver runs in from its first instruction: a shell joins it
+	// and execs the driver, so that every page the driver ever allocates is
+	// charged there. Its log is then copied into driver.log by this process,
+	// whose pages the log's are, not the driver's.
+	driverCgroup string
+}
+
 // startProcNode starts the plugins and the driver (tmpfs and the plugins as
 // backends, content timeout and operation timeout scaled, flags added) and
 // waits until the driver is ready. Everything is stopped, unmounted and
 // removed at cleanup, also when the test fails.
 func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode {
+	t.Helper()
+	return startProcNodeWith(t, procNodeOptions{}, specs, flags...)
+}
+
+// startProcNodeWith is startProcNode with opts.
+func startProcNodeWith(t *testing.T, opts procNodeOptions, specs []pluginSpec, flags ...string) *procNode {
 	t.Helper()
 	requireRoot(t)
 	bin := driverBinary(t)
@@ -171,7 +190,7 @@ func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode 
 	// EPHEMERA_SECURITY_DRIVER_ARGS adds flags (space-separated), after the
 	// test's own: to run the tests against a driver tuned otherwise.
 	args = append(append(args, flags...), strings.Fields(os.Getenv("EPHEMERA_SECURITY_DRIVER_ARGS"))...)
-	n.startDriver(bin, args)
+	n.startDriver(bin, args, opts.driverCgroup)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx = ctx
 	t.Cleanup(func() { // runs first: the test's goroutines end before anything stops
@@ -190,7 +209,7 @@ func (n *procNode) shared(name string) string { return filepath.Join(n.base, "sh
 // startPlugin starts the plugin of s (again, after stopPlugin).
 func (n *procNode) startPlugin(s pluginSpec) {
 	n.t.Helper()
-	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock"), MaxContentBytes: s.maxBytes}
+	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock"), MaxContentBytes: s.maxBytes, RotateBytes: s.rotateBytes}
 	if s.creates() {
 		opts.Dir = n.shared(s.name)
 		if err := os.MkdirAll(opts.Dir, 0o750); err != nil {
@@ -203,16 +222,24 @@ func (n *procNode) startPlugin(s pluginSpec) {
 
 // startDriver runs the driver binary with args, its output in driver.log,
 // killed with the test process (Pdeathsig), stopped at cleanup (SIGTERM,
-// SIGKILL after 10s), and waits until it answers Probe with ready.
-func (n *procNode) startDriver(bin string, args []string) {
+// SIGKILL after 10s), and waits until it answers Probe with ready. With
+// cgroup, it runs in that cgroup (procNodeOptions.driverCgroup).
+func (n *procNode) startDriver(bin string, args []string, cgroup string) {
 	n.t.Helper()
 	logf, err := os.Create(filepath.Join(n.base, "driver.log"))
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	defer logf.Close()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if cgroup != "" {
+		// The shell's pages are freed by the exec; the driver's first are
+		// the cgroup's. A writer that is no *os.File: exec copies the
+		// output through a pipe, in this process.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, filepath.Join(cgroup, "cgroup.procs"), bin}, args...)...)
+		w := struct{ io.Writer }{logf}
+		cmd.Stdout, cmd.Stderr = w, w
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -220,6 +247,7 @@ func (n *procNode) startDriver(bin string, args []string) {
 	exited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
+		logf.Close()
 		close(exited)
 	}()
 	n.t.Cleanup(func() {
