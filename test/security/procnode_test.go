@@ -127,6 +127,11 @@ type procNode struct {
 	ctx context.Context
 	wg  sync.WaitGroup
 	led ledger
+
+	// The driver: how it is started, and its process (nil when stopped).
+	driverBin, driverCgroup string
+	driverArgs              []string
+	driver                  *driverProc
 }
 
 // procNodeOptions are a procNode's settings beyond its plugins and flags.
@@ -220,46 +225,78 @@ func (n *procNode) startPlugin(s pluginSpec) {
 	n.specs[s.name] = s
 }
 
+// driverProc is a driver process of a procNode.
+type driverProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
 // startDriver runs the driver binary with args, its output in driver.log,
 // killed with the test process (Pdeathsig), stopped at cleanup (SIGTERM,
 // SIGKILL after 10s), and waits until it answers Probe with ready. With
 // cgroup, it runs in that cgroup (procNodeOptions.driverCgroup).
 func (n *procNode) startDriver(bin string, args []string, cgroup string) {
 	n.t.Helper()
-	logf, err := os.Create(filepath.Join(n.base, "driver.log"))
+	n.driverBin, n.driverArgs, n.driverCgroup = bin, args, cgroup
+	n.t.Cleanup(n.stopDriver)
+	n.launchDriver()
+}
+
+// restartDriver stops the driver (SIGTERM) and starts it again as it was
+// started, in the same cgroup, and waits until it is ready.
+func (n *procNode) restartDriver() {
+	n.t.Helper()
+	n.stopDriver()
+	n.launchDriver()
+}
+
+// stopDriver stops the driver process, if it runs: SIGTERM, SIGKILL after
+// 10s.
+func (n *procNode) stopDriver() {
+	d := n.driver
+	if d == nil {
+		return
+	}
+	n.driver = nil
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(10 * time.Second):
+		n.t.Errorf("the driver did not stop within 10s of SIGTERM: killed")
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// launchDriver starts the driver process and waits until it is ready.
+func (n *procNode) launchDriver() {
+	n.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(n.base, "driver.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(n.driverBin, n.driverArgs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if cgroup != "" {
+	if n.driverCgroup != "" {
 		// The shell's pages are freed by the exec; the driver's first are
 		// the cgroup's. A writer that is no *os.File: exec copies the
 		// output through a pipe, in this process.
-		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, filepath.Join(cgroup, "cgroup.procs"), bin}, args...)...)
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, filepath.Join(n.driverCgroup, "cgroup.procs"), n.driverBin}, n.driverArgs...)...)
 		w := struct{ io.Writer }{logf}
 		cmd.Stdout, cmd.Stderr = w, w
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		n.t.Fatal(err)
 	}
-	exited := make(chan struct{})
+	d := &driverProc{cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		logf.Close()
-		close(exited)
+		close(d.exited)
 	}()
-	n.t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			n.t.Errorf("the driver did not stop within 10s of SIGTERM: killed")
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
+	n.driver = d
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ready, err := n.probe()
@@ -267,7 +304,7 @@ func (n *procNode) startDriver(bin string, args []string, cgroup string) {
 			return
 		}
 		select {
-		case <-exited:
+		case <-d.exited:
 			n.t.Fatalf("the driver exited: %v\n%s", cmd.ProcessState, n.logTail("driver.log", 4000))
 		default:
 		}

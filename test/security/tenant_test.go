@@ -160,6 +160,18 @@ type memoryPlan struct {
 	// needed is framework.MemoryNeeded of the flags: the least limit that
 	// holds the plan.
 	needed int64
+	// podCharged is the plan where pods are charged for their content: the
+	// same without the content capacity, which the driver then holds none
+	// of.
+	podCharged int64
+}
+
+// bound is the driver's plan in mode.
+func (p memoryPlan) bound(mode string) int64 {
+	if mode == chargePod {
+		return p.podCharged
+	}
+	return p.needed
 }
 
 // manifestPlan reads the driver container of deploy/base/daemonset.yaml.
@@ -234,6 +246,7 @@ func manifestPlan(t *testing.T) memoryPlan {
 	}
 	p.flags = append(p.flags, "--memory-limit="+strconv.FormatInt(p.limit, 10))
 	p.needed = framework.MemoryNeeded(inFlight, capacity, walks)
+	p.podCharged = framework.MemoryNeeded(inFlight, 0, walks)
 	return p
 }
 
@@ -299,6 +312,22 @@ func (c memcg) stat(key string) int64 {
 
 // shmem is the tmpfs pages charged to the cgroup and its descendants.
 func (c memcg) shmem() int64 { return c.stat("total_shmem") }
+
+// oomKills is the number of processes its OOM killer killed (v1
+// memory.oom_control's oom_kill); 0 when it cannot tell.
+func (c memcg) oomKills() int {
+	b, err := os.ReadFile(filepath.Join(string(c), "memory.oom_control"))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
 
 func (c memcg) set(t *testing.T, file string, v int64) {
 	t.Helper()
@@ -384,7 +413,7 @@ type tenantAgent struct {
 	in   io.WriteCloser
 	out  *bufio.Scanner
 	mu   sync.Mutex
-	dead bool
+	dead bool // killed, or found dead, and reaped
 }
 
 // startAgent starts an agent in cg.
@@ -423,7 +452,7 @@ func (a *tenantAgent) do(op agentOp) (agentReply, error) {
 	b, _ := json.Marshal(op)
 	var r agentReply
 	if _, err := a.in.Write(append(b, '\n')); err != nil || !a.out.Scan() {
-		a.dead = true
+		a.reap()
 		return r, errAgentGone
 	}
 	if err := json.Unmarshal(a.out.Bytes(), &r); err != nil {
@@ -448,11 +477,28 @@ func (e agentError) Is(target error) bool {
 // stop kills the agent and reaps it, as the kubelet kills a pod's
 // containers before it tears down its volumes.
 func (a *tenantAgent) stop() {
-	_ = a.cmd.Process.Kill()
-	_ = a.cmd.Wait()
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reap()
+}
+
+// reap kills the agent, if it still runs, and waits for it (a.mu held).
+func (a *tenantAgent) reap() {
+	if a.dead {
+		return
+	}
 	a.dead = true
-	a.mu.Unlock()
+	if a.cmd != nil {
+		_ = a.cmd.Process.Kill()
+		_ = a.cmd.Wait()
+	}
+}
+
+// gone says whether the agent died (or was stopped).
+func (a *tenantAgent) gone() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.dead
 }
 
 // tenantVol is a volume of a tenant pod.
@@ -529,7 +575,11 @@ type tenantRun struct {
 	refreshes map[string]map[codes.Code]int // kind → code → count
 	attacks   map[string]map[string]int
 	worst     map[string]string // one failure message per code
-	failures  int
+	oomKills  map[string]int    // kind → processes its pods' cgroups OOM-killed
+	restartAt int               // the round after which the driver is restarted
+	began     time.Time
+	maxBulk   int // the most bulk volumes the attackers have at once; 0: no bound
+	bulk      int // the bulk volumes they have
 }
 
 // Sizes of the volumes, and the pods' memory limits. A bulk volume holds
@@ -574,7 +624,9 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 	cgs := newTenantCgroups(t, cfg.session)
 	cgs.driver.set(t, "memory.limit_in_bytes", cfg.plan.limit)
 	r := &tenantRun{t: t, cfg: cfg, r: rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x7465_6e61_6e74)), cgs: cgs,
-		pods: map[string]*tenantPod{}, refreshes: map[string]map[codes.Code]int{}, attacks: map[string]map[string]int{}, worst: map[string]string{}}
+		pods: map[string]*tenantPod{}, refreshes: map[string]map[codes.Code]int{}, attacks: map[string]map[string]int{}, worst: map[string]string{}, oomKills: map[string]int{}}
+	r.restartAt = 3 + r.r.IntN(5)
+	r.began = start
 	r.metrics = freeAddress(t)
 	flags := append(slices.Clone(cfg.plan.flags), "--metrics-address="+r.metrics)
 	switch {
@@ -599,8 +651,8 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 		}
 	}
 	r.shmem0 = cgs.driver.shmem()
-	t.Logf("%s: the driver's cgroup limited to %s (deploy/base), its plan %s (%s); ready at %s, of it tmpfs %s; flags %s",
-		cfg.mode, mibs(cfg.plan.limit), mibs(cfg.plan.needed), "framework.MemoryNeeded", mibs(cgs.driver.value("memory.usage_in_bytes")), mibs(r.shmem0), strings.Join(flags, " "))
+	t.Logf("%s: the driver's cgroup limited to %s (deploy/base), its plan %s (framework.MemoryNeeded; the manifest's %s); ready at %s, of it tmpfs %s; flags %s",
+		cfg.mode, mibs(cfg.plan.limit), mibs(cfg.plan.bound(cfg.mode)), mibs(cfg.plan.needed), mibs(cgs.driver.value("memory.usage_in_bytes")), mibs(r.shmem0), strings.Join(flags, " "))
 
 	// The plugin load: pods of each hostile mode that come and go.
 	loadCtx, stopLoad := context.WithCancel(r.n.ctx)
@@ -616,8 +668,19 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 
 	// The pods: healthy ones (one of them whose cgroup comes late), and
 	// attackers.
-	healthy := 3 + r.r.IntN(2)
+	// In volume-size mode each content volume takes what its tmpfs can
+	// hold of the content capacity, which is partitioned by provider
+	// (each of the 8 has 1/16 to itself, and half is shared): the healthy
+	// pods' token volumes (2Mi each: 1Mi and 1023 inodes) take 12Mi, 8 of
+	// them shared, and the attackers' bulk volumes (4Mi each) at most 24Mi,
+	// 20 of them shared; the plugin load's stay in their own. So there are
+	// at most 6 bulk volumes there, and the healthy pods always fit: what
+	// the attackers do changes nothing of it.
+	const healthy = 3
 	attackers := 5 + r.r.IntN(3)
+	if cfg.mode == chargeVolumeSize {
+		attackers, r.maxBulk = 4+r.r.IntN(2), 6
+	}
 	var wg sync.WaitGroup
 	for i := range healthy {
 		wg.Go(func() { r.newHealthy(i == 0) })
@@ -669,6 +732,13 @@ func (r *tenantRun) metric(series string) float64 {
 		}
 	}
 	return 0
+}
+
+// intn is the walk's random number in [0, n).
+func (r *tenantRun) intn(n int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.r.IntN(n)
 }
 
 func mibs(b int64) string {
@@ -808,7 +878,12 @@ var tenantActions = map[string]struct {
 		return err
 	}},
 	"fill": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
-		_, err := p.agent.do(agentOp{Op: "fill", Path: filepath.Join(r.target(p, v), fmt.Sprintf("fill-%d", round)), N: 64 << 20})
+		// The whole volume (or the pod's limit first), or a part of it.
+		n := int64(64 << 20)
+		if r.intn(2) == 0 {
+			n = int64(1+r.intn(4)) << 20
+		}
+		_, err := p.agent.do(agentOp{Op: "fill", Path: filepath.Join(r.target(p, v), fmt.Sprintf("fill-%d", round)), N: n})
 		return err
 	}},
 	"tree": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
@@ -852,10 +927,12 @@ var tenantActionNames = func() []string {
 func (r *tenantRun) newAttacker() *tenantPod {
 	r.mu.Lock()
 	vols := []tenantVol{{vol("bulk", "bulk", r.bulkSize()), true}, {vol("scratch", "tmpfs", scratchSize), false}}
-	if r.r.IntN(3) == 0 {
+	r.bulk++
+	if r.r.IntN(3) == 0 && (r.maxBulk == 0 || r.bulk < r.maxBulk-1) {
 		ro := tenantVol{vol("bulk-ro", "bulk", r.bulkSize()), true}
 		ro.ReadOnly = true
 		vols = append(vols, ro)
+		r.bulk++
 	}
 	var actions []string
 	for _, i := range r.r.Perm(len(tenantActionNames))[:2+r.r.IntN(3)] {
@@ -914,6 +991,14 @@ func (r *tenantRun) round(round int) {
 		acts = acts[:1+r.r.IntN(min(2, len(acts)))]
 		r.mu.Unlock()
 		wg.Go(func() {
+			if p.agent.gone() {
+				// A container the OOM killer ended is restarted (and may
+				// be killed again at once: a crash loop).
+				if a, err := startAgent(p.cg); err == nil {
+					p.agent = a
+					r.attacked("(restart of the pod's process)", nil)
+				}
+			}
 			for _, name := range acts {
 				a := tenantActions[name]
 				for _, v := range p.vols {
@@ -972,13 +1057,20 @@ func (r *tenantRun) round(round int) {
 		wg.Go(func() {
 			r.deletePod(p)
 			if p.healthy() {
-				r.newHealthy(false)
+				r.newHealthy(r.intn(3) == 0)
 			} else {
 				r.newAttacker()
 			}
 		})
 	}
 	wg.Wait()
+	if round == r.restartAt {
+		// The driver restarted with the pods' files in place: it must count
+		// nothing of them (a record is what it counts).
+		before, began := r.metric("ephemera_content_held_bytes"), time.Now()
+		r.n.restartDriver()
+		r.t.Logf("round %d: the driver restarted in %v; content held %s before, %s after", round, time.Since(began).Round(time.Millisecond), mibs(int64(before)), mibs(int64(r.metric("ephemera_content_held_bytes"))))
+	}
 	r.check(fmt.Sprintf("round %d", round))
 }
 
@@ -1080,8 +1172,23 @@ func (r *tenantRun) deletePod(p *tenantPod) {
 	}
 	r.mu.Lock()
 	delete(r.pods, p.pod.UID)
+	for _, v := range p.vols {
+		if group(v.InlineVolume) == "bulk" {
+			r.bulk--
+		}
+	}
 	r.mu.Unlock()
 	if p.cg != "" {
+		// The pod's processes OOM-killed by its own cgroup: an attacker's
+		// may be, a healthy pod's never.
+		if kills := p.cg.oomKills(); kills > 0 {
+			r.outMu.Lock()
+			r.oomKills[p.kind] += kills
+			r.outMu.Unlock()
+			if p.healthy() {
+				r.t.Errorf("healthy pod %s: %d processes of it OOM-killed", p.pod.Name, kills)
+			}
+		}
 		removeCgroupTree(r.t, p.cg.dir())
 	}
 }
@@ -1119,8 +1226,8 @@ func (r *tenantRun) check(step string) {
 	t := r.t
 	drv := r.cgs.driver
 	peak, failcnt := drv.value("memory.max_usage_in_bytes"), drv.value("memory.failcnt")
-	if peak >= r.cfg.plan.needed {
-		t.Errorf("%s: the driver's cgroup peaked at %s, over its memory plan of %s", step, mibs(peak), mibs(r.cfg.plan.needed))
+	if plan := r.cfg.plan.bound(r.cfg.mode); peak >= plan {
+		t.Errorf("%s: the driver's cgroup peaked at %s, over its memory plan of %s", step, mibs(peak), mibs(plan))
 	}
 	if failcnt != 0 {
 		t.Errorf("%s: the driver's cgroup hit its limit %d times", step, failcnt)
@@ -1137,8 +1244,16 @@ func (r *tenantRun) check(step string) {
 	if !ok {
 		t.Errorf("%s: %s", step, last)
 	}
-	t.Logf("%s: driver cgroup %s (peak %s, of it tmpfs %s); content held (metric) %s, the content volumes hold at most %s", step,
-		mibs(drv.value("memory.usage_in_bytes")), mibs(peak), mibs(drv.shmem()), mibs(int64(r.metric("ephemera_content_held_bytes"))), mibs(bound))
+	var pods int64
+	r.mu.Lock()
+	for _, p := range r.pods {
+		if p.cg != "" {
+			pods += max(p.cg.shmem(), 0)
+		}
+	}
+	r.mu.Unlock()
+	t.Logf("%s (%v): driver cgroup %s (peak %s, of it tmpfs %s); content held (metric) %s, the content volumes hold at most %s; the pods' cgroups hold %s of tmpfs", step, time.Since(r.began).Round(10*time.Millisecond),
+		mibs(drv.value("memory.usage_in_bytes")), mibs(peak), mibs(drv.shmem()), mibs(int64(r.metric("ephemera_content_held_bytes"))), mibs(bound), mibs(pods))
 }
 
 // kernelCheck compares what the driver says with what the kernel says, and
@@ -1233,6 +1348,7 @@ func (r *tenantRun) report() {
 	}
 	r.t.Logf("%s: the attacks%s", r.cfg.mode, b.String())
 	r.t.Logf("%s: the attackers' refreshes: %v; e.g. %v", r.cfg.mode, r.refreshes, r.worst)
+	r.t.Logf("%s: processes OOM-killed by their pod's cgroup: %v", r.cfg.mode, r.oomKills)
 	for _, m := range hostile.ContentModes {
 		r.t.Logf("%s: plugin %s's pods' publishes: %v", r.cfg.mode, m, summarize(r.n.led.since(0, "publish", inGroups(string(m)))))
 	}
