@@ -1340,13 +1340,13 @@ func (r *tenantRun) teardown() {
 func (r *tenantRun) report() {
 	r.outMu.Lock()
 	defer r.outMu.Unlock()
-	var b strings.Builder
-	for _, name := range tenantActionNames {
+	var attacks []string
+	for _, name := range append(slices.Clone(tenantActionNames), "(restart of the pod's process)") {
 		if m := r.attacks[name]; m != nil {
-			fmt.Fprintf(&b, "\n  %s: %v", name, m)
+			attacks = append(attacks, fmt.Sprintf("%s %v", name, m))
 		}
 	}
-	r.t.Logf("%s: the attacks%s", r.cfg.mode, b.String())
+	r.t.Logf("%s: the attacks (what came of them): %s", r.cfg.mode, strings.Join(attacks, "; "))
 	r.t.Logf("%s: the attackers' refreshes: %v; e.g. %v", r.cfg.mode, r.refreshes, r.worst)
 	r.t.Logf("%s: processes OOM-killed by their pod's cgroup: %v", r.cfg.mode, r.oomKills)
 	for _, m := range hostile.ContentModes {
