@@ -1116,6 +1116,11 @@ func (r *tenantRun) refresh(p *tenantPod, v tenantVol) {
 			if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
 				r.t.Errorf("pod %s (it did: %s): the refresh of %s answered %v: %v", p.pod.Name, p.history(), v.Name, c, err)
 			}
+			// The old content stays (or a newer one, the driver's own
+			// retry of the refresh).
+			if after := readSerial(target); before >= 0 && after < before {
+				r.t.Errorf("pod %s (it did: %s): the refresh of %s failed (%v), and its content went from serial %d to %d", p.pod.Name, p.history(), v.Name, status.Code(err), before, after)
+			}
 			return
 		}
 	}
