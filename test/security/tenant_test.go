@@ -35,6 +35,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/mount"
 	"github.com/ephemera-csi/ephemera/test/internal/hostile"
 )
 
@@ -839,23 +840,23 @@ func (o actsOn) takes(v tenantVol) bool {
 // volumes, by name: each acts on one volume.
 var tenantActions = map[string]struct {
 	on actsOn
-	do func(r *tenantRun, p *tenantPod, v tenantVol, round int) error
+	do func(r *tenantRun, p *tenantPod, v tenantVol, step int) error
 }{
-	"sparse": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
-		_, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(r.target(p, v), fmt.Sprintf("huge-%d", round)), N: 1 << 40})
+	"sparse": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
+		_, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(r.target(p, v), fmt.Sprintf("huge-%d", step)), N: 1 << 40})
 		return err
 	}},
-	"timestamp-name": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
-		dir := filepath.Join(r.target(p, v), fmt.Sprintf("..2020_01_01_00_00_00.%d", round))
+	"timestamp-name": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
+		dir := filepath.Join(r.target(p, v), fmt.Sprintf("..2020_01_01_00_00_00.%d", step))
 		if _, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(dir, "blob"), N: 1 << 40}); err != nil {
 			return err
 		}
 		_, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(dir, "token"), N: 1 << 30})
 		return err
 	}},
-	"link": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
+	"link": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
 		return r.eachFile(p, v, func(name string) error {
-			_, err := p.agent.do(agentOp{Op: "link", Path: filepath.Join(r.target(p, v), "..data", name), To: filepath.Join(r.target(p, v), fmt.Sprintf("kept-%d-%s", round, name))})
+			_, err := p.agent.do(agentOp{Op: "link", Path: filepath.Join(r.target(p, v), "..data", name), To: filepath.Join(r.target(p, v), fmt.Sprintf("kept-%d-%s", step, name))})
 			return err
 		})
 	}},
@@ -865,28 +866,28 @@ var tenantActions = map[string]struct {
 			return err
 		})
 	}},
-	"rename-file": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
-		_, err := p.agent.do(agentOp{Op: "rename", Path: filepath.Join(r.target(p, v), "..data", "blob"), To: filepath.Join(r.target(p, v), fmt.Sprintf("moved-%d", round))})
+	"rename-file": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
+		_, err := p.agent.do(agentOp{Op: "rename", Path: filepath.Join(r.target(p, v), "..data", "blob"), To: filepath.Join(r.target(p, v), fmt.Sprintf("moved-%d", step))})
 		return err
 	}},
-	"rename-dir": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
+	"rename-dir": {onWritableContent, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
 		ts, err := os.Readlink(filepath.Join(r.target(p, v), "..data"))
 		if err != nil {
 			return err
 		}
-		_, err = p.agent.do(agentOp{Op: "rename", Path: filepath.Join(r.target(p, v), ts), To: filepath.Join(r.target(p, v), fmt.Sprintf("moved-dir-%d", round))})
+		_, err = p.agent.do(agentOp{Op: "rename", Path: filepath.Join(r.target(p, v), ts), To: filepath.Join(r.target(p, v), fmt.Sprintf("moved-dir-%d", step))})
 		return err
 	}},
-	"fill": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
+	"fill": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
 		// The whole volume (or the pod's limit first), or a part of it.
 		n := int64(64 << 20)
 		if r.intn(2) == 0 {
 			n = int64(1+r.intn(4)) << 20
 		}
-		_, err := p.agent.do(agentOp{Op: "fill", Path: filepath.Join(r.target(p, v), fmt.Sprintf("fill-%d", round)), N: n})
+		_, err := p.agent.do(agentOp{Op: "fill", Path: filepath.Join(r.target(p, v), fmt.Sprintf("fill-%d", step)), N: n})
 		return err
 	}},
-	"tree": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
+	"tree": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
 		_, err := p.agent.do(agentOp{Op: "tree", Path: filepath.Join(r.target(p, v)), N: 200, M: 2000})
 		return err
 	}},
@@ -898,8 +899,8 @@ var tenantActions = map[string]struct {
 		_, err := p.agent.do(agentOp{Op: "symlink", Path: filepath.Join(t, "token"), To: filepath.Join(r.outside, "sentinel")})
 		return err
 	}},
-	"write-read-only": {onReadOnly, func(r *tenantRun, p *tenantPod, v tenantVol, round int) error {
-		_, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(r.target(p, v), fmt.Sprintf("ro-%d", round)), N: 1 << 40})
+	"write-read-only": {onReadOnly, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
+		_, err := p.agent.do(agentOp{Op: "sparse", Path: filepath.Join(r.target(p, v), fmt.Sprintf("ro-%d", step)), N: 1 << 40})
 		if err == nil {
 			r.t.Errorf("pod %s wrote into its read-only volume %s", p.pod.Name, v.Name)
 		}
@@ -981,40 +982,7 @@ func readSerial(target string) int64 {
 func (r *tenantRun) round(round int) {
 	pods := r.live()
 	var wg sync.WaitGroup
-	for _, p := range pods {
-		if p.kind != "attacker" {
-			continue
-		}
-		r.mu.Lock()
-		acts := slices.Clone(p.actions)
-		r.r.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
-		acts = acts[:1+r.r.IntN(min(2, len(acts)))]
-		r.mu.Unlock()
-		wg.Go(func() {
-			if p.agent.gone() {
-				// A container the OOM killer ended is restarted (and may
-				// be killed again at once: a crash loop).
-				if a, err := startAgent(p.cg); err == nil {
-					p.agent = a
-					r.attacked("(restart of the pod's process)", nil)
-				}
-			}
-			for _, name := range acts {
-				a := tenantActions[name]
-				for _, v := range p.vols {
-					if !a.on.takes(v) || r.n.k.State(p.pod, v.Name) != drivertest.StateMounted {
-						continue
-					}
-					err := a.do(r, p, v, round)
-					r.attacked(name, err)
-					p.mu.Lock()
-					p.did = append(p.did, fmt.Sprintf("%d:%s(%s)", round, name, v.Name))
-					p.mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
+	r.attack(pods, 2*round)
 
 	// The refreshes: every content volume of every pod at once, as the
 	// kubelet's periodic republish does.
@@ -1026,6 +994,10 @@ func (r *tenantRun) round(round int) {
 		}
 	}
 	wg.Wait()
+
+	// What the pods do after a refresh is there when the node is checked,
+	// and when the driver restarts.
+	r.attack(pods, 2*round+1)
 
 	// Healthy pods read their new token themselves.
 	for _, p := range pods {
@@ -1072,6 +1044,46 @@ func (r *tenantRun) round(round int) {
 		r.t.Logf("round %d: the driver restarted in %v; content held %s before, %s after", round, time.Since(began).Round(time.Millisecond), mibs(int64(before)), mibs(int64(r.metric("ephemera_content_held_bytes"))))
 	}
 	r.check(fmt.Sprintf("round %d", round))
+}
+
+// attack has each attacking pod do one or two actions of its catalogue, at
+// once; step names what they make.
+func (r *tenantRun) attack(pods []*tenantPod, step int) {
+	var wg sync.WaitGroup
+	for _, p := range pods {
+		if p.kind != "attacker" {
+			continue
+		}
+		r.mu.Lock()
+		acts := slices.Clone(p.actions)
+		r.r.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
+		acts = acts[:1+r.r.IntN(min(2, len(acts)))]
+		r.mu.Unlock()
+		wg.Go(func() {
+			if p.agent.gone() {
+				// A container the OOM killer ended is restarted (and may
+				// be killed again at once: a crash loop).
+				if a, err := startAgent(p.cg); err == nil {
+					p.agent = a
+					r.attacked("(restart of the pod's process)", nil)
+				}
+			}
+			for _, name := range acts {
+				a := tenantActions[name]
+				for _, v := range p.vols {
+					if !a.on.takes(v) || r.n.k.State(p.pod, v.Name) != drivertest.StateMounted {
+						continue
+					}
+					err := a.do(r, p, v, step)
+					r.attacked(name, err)
+					p.mu.Lock()
+					p.did = append(p.did, fmt.Sprintf("%d:%s(%s)", step, name, v.Name))
+					p.mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // live is the live pods of the walk (not the plugin load's).
@@ -1276,15 +1288,18 @@ func (r *tenantRun) kernelCheck() (string, int64) {
 		pods = append(pods, p)
 	}
 	r.mu.Unlock()
+	infos, err := mount.ReadMountInfo()
+	if err != nil {
+		return err.Error(), 0
+	}
 	for _, p := range pods {
 		for _, v := range p.vols {
-			if r.n.k.State(p.pod, v.Name) == drivertest.StateNone {
-				continue
-			}
-			var st unix.Statfs_t
+			// A target not mounted (yet, or any more) is a directory of the
+			// node's filesystem: not the volume's.
 			target := r.target(p, v)
-			if err := unix.Statfs(target, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
-				continue // not (or no longer) mounted
+			var st unix.Statfs_t
+			if mount.MountsAt(infos, target) == 0 || unix.Statfs(target, &st) != nil || st.Type != unix.TMPFS_MAGIC {
+				continue
 			}
 			if v.content {
 				bound += int64(st.Blocks)*st.Bsize + int64(st.Files)*content.InodeCharge
