@@ -439,6 +439,17 @@ func startAgent(cg memcg) (*tenantAgent, error) {
 	return a, nil
 }
 
+// startAgent starts an agent in cg, stopped at cleanup at the latest.
+func (r *tenantRun) startAgent(cg memcg) (*tenantAgent, error) {
+	a, err := startAgent(cg)
+	if err == nil {
+		r.mu.Lock()
+		r.agents = append(r.agents, a)
+		r.mu.Unlock()
+	}
+	return a, err
+}
+
 // errAgentGone is the answer of an agent that died (its pod's cgroup's OOM
 // killer, most likely) or was stopped.
 var errAgentGone = errors.New("the pod's process is gone")
@@ -565,8 +576,9 @@ type tenantRun struct {
 	outside string // a directory outside the volumes the planted links point into
 	serial  int
 
-	mu   sync.Mutex
-	pods map[string]*tenantPod // live, by UID
+	mu     sync.Mutex
+	pods   map[string]*tenantPod // live, by UID
+	agents []*tenantAgent        // every agent started, stopped at cleanup
 
 	shmem0 int64 // the driver's cgroup's tmpfs pages when it was ready
 
@@ -639,6 +651,13 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 	}
 	r.n = startProcNodeWith(t, procNodeOptions{driverCgroup: cgs.driver.dir()}, tenantPlugins(), flags...)
 	r.n.k.SetRetry(kubeletBackoff)
+	t.Cleanup(func() { // before the node's cleanup: no process of a pod holds a volume then
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, a := range r.agents {
+			a.stop()
+		}
+	})
 	r.outside = filepath.Join(r.n.base, "outside")
 	if err := os.MkdirAll(r.outside, 0o755); err != nil {
 		t.Fatal(err)
@@ -789,7 +808,7 @@ func (r *tenantRun) newPod(kind string, vols []tenantVol, limit int64, lateCgrou
 		r.t.Errorf("healthy pod %s%s: not published within %v: %v", p.pod.Name, late, tenantWithin, err)
 	}
 	if kind == "healthy" || kind == "attacker" {
-		if p.agent, err = startAgent(p.cg); err != nil {
+		if p.agent, err = r.startAgent(p.cg); err != nil {
 			r.t.Errorf("pod %s: starting its process: %v", p.pod.Name, err)
 			p.agent = &tenantAgent{dead: true}
 		}
@@ -1063,7 +1082,7 @@ func (r *tenantRun) attack(pods []*tenantPod, step int) {
 			if p.agent.gone() {
 				// A container the OOM killer ended is restarted (and may
 				// be killed again at once: a crash loop).
-				if a, err := startAgent(p.cg); err == nil {
+				if a, err := r.startAgent(p.cg); err == nil {
 					p.agent = a
 					r.attacked("(restart of the pod's process)", nil)
 				}
@@ -1181,7 +1200,9 @@ func (r *tenantRun) deletePod(p *tenantPod) {
 	if p.agent != nil {
 		p.agent.stop()
 	}
-	ctx, cancel := context.WithTimeout(r.n.ctx, 20*time.Second)
+	// Not the node's context: the plugin load's pods are deleted when it
+	// ended too (the driver still runs then).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := r.n.deletePod(ctx, p.pod, p.inline()); err != nil {
 		r.t.Errorf("deleting pod %s: %v", p.pod.Name, err)
