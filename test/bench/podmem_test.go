@@ -128,11 +128,12 @@ func shmemOf(t *testing.T, dir string) int64 {
 //   - pod-cgroup: the pages are charged to the pods' cgroups; the driver's
 //     cgroup stays flat however many generations the pods keep (more than
 //     its whole limit here), and ephemera_content_held_bytes counts none;
+//
 //   - volume-size: each volume is reserved at its tmpfs's size against
 //     --content-capacity (64Mi); the driver pays for what the pods keep, up
 //     to that, and a pod that keeps too much gets its own refreshes refused.
 //
-//	EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverPodMemory -v
+//     EPHEMERA_BENCH=1 go test ./test/bench -run TestDriverPodMemory -v
 func TestDriverPodMemory(t *testing.T) {
 	if !enabled() {
 		t.Skip("set EPHEMERA_BENCH=1 to measure")
