@@ -12,8 +12,8 @@ import (
 )
 
 // Content in memory-backed volumes is charged to the pod's memory cgroup where
-// the node has pod cgroups (docs/operations.md, "Content in memory-backed
-// volumes"): the Linux driver container mounts the host's cgroup tree, which
+// the node has pod cgroups (docs/operations.md, "Who pays for content in
+// memory"): the Linux driver container mounts the host's cgroup tree, which
 // on cgroup v1 it would not see otherwise, and tells the driver where.
 const (
 	hostCgroupPath  = "/sys/fs/cgroup"
