@@ -611,8 +611,8 @@ type tenantRun struct {
 	oomKills  map[string]int    // kind → processes its pods' cgroups OOM-killed
 	restartAt int               // the round after which the driver is restarted
 	began     time.Time
-	maxBulk   int // the most bulk volumes the attackers have at once; 0: no bound
-	bulk      int // the bulk volumes they have
+	maxRO     int // the most read-only bulk volumes the attackers have at once; -1: no bound
+	ro        int // the read-only bulk volumes they have
 }
 
 // Sizes of the volumes, and the pods' memory limits. A bulk volume holds
@@ -714,12 +714,15 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 	// pods' token volumes (2Mi each: 1Mi and 1023 inodes) take 12Mi, 8 of
 	// them shared, and the attackers' bulk volumes (4Mi each) at most 24Mi,
 	// 20 of them shared; the plugin load's stay in their own. So there are
-	// at most 6 bulk volumes there, and the healthy pods always fit: what
-	// the attackers do changes nothing of it.
+	// at most 6 bulk volumes there (an attacker replaced is deleted before
+	// its successor is made), and the healthy pods always fit: what the
+	// attackers do changes nothing of it.
 	const healthy = 3
 	attackers := 5 + r.r.IntN(3)
+	r.maxRO = -1
 	if cfg.mode == chargeVolumeSize {
-		attackers, r.maxBulk = 4+r.r.IntN(2), 6
+		attackers = 4 + r.r.IntN(2)
+		r.maxRO = 6 - attackers
 	}
 	var wg sync.WaitGroup
 	for i := range healthy {
@@ -918,10 +921,12 @@ var tenantActions = map[string]struct {
 		return err
 	}},
 	"fill": {onWritable, func(r *tenantRun, p *tenantPod, v tenantVol, step int) error {
-		// The whole volume (or the pod's limit first), or a part of it.
-		n := int64(64 << 20)
-		if r.intn(2) == 0 {
-			n = int64(1+r.intn(4)) << 20
+		// A part of the volume, or (one in four) the whole of it, or the
+		// pod's limit first: its process is OOM-killed, and so again each
+		// time it is started while the files are there.
+		n := int64(1+r.intn(4)) << 20
+		if r.intn(4) == 0 {
+			n = 64 << 20
 		}
 		_, err := p.agent.do(agentOp{Op: "fill", Path: filepath.Join(r.target(p, v), fmt.Sprintf("fill-%d", step)), N: n})
 		return err
@@ -967,12 +972,11 @@ var tenantActionNames = func() []string {
 func (r *tenantRun) newAttacker() *tenantPod {
 	r.mu.Lock()
 	vols := []tenantVol{{vol("bulk", "bulk", r.bulkSize()), true}, {vol("scratch", "tmpfs", scratchSize), false}}
-	r.bulk++
-	if r.r.IntN(3) == 0 && (r.maxBulk == 0 || r.bulk < r.maxBulk-1) {
+	if r.r.IntN(3) == 0 && (r.maxRO < 0 || r.ro < r.maxRO) {
 		ro := tenantVol{vol("bulk-ro", "bulk", r.bulkSize()), true}
 		ro.ReadOnly = true
 		vols = append(vols, ro)
-		r.bulk++
+		r.ro++
 	}
 	var actions []string
 	for _, i := range r.r.Perm(len(tenantActionNames))[:2+r.r.IntN(3)] {
@@ -1231,8 +1235,8 @@ func (r *tenantRun) deletePod(p *tenantPod) {
 	r.mu.Lock()
 	delete(r.pods, p.pod.UID)
 	for _, v := range p.vols {
-		if group(v.InlineVolume) == "bulk" {
-			r.bulk--
+		if group(v.InlineVolume) == "bulk" && v.ReadOnly {
+			r.ro--
 		}
 	}
 	r.mu.Unlock()
