@@ -587,32 +587,31 @@ func (p *tenantPod) inline() []drivertest.InlineVolume {
 
 // tenantRun is one walk.
 type tenantRun struct {
-	t       *testing.T
-	cfg     tenantConfig
-	r       *rand.Rand
-	n       *procNode
-	cgs     *tenantCgroups
-	metrics string
-	outside string // a directory outside the volumes the planted links point into
-	serial  int
+	t         *testing.T
+	cfg       tenantConfig
+	n         *procNode
+	cgs       *tenantCgroups
+	metrics   string
+	outside   string    // a directory outside the volumes the planted links point into
+	restartAt int       // the round after which the driver is restarted
+	began     time.Time // when the walk began
+	shmem0    int64     // the driver's cgroup's tmpfs pages when it was ready
 
 	mu     sync.Mutex
+	r      *rand.Rand
+	serial int
 	pods   map[string]*tenantPod // live, by UID
 	agents []*tenantAgent        // every agent started, stopped at cleanup
+	maxRO  int                   // the most read-only bulk volumes the attackers have at once; -1: no bound
+	ro     int                   // the read-only bulk volumes they have
 
-	shmem0 int64 // the driver's cgroup's tmpfs pages when it was ready
-
-	// outcomes: the codes of the refreshes of attacking pods, and how the
-	// attacks went (name → "ok" or the error's start).
+	// What came of it: the codes of the refreshes of attacking pods, how
+	// the attacks went (name → "ok" or the error's end), the OOM kills.
 	outMu     sync.Mutex
 	refreshes map[string]map[codes.Code]int // kind → code → count
 	attacks   map[string]map[string]int
 	worst     map[string]string // one failure message per code
 	oomKills  map[string]int    // kind → processes its pods' cgroups OOM-killed
-	restartAt int               // the round after which the driver is restarted
-	began     time.Time
-	maxRO     int // the most read-only bulk volumes the attackers have at once; -1: no bound
-	ro        int // the read-only bulk volumes they have
 }
 
 // Sizes of the volumes, and the pods' memory limits. A bulk volume holds
@@ -707,8 +706,7 @@ func runTenants(t *testing.T, cfg tenantConfig) {
 	}
 
 	// The pods: healthy ones (one of them whose cgroup comes late), and
-	// attackers.
-	// In volume-size mode each content volume takes what its tmpfs can
+	// attackers. In volume-size mode each content volume takes what its tmpfs can
 	// hold of the content capacity, which is partitioned by provider
 	// (each of the 8 has 1/16 to itself, and half is shared): the healthy
 	// pods' token volumes (2Mi each: 1Mi and 1023 inodes) take 12Mi, 8 of
