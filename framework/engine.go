@@ -6,6 +6,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
+	"github.com/ephemera-csi/ephemera/framework/internal/fill"
 	"github.com/ephemera-csi/ephemera/framework/internal/lifecycle"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 )
@@ -96,8 +97,15 @@ func (o *Options) engineConfig() *lifecycle.Config {
 			ContentTimeout:       o.Volumes.ContentTimeout,
 			ContentBytesInFlight: o.Volumes.ContentBytesInFlight,
 			ContentCapacity:      o.Volumes.ContentCapacity,
-			RefreshInterval:      o.Volumes.RefreshInterval,
-			RefreshConcurrency:   o.Volumes.RefreshConcurrency,
+			PodCgroups: fill.PodCgroupConfig{
+				Mode:   o.Volumes.PodCgroups.Mode,
+				Mount:  o.Volumes.PodCgroups.Mount,
+				Root:   o.Volumes.PodCgroups.KubeletCgroupRoot,
+				Driver: o.Volumes.PodCgroups.KubeletCgroupDriver,
+				Wait:   o.Volumes.PodCgroups.Wait,
+			},
+			RefreshInterval:    o.Volumes.RefreshInterval,
+			RefreshConcurrency: o.Volumes.RefreshConcurrency,
 		},
 		GC: lifecycle.GCConfig{
 			Interval:          o.GC.Interval,

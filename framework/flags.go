@@ -23,6 +23,7 @@ import (
 //	--endpoint --nodeid (default $NODE_NAME) --kubelet-root --state-dir --state-recovery --register
 //	--max-volumes-per-node --metrics-address --volumes-endpoint --gc-interval
 //	--orphan-grace-period --gc-dry-run --gc-max-orphan-share --content-bytes-in-flight --content-capacity
+//	--pod-cgroups --pod-cgroup-mount --kubelet-cgroup-root --kubelet-cgroup-driver --pod-cgroup-wait
 //	--mount-options --stats-max-entries --stats-max-depth --stats-timeout --stats-max-walks
 //	--stats-max-linked-files --stats-cache-ttl
 //	--max-in-flight --max-in-flight-per-backend --in-flight-reserved-per-backend --max-volumes-per-pod
@@ -60,6 +61,13 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 	fs.Var(bytesFlag{&o.Volumes.ContentBytesInFlight, false}, "content-bytes-in-flight", "Memory content answers of plugins may take at once, e.g. 48Mi: each call reserves its plugin's bound (the default, 48Mi, is three answers of 16Mi, a plugin's default bound) until its files are written; at its peak an answer takes about three times its bound, so keep three times this under the container's memory limit.")
 	o.Volumes.ContentCapacity = volumes.ContentCapacity
 	fs.Var(capacityFlag{&o.Volumes.ContentCapacity}, "content-capacity", "Node memory the content the driver writes into tmpfs volumes may take while they exist, e.g. 64Mi: its data in whole pages and 1Ki per file, directory and link, charged by the kernel to the driver's memory cgroup, not the pod's. A publish past it is refused (ResourceExhausted). Part of the memory plan: keep the container's memory limit at least this plus what --content-bytes-in-flight and --stats-max-walks need (docs/operations.md, \"The memory plan\"). -1: no bound.")
+	o.Volumes.PodCgroups = volumes.PodCgroups
+	pc := &o.Volumes.PodCgroups
+	fs.StringVar(&pc.Mode, "pod-cgroups", pc.Mode, "Who pays for the content the driver writes into tmpfs volumes: auto (each pod, from a writer in its own memory cgroup, where the node has pod cgroups; else the driver, each volume reserved against --content-capacity at its tmpfs's size), off (always the driver) or required (refuse to start without pod cgroups). See docs/operations.md, \"Who pays for content in memory\".")
+	fs.StringVar(&pc.Mount, "pod-cgroup-mount", pc.Mount, "Where the host's cgroup tree is mounted as the driver sees it (a container on cgroup v1 sees only its own part of /sys/fs/cgroup: mount the host's, e.g. at /host/sys/fs/cgroup).")
+	fs.StringVar(&pc.KubeletCgroupRoot, "kubelet-cgroup-root", pc.KubeletCgroupRoot, "The kubelet's cgroupRoot (--cgroup-root), below which it keeps the pods' cgroups.")
+	fs.StringVar(&pc.KubeletCgroupDriver, "kubelet-cgroup-driver", pc.KubeletCgroupDriver, "The kubelet's cgroupDriver: cgroupfs, systemd, or auto (found from its kubepods cgroup).")
+	fs.DurationVar(&pc.Wait, "pod-cgroup-wait", pc.Wait, "How long a publish waits for its pod's cgroup before it is refused Unavailable (the kubelet retries).")
 	fs.Var((*mountOptionsFlag)(&o.Volumes.MountOptions), "mount-options", "Mount options for every volume of a backend, BACKEND=opt[,opt...] (repeatable), from "+strings.Join(mount.SafeOptions, ", ")+"; nosuid and nodev are always set; pods cannot set mount options. Linux only.")
 	fs.Float64Var(&o.GC.MaxOrphanShare, "gc-max-orphan-share", gc.MaxOrphanShare, "Share of volumes that may look orphaned in one GC pass; above it only volumes whose pods the API server confirms gone are removed (none when the driver does not ask the API server).")
 	fs.Int64Var(&o.Limits.StatsWalk.MaxEntries, "stats-max-entries", limits.StatsWalk.MaxEntries, "Entries one volume-stats walk of a directory volume visits at most; past it the usage reported is a lower bound.")
@@ -89,37 +97,42 @@ func BindFlags(fs *flag.FlagSet, o *Options) {
 // driver's messages name the flag (SetFlagName). TestBindFlagsNamesFields
 // checks it against the flags, and each flag against its field.
 var boundFlags = map[string]string{
-	"Node.Endpoint":                     "endpoint",
-	"Node.ID":                           "nodeid",
-	"Node.KubeletRootDir":               "kubelet-root",
-	"Node.StateDir":                     "state-dir",
-	"State.Recovery":                    "state-recovery",
-	"Node.RegisterWithKubelet":          "register",
-	"Limits.MaxVolumesPerNode":          "max-volumes-per-node",
-	"Observability.MetricsAddress":      "metrics-address",
-	"Observability.VolumesEndpoint":     "volumes-endpoint",
-	"GC.Interval":                       "gc-interval",
-	"GC.OrphanGracePeriod":              "orphan-grace-period",
-	"GC.DryRun":                         "gc-dry-run",
-	"Volumes.ContentBytesInFlight":      "content-bytes-in-flight",
-	"Volumes.ContentCapacity":           "content-capacity",
-	"Volumes.MountOptions":              "mount-options",
-	"GC.MaxOrphanShare":                 "gc-max-orphan-share",
-	"Limits.StatsWalk.MaxEntries":       "stats-max-entries",
-	"Limits.StatsWalk.MaxConcurrent":    "stats-max-walks",
-	"Limits.StatsWalk.MaxLinkedFiles":   "stats-max-linked-files",
-	"Limits.StatsWalk.MaxDepth":         "stats-max-depth",
-	"Limits.StatsWalk.Timeout":          "stats-timeout",
-	"Limits.StatsWalk.CacheTTL":         "stats-cache-ttl",
-	"Limits.MaxInFlight":                "max-in-flight",
-	"Limits.MaxInFlightPerBackend":      "max-in-flight-per-backend",
-	"Limits.InFlightReservedPerBackend": "in-flight-reserved-per-backend",
-	"Limits.MaxVolumesPerPod":           "max-volumes-per-pod",
-	"Limits.OperationTimeout":           "operation-timeout",
-	"Limits.ProvisionTimeout":           "provision-timeout",
-	"Volumes.ContentTimeout":            "content-timeout",
-	"Limits.MemoryLimit":                "memory-limit",
-	"Limits.KeepBinaryPages":            "keep-binary-pages",
+	"Node.Endpoint":                          "endpoint",
+	"Node.ID":                                "nodeid",
+	"Node.KubeletRootDir":                    "kubelet-root",
+	"Node.StateDir":                          "state-dir",
+	"State.Recovery":                         "state-recovery",
+	"Node.RegisterWithKubelet":               "register",
+	"Limits.MaxVolumesPerNode":               "max-volumes-per-node",
+	"Observability.MetricsAddress":           "metrics-address",
+	"Observability.VolumesEndpoint":          "volumes-endpoint",
+	"GC.Interval":                            "gc-interval",
+	"GC.OrphanGracePeriod":                   "orphan-grace-period",
+	"GC.DryRun":                              "gc-dry-run",
+	"Volumes.ContentBytesInFlight":           "content-bytes-in-flight",
+	"Volumes.ContentCapacity":                "content-capacity",
+	"Volumes.MountOptions":                   "mount-options",
+	"Volumes.PodCgroups.Mode":                "pod-cgroups",
+	"Volumes.PodCgroups.Mount":               "pod-cgroup-mount",
+	"Volumes.PodCgroups.KubeletCgroupRoot":   "kubelet-cgroup-root",
+	"Volumes.PodCgroups.KubeletCgroupDriver": "kubelet-cgroup-driver",
+	"Volumes.PodCgroups.Wait":                "pod-cgroup-wait",
+	"GC.MaxOrphanShare":                      "gc-max-orphan-share",
+	"Limits.StatsWalk.MaxEntries":            "stats-max-entries",
+	"Limits.StatsWalk.MaxConcurrent":         "stats-max-walks",
+	"Limits.StatsWalk.MaxLinkedFiles":        "stats-max-linked-files",
+	"Limits.StatsWalk.MaxDepth":              "stats-max-depth",
+	"Limits.StatsWalk.Timeout":               "stats-timeout",
+	"Limits.StatsWalk.CacheTTL":              "stats-cache-ttl",
+	"Limits.MaxInFlight":                     "max-in-flight",
+	"Limits.MaxInFlightPerBackend":           "max-in-flight-per-backend",
+	"Limits.InFlightReservedPerBackend":      "in-flight-reserved-per-backend",
+	"Limits.MaxVolumesPerPod":                "max-volumes-per-pod",
+	"Limits.OperationTimeout":                "operation-timeout",
+	"Limits.ProvisionTimeout":                "provision-timeout",
+	"Volumes.ContentTimeout":                 "content-timeout",
+	"Limits.MemoryLimit":                     "memory-limit",
+	"Limits.KeepBinaryPages":                 "keep-binary-pages",
 }
 
 // bytesFlag is a quantity of bytes, as 48Mi or 50331648, into n: positive,

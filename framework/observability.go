@@ -27,6 +27,8 @@ func (d *Driver) initObservability() {
 	}
 	if d.engine.AnyContent() {
 		cfg.ContentHeld, cfg.ContentCapacity = d.engine.HeldContent, d.opts.Volumes.ContentCapacity
+		mode, _ := d.engine.Charging()
+		cfg.ContentCharging = string(mode)
 	}
 	d.metrics = metrics.New(cfg)
 	sock, _ := daemon.SocketPath(d.opts.Node.Endpoint) // validated by New

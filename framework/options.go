@@ -12,6 +12,7 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/csiserver"
 	"github.com/ephemera-csi/ephemera/framework/internal/daemon"
+	"github.com/ephemera-csi/ephemera/framework/internal/fill"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/mount"
@@ -178,6 +179,11 @@ type VolumeOptions struct {
 	// (loop devices, directories) does not count. Default
 	// DefaultContentCapacity; NoContentCapacity for no bound.
 	ContentCapacity int64
+	// PodCgroups says where the kubelet keeps the pods' cgroups, so that
+	// the content the driver writes into a memory-backed volume is written
+	// from the pod's own memory cgroup and charged to the pod (DESIGN 4g;
+	// docs/operations.md, "Who pays for content in memory").
+	PodCgroups PodCgroupOptions
 	// RefreshInterval, when set, refreshes the content of every volume this often
 	// (each volume at a random offset within the interval, so refreshes spread
 	// out). Defaults to 0: content is refreshed on republish and on Refresh calls.
@@ -249,6 +255,71 @@ func (v *VolumeOptions) setDefaults(backends map[string]Backend) {
 	}
 	if v.WindowsMode == "" {
 		v.WindowsMode = WindowsHostProcess
+	}
+	v.PodCgroups.setDefaults()
+}
+
+// PodCgroupOptions is VolumeOptions.PodCgroups. The kernel charges a tmpfs
+// page to the memory cgroup of the process that first writes it, for as
+// long as anything keeps it alive: content the driver wrote itself would
+// be the driver's to pay for, whatever the pod keeps of it (hard links,
+// open descriptors, renamed files). So where the node has pod cgroups the
+// driver writes the content of memory-backed volumes from a short-lived
+// writer in the pod's memory cgroup (its own binary, run again; it never
+// outlives the write): the pages count against the pod's limit, as a
+// memory-backed emptyDir's do, and not against ContentCapacity. Where it
+// has none (Windows, a kubelet with cgroupsPerQOS: false, Mode
+// PodCgroupsOff), each memory-backed volume with content is reserved
+// against ContentCapacity at what the kernel lets its tmpfs hold (size=
+// and nr_inodes) until it is gone. The driver logs which at start
+// ("Charging content in memory-backed volumes") and exports it
+// (ephemera_content_charging{mode}).
+type PodCgroupOptions struct {
+	// Mode is PodCgroupsAuto (the default: the pods are charged where the
+	// node has pod cgroups), PodCgroupsOff or PodCgroupsRequired (New
+	// fails where the node has none).
+	Mode string
+	// Mount is where the host's cgroup tree is mounted as the driver sees
+	// it: "/sys/fs/cgroup" (the default) on the host or in a privileged
+	// container on cgroup v2; a container on cgroup v1 sees only its own
+	// part there, so the manifests mount the host's at /host/sys/fs/cgroup.
+	Mount string
+	// KubeletCgroupRoot is the kubelet's cgroupRoot (--cgroup-root).
+	// Default "/".
+	KubeletCgroupRoot string
+	// KubeletCgroupDriver is the kubelet's cgroupDriver, "cgroupfs" or
+	// "systemd"; "auto" (the default) finds it from the kubelet's kubepods
+	// cgroup.
+	KubeletCgroupDriver string
+	// Wait bounds how long a publish or refresh waits for its pod's cgroup
+	// (the kubelet may publish a volume before it made the pod's cgroup);
+	// past it the call is refused Unavailable and the kubelet retries.
+	// Default 10s.
+	Wait time.Duration
+}
+
+// Modes of PodCgroupOptions.Mode.
+const (
+	PodCgroupsAuto     = fill.PodCgroupsAuto
+	PodCgroupsOff      = fill.PodCgroupsOff
+	PodCgroupsRequired = fill.PodCgroupsRequired
+)
+
+func (p *PodCgroupOptions) setDefaults() {
+	if p.Mode == "" {
+		p.Mode = PodCgroupsAuto
+	}
+	if p.Mount == "" {
+		p.Mount = "/sys/fs/cgroup"
+	}
+	if p.KubeletCgroupRoot == "" {
+		p.KubeletCgroupRoot = "/"
+	}
+	if p.KubeletCgroupDriver == "" {
+		p.KubeletCgroupDriver = "auto"
+	}
+	if p.Wait == 0 {
+		p.Wait = fill.DefaultPodCgroupWait
 	}
 }
 

@@ -54,6 +54,19 @@ type Options struct {
 	// nothing never calls it. The framework reserves the memory the new
 	// files will take here (Charge).
 	Admit func() error
+	// WriteFiles, when set, writes the new files in Write's place: the
+	// framework's writer in the pod's memory cgroup
+	// (framework/internal/podcgroup), so that their pages are charged to
+	// the pod. It is called once per swap with the volume's directory,
+	// open, and the new timestamped directory's files keyed by their name
+	// below the directory ("<timestamped directory>/<file name>"), each
+	// File.Mode the file's final permission bits; it makes the timestamped
+	// directory and every parent of a file, with mode 0755 and group gid
+	// (-1: leave it), creates every file exclusively, without following a
+	// link, and syncs what it made. Write makes the directory itself when
+	// there is no file to write. A failure whose cause is a full volume
+	// should be errors.Is ErrNoSpace.
+	WriteFiles func(ctx context.Context, dir *os.File, files map[string]api.File, gid int) error
 }
 
 // Write atomically replaces the content of dir with files, keyed by slash-
@@ -112,7 +125,7 @@ func (p *plan) write(r *os.Root, opts Options) error {
 			}
 		}
 		var err error
-		if ts, err = p.writeDir(r, now()); err != nil {
+		if ts, err = p.writeDir(r, now(), opts.WriteFiles); err != nil {
 			err = p.writeError(err)
 			if ts != "" && undo(r, ts) {
 				err = rolledBack(err)
@@ -386,7 +399,7 @@ func (p *plan) done() error { return p.ctx.Err() }
 // writeError is the error of a failed writeDir: for content that does not fit,
 // what a pod's author can act on (the set's size, not a descriptor's path).
 func (p *plan) writeError(err error) error {
-	if !noSpace(err) {
+	if !noSpace(err) && !errors.Is(err, ErrNoSpace) {
 		return fmt.Errorf("writing the files: %w", err)
 	}
 	var n int64
@@ -400,10 +413,13 @@ func (p *plan) writeError(err error) error {
 // Everything is created exclusively inside the new directory, with modes and
 // groups set through open descriptors, and fsync'd. On failure it returns
 // the name of the directory it made ("" when it made none), which the caller
-// removes (undo).
-func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
+// removes (undo). With a writer (Options.WriteFiles), the writer does it.
+func (p *plan) writeDir(r *os.Root, t time.Time, writer func(context.Context, *os.File, map[string]api.File, int) error) (ts string, err error) {
+	if writer != nil && len(p.names) > 0 {
+		return p.writeDirWith(r, t, writer)
+	}
 	for i := 0; ; i++ {
-		ts = fmt.Sprintf("..%s.%d", t.UTC().Format(tsLayout), rand.Uint32())
+		ts = tsName(t)
 		err = r.Mkdir(ts, 0o700)
 		if err == nil {
 			break
@@ -448,6 +464,41 @@ func (p *plan) writeDir(r *os.Root, t time.Time) (ts string, err error) {
 		return ts, err
 	}
 	return ts, nil
+}
+
+// tsName returns a fresh timestamped directory name for time t.
+func tsName(t time.Time) string {
+	return fmt.Sprintf("..%s.%d", t.UTC().Format(tsLayout), rand.Uint32())
+}
+
+// writeDirWith is writeDir by writer, which makes the directory and the
+// files. The name is one nothing in r has: the writer would write into a
+// directory that exists (its files are created exclusively all the same).
+func (p *plan) writeDirWith(r *os.Root, t time.Time, writer func(context.Context, *os.File, map[string]api.File, int) error) (string, error) {
+	ts := tsName(t)
+	for i := 0; ; i++ {
+		_, err := r.Lstat(ts)
+		if errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if err != nil {
+			return "", err
+		}
+		if i >= 10 {
+			return "", fmt.Errorf("%s: %w", ts, fs.ErrExist)
+		}
+		ts = tsName(t)
+	}
+	files := make(map[string]api.File, len(p.names))
+	for _, name := range p.names {
+		files[ts+"/"+name] = api.File{Data: p.files[name].Data, Mode: p.modes[name]}
+	}
+	dir, err := r.Open(".")
+	if err != nil {
+		return "", err
+	}
+	defer dir.Close()
+	return ts, writer(p.ctx, dir, files, p.gid)
 }
 
 // ErrRolledBack is wrapped by the error of a Write that failed after

@@ -13,7 +13,6 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
-	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/lanes"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -49,6 +48,13 @@ type Config struct {
 	// err nil when it succeeded: the lifecycle counts it and posts a failure
 	// to the pod's events.
 	Refreshed func(v *api.Volume, err error)
+	// PodCgroups, when set, finds the memory cgroup of a volume's pod, and
+	// a writer there writes the content of memory-backed volumes
+	// (ChargePod); nil is ChargeVolumeSize (OpenCharging).
+	PodCgroups PodCgroups
+	// PodCgroupWait bounds the wait for a pod's cgroup (the kubelet may
+	// publish before it made it). Default DefaultPodCgroupWait.
+	PodCgroupWait time.Duration
 	// SaveHeld records, durably, that v's content holds n bytes of node
 	// memory (store.Record.ContentHeld): Refresh calls it once a write is
 	// admitted, before it writes (with the old and the new content's
@@ -180,15 +186,11 @@ func (f *Filler) content(ctx context.Context, v *api.Volume) (files map[string]a
 // checked against), else the content package's defaults. It stops when ctx
 // is done, the previous content in place.
 //
-// In a memory-backed volume the new files' charge (content.Charge) is
-// reserved from the content capacity (Config.Held) before they are written;
-// what the content holds afterwards follows from what the write did, as the
-// content package reports it, never from reading the volume, which the pod
-// may write (DESIGN 4g): written, the new charge replaces the old one;
-// rolled back (content.ErrRolledBack), the old one stays; otherwise the new
-// files may be there beside the old ones, and both stay counted until a
-// later write removes them. With save (a refresh), the record of the volume
-// says so too (Config.SaveHeld), before the write and after it.
+// In a memory-backed volume the pages of the files are paid for as
+// Config.PodCgroups says (Charging): by the pod (writeAsPod), or by the
+// driver within the volume's whole size, reserved from the content
+// capacity (writeReserved). Neither reads the volume to count it, which
+// the pod may write (DESIGN 4g).
 func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[string]api.File, save bool) error {
 	var opts content.Options
 	if !f.cfg.Windows {
@@ -202,59 +204,17 @@ func (f *Filler) writeContent(ctx context.Context, v *api.Volume, files map[stri
 		return fmt.Errorf("writing content: %w", err)
 	}
 	defer r.Close()
-	held := f.cfg.Held
-	party := f.cfg.Providers.Party(v.Backend)
 	inMemory, err := stats.MemoryBacked(r)
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
-	var (
-		charge, old int64
-		pending     *admission.Grant
-		admitted    bool
-	)
-	if inMemory {
-		charge, old = content.Charge(files, held.Page()), held.Of(v.ID)
-		opts.Admit = func() (err error) {
-			if pending, err = held.Reserve(v.ID, party, charge, len(files)); err != nil {
-				return err
-			}
-			if save {
-				if err := f.cfg.SaveHeld(ctx, v, old+charge); err != nil {
-					pending.Release()
-					return errkind.Transient(fmt.Errorf("recording the content's charge before writing it: %w", err))
-				}
-			}
-			admitted = true
-			return nil
-		}
-	}
-	err = content.WriteRoot(ctx, r, files, opts)
-	if inMemory {
-		saved := old + charge // what the record says once admitted
-		switch {
-		case admitted && (err == nil || errors.Is(err, content.ErrReplaced)):
-			held.Set(v.ID, pending, charge)
-		case admitted && errors.Is(err, content.ErrRolledBack):
-			pending.Release()
-		case admitted:
-			held.Add(v.ID, pending, charge)
-		case err == nil && len(files) > 0 && held.Of(v.ID) != charge:
-			// Nothing to swap: the files are the content already, and the
-			// write removed every other generation it had left.
-			held.Adopt(v.ID, party, charge)
-			saved = old
-		default:
-			saved = held.Of(v.ID)
-		}
-		if n := held.Of(v.ID); save && n != saved {
-			// Also when the write stopped because ctx ended.
-			if serr := f.cfg.SaveHeld(context.WithoutCancel(ctx), v, n); serr != nil {
-				// The record says more than is held, or less until the next
-				// write: logged, the count in memory is right.
-				klog.FromContext(ctx).Error(serr, "Recording the content's charge after writing it")
-			}
-		}
+	switch {
+	case !inMemory:
+		err = content.WriteRoot(ctx, r, files, opts)
+	case f.cfg.PodCgroups != nil:
+		err = f.writeAsPod(ctx, v, r, files, opts, save)
+	default:
+		err = f.writeReserved(ctx, v, r, files, opts, save)
 	}
 	if errors.Is(err, content.ErrNoSpace) && v.Size > 0 {
 		return fmt.Errorf("%w; the volume's size is %s: ask for a larger \"size\" in the pod's volumeAttributes", err, words.Bytes(v.Size))

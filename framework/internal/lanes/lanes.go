@@ -3,13 +3,11 @@ package lanes
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"sync"
 
 	"github.com/ephemera-csi/ephemera/api"
-	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -214,8 +212,9 @@ func newHeld(capacity int64, providers []string) (*Held, error) {
 
 // Reserve admits n bytes of content of party's volume id, or says why not:
 // ResourceExhausted while other volumes hold the capacity, InvalidArgument
-// when n is more than party may ever hold. The grant is nil without a bound.
-func (h *Held) Reserve(id, party string, n int64, files int) (*admission.Grant, error) {
+// when n is more than party may ever hold; what says what takes the n
+// bytes, in the refusal. The grant is nil without a bound.
+func (h *Held) Reserve(id, party string, n int64, what string) (*admission.Grant, error) {
 	if h.pool == nil {
 		return nil, nil
 	}
@@ -227,7 +226,6 @@ func (h *Held) Reserve(id, party string, n int64, files int) (*admission.Grant, 
 	if !errors.As(err, &r) {
 		return nil, errkind.Errorf(errkind.ErrInternal, "admitting the content of volume %s: %v", id, err)
 	}
-	what := fmt.Sprintf("the content of volume %s takes %s of node memory in its tmpfs (%d files: data in whole pages, and %s per file, directory and link)", id, words.Bytes(n), files, words.Bytes(content.InodeCharge))
 	if r.Never {
 		return nil, errkind.Invalidf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: make the content smaller, or raise --content-capacity and the driver's memory limit with it",
 			what, words.Bytes(r.Max), words.Bytes(h.size))

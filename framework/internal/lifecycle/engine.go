@@ -68,6 +68,7 @@ type VolumeConfig struct {
 	ContentTimeout       time.Duration
 	ContentBytesInFlight int64
 	ContentCapacity      int64 // lanes.NoContentCapacity: no bound
+	PodCgroups           fill.PodCgroupConfig
 	RefreshInterval      time.Duration
 	RefreshConcurrency   int
 }
@@ -107,6 +108,10 @@ type Engine struct {
 	node       *reconcile.Node       // the reconcile's view of the node (internal/reconcile, reconcile.go)
 	gc         *reconcile.GC         // the orphan GC (internal/reconcile, reconcile.go)
 	stats      *stats.Cache          // walks of directory volumes (internal/stats)
+	// charging is how content in memory-backed volumes is paid for, and
+	// chargingWhy what decided it (fill.OpenCharging).
+	charging    fill.Charging
+	chargingWhy string
 }
 
 // New builds the engine of a validated cfg. running tells whether the driver
@@ -129,6 +134,11 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 	}
 	d.node = newNode(d, &cfg)
 	d.gc = newGC(d, &cfg, d.collectOrphan) // the gc event
+	pods, charging, why, err := fill.OpenCharging(cfg.Volumes.PodCgroups)
+	if err != nil {
+		return nil, err
+	}
+	d.charging, d.chargingWhy = charging, why
 	d.fill = fill.New(fill.Config{
 		KubeletRootDir: cfg.Node.KubeletRootDir,
 		ContentTimeout: cfg.Volumes.ContentTimeout,
@@ -138,6 +148,8 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		Content:        d.lanes.Content,
 		Refresh:        d.lanes.Refresh,
 		Held:           d.lanes.Held,
+		PodCgroups:     pods,
+		PodCgroupWait:  cfg.Volumes.PodCgroups.Wait,
 		Refreshed:      d.refreshed,
 		SaveHeld:       d.saveHeld,
 	})
@@ -201,6 +213,10 @@ func (d *Engine) InFlight() int { return d.inFlight() }
 
 // HeldContent returns the bytes of content held (Options.Volumes.ContentCapacity).
 func (d *Engine) HeldContent() int64 { return d.lanes.Held.InUse() }
+
+// Charging is how the content in memory-backed volumes is paid for on this
+// node, and what decided it.
+func (d *Engine) Charging() (mode fill.Charging, why string) { return d.charging, d.chargingWhy }
 
 // AnyContent reports whether any volume of this driver may have content.
 func (d *Engine) AnyContent() bool { return d.fill.Any() }

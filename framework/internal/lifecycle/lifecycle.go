@@ -602,6 +602,9 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 	if len(failed) > 0 {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
+	if d.fill.Any() {
+		log.Info("Charging content in memory-backed volumes", "mode", d.charging, "why", d.chargingWhy)
+	}
 	d.fill.CountHeld(klog.NewContext(ctx, log), d.store)
 	return nil
 }

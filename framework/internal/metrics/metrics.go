@@ -35,6 +35,7 @@ const (
 	StatsWalks      = "ephemera_stats_walks_total"
 	ContentHeld     = "ephemera_content_held_bytes"
 	ContentCapacity = "ephemera_content_capacity_bytes"
+	ContentCharging = "ephemera_content_charging"
 	// Provisioning and ProvisionsOutlived follow the creates of long
 	// provisioning backends (framework.LongProvisioner).
 	Provisioning       = "ephemera_provisioning_volumes"
@@ -50,6 +51,7 @@ const (
 	labelDriver  = "driver"
 	labelVersion = "version"
 	labelCheck   = "check"
+	labelMode    = "mode"
 
 	// csi-lib-utils' labels of CSIOperations.
 	labelCSIDriver = "driver_name"
@@ -153,6 +155,10 @@ type Config struct {
 	// when positive). Nil: neither.
 	ContentHeld     func() int64
 	ContentCapacity int64
+	// ContentCharging is who pays for the content in memory-backed
+	// volumes (fill.Charging: "pod-cgroup" or "volume-size"), exported
+	// with ContentHeld as ContentCharging{mode}.
+	ContentCharging string
 }
 
 // Metrics are one driver's Prometheus metrics in their own registry (never the
@@ -285,7 +291,7 @@ func New(c Config) *Metrics {
 		held := c.ContentHeld
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: ContentHeld,
-			Help: "Node memory the content the driver wrote into memory-backed (tmpfs) volumes takes while they exist, as the kernel charges it to the driver's memory cgroup (Options.Volumes.ContentCapacity, --content-capacity).",
+			Help: "Node memory the content the driver wrote into memory-backed (tmpfs) volumes may take while they exist, charged by the kernel to the driver's memory cgroup: where no pod cgroup pays for it (ephemera_content_charging{mode=\"volume-size\"}), each such volume at its tmpfs's size (Options.Volumes.ContentCapacity, --content-capacity).",
 		}, func() float64 { return float64(held()) }))
 		if c.ContentCapacity > 0 {
 			capacity := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -294,6 +300,14 @@ func New(c Config) *Metrics {
 			})
 			capacity.Set(float64(c.ContentCapacity))
 			m.reg.MustRegister(capacity)
+		}
+		if c.ContentCharging != "" {
+			charging := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+				Name: ContentCharging,
+				Help: "Always 1; mode says who pays for the content the driver writes into memory-backed volumes: pod-cgroup (each pod, from a writer in its memory cgroup; not counted in ephemera_content_held_bytes) or volume-size (the driver: each volume counted at its tmpfs's size in ephemera_content_held_bytes).",
+			}, []string{labelMode})
+			charging.WithLabelValues(c.ContentCharging).Set(1)
+			m.reg.MustRegister(charging)
 		}
 	}
 	return m

@@ -215,3 +215,27 @@ func MemoryUsed(r *os.Root) (mem bool, bytes, inodes int64, err error) {
 	}
 	return true, bytes, inodes, nil
 }
+
+// MemoryBound is what the kernel lets the memory-backed filesystem of the
+// volume r hold (fstatfs: its size in bytes, and its inodes besides the
+// root: tmpfs's size= and nr_inodes), and whether it is memory-backed at
+// all (false: 0, 0). Like MemoryUsed it reads nothing the pod may write.
+func MemoryBound(r *os.Root) (mem bool, bytes, inodes int64, err error) {
+	f, err := r.Open(".")
+	if err != nil {
+		return false, 0, 0, err
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return false, 0, 0, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
+	}
+	if st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+		return false, 0, 0, nil
+	}
+	bytes = int64(st.Blocks) * st.Bsize
+	if st.Files > 1 {
+		inodes = int64(st.Files - 1)
+	}
+	return true, bytes, inodes, nil
+}

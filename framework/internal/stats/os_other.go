@@ -29,3 +29,7 @@ func MemoryBacked(*os.Root) (bool, error) { return false, nil }
 // MemoryUsed is what the memory-backed filesystem of the volume r uses:
 // not known here.
 func MemoryUsed(*os.Root) (mem bool, bytes, inodes int64, err error) { return false, 0, 0, nil }
+
+// MemoryBound is what the memory-backed filesystem of the volume r may
+// hold: not known here.
+func MemoryBound(*os.Root) (mem bool, bytes, inodes int64, err error) { return false, 0, 0, nil }
