@@ -63,7 +63,7 @@ func decodeFile(path string, out any) error {
 // chart is rendered with the node's kubelet root, the embedded registrar and a
 // free metrics port, and its objects are applied for real. No controller-manager
 // runs, so the test creates the DaemonSet's pod from its template, and no CNI, so
-// the template gets hostNetwork: true (the one change to the rendered objects). The
+// the template gets hostNetwork: true (and the node's cgroupRoot for --kubelet-cgroup-root, where the chart passes it). The
 // kubelet registers hello through the privileged container (CSINode lists it, the
 // readiness probe passes);
 // examples/hello/pod.yaml, with the harness's image, reads its own identity from
@@ -150,6 +150,10 @@ func TestExampleFromChart(t *testing.T) {
 	}
 	// No CNI on this node: only host-network pods can start.
 	if err := unstructured.SetNestedField(ds.Object, true, "spec", "template", "spec", "hostNetwork"); err != nil {
+		t.Fatal(err)
+	}
+	// The kubelet's cgroupRoot, where the chart says the default "/".
+	if err := c.withKubeletCgroupRoot(ds); err != nil {
 		t.Fatal(err)
 	}
 	c.step(fmt.Sprintf("chart rendered for hello (%d objects)", len(objs)), t1)
