@@ -274,7 +274,7 @@ bench: build-static
 ## limited like the DaemonSet's container (content held, answers in flight, walks, a restart), and its
 ## first calls after a start (root)
 bench-memory: build-static
-	EPHEMERA_BENCH=1 EPHEMERA_BENCH_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch $(GO) test -count=1 $(GOBUILDFLAGS) -run 'TestDriverMemory|TestDriverContentMemory|TestDriverHeldMemory|TestFirstPublishAfterStart' -v ./test/bench/
+	EPHEMERA_BENCH=1 EPHEMERA_BENCH_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch $(GO) test -count=1 $(GOBUILDFLAGS) -run 'TestDriverMemory|TestDriverContentMemory|TestDriverHeldMemory|TestDriverPodMemory|TestFirstPublishAfterStart' -v ./test/bench/
 
 ## bench-fleet: the fleet simulation (test/fleet): a real kube-apiserver and etcd (the e2e's build) with
 ## priority and fairness and RBAC, EPHEMERA_FLEET_NODES simulated nodes (default 200) of

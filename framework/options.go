@@ -165,19 +165,22 @@ type VolumeOptions struct {
 	// exceeds the budget. Default DefaultContentBytesInFlight.
 	ContentBytesInFlight int64
 	// ContentCapacity bounds the node memory that the content the driver
-	// writes into memory-backed volumes (tmpfs) takes while they exist: the
-	// data in whole pages and content.InodeCharge per file, directory and
-	// link (content.Charge), which the kernel charges to the driver's memory
-	// cgroup, not to the pod's. A publish or refresh whose content would pass
-	// it is refused (ResourceExhausted; InvalidArgument for content larger
-	// than its provider may ever hold), and a driver restarted with volumes
-	// in place counts their content again. With several content providers,
-	// each has ContentCapacity/(2×providers) to itself and holds at most
-	// half. It is part of the driver's memory plan (docs/operations.md):
-	// keep it under the container's memory limit with the rest, and Go's
-	// soft memory limit (Limits.MemoryLimit) leaves it out. Content on disk
-	// (loop devices, directories) does not count. Default
-	// DefaultContentCapacity; NoContentCapacity for no bound.
+	// writes into memory-backed volumes (tmpfs) may take while they exist
+	// where the kernel charges it to the driver: on a node without pod
+	// cgroups (PodCgroups; the fallback), each such volume is reserved at
+	// what its tmpfs can hold (its size, and content.InodeCharge per inode
+	// of its nr_inodes) at its first write, until it is gone, whatever the
+	// pod keeps alive of its content. Where the pods' cgroups pay for their
+	// content (PodCgroups' default on a node with pod cgroups) it counts
+	// nothing. A publish past it is refused (ResourceExhausted;
+	// InvalidArgument for a volume larger than its provider may ever hold),
+	// and a driver restarted with volumes in place counts them again. With
+	// several content providers, each has ContentCapacity/(2×providers) to
+	// itself and holds at most half. It is part of the driver's memory plan
+	// (docs/operations.md): keep it under the container's memory limit with
+	// the rest, and Go's soft memory limit (Limits.MemoryLimit) leaves it
+	// out. Content on disk (loop devices, directories) does not count.
+	// Default DefaultContentCapacity; NoContentCapacity for no bound.
 	ContentCapacity int64
 	// PodCgroups says where the kubelet keeps the pods' cgroups, so that
 	// the content the driver writes into a memory-backed volume is written

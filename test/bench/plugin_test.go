@@ -110,6 +110,9 @@ func servePlugin(mode, sock string) int {
 	if shape, ok := strings.CutPrefix(mode, worstModePrefix); ok {
 		return serveWorstContent(shape, sock) // TestDriverContentMemory
 	}
+	if mode == generationsMode {
+		return serveGenerations(sock) // TestDriverPodMemory
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	opts := pluginserver.Options{

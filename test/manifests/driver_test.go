@@ -82,7 +82,8 @@ func TestHelmAnyDriver(t *testing.T) {
 	want := []string{
 		"--endpoint=unix:///var/lib/kubelet/plugins/files.example.com/csi.sock", "--nodeid=$(NODE_NAME)",
 		"--kubelet-root=/var/lib/kubelet", "--state-dir=/var/lib/ephemera/files.example.com",
-		"--metrics-address=:9809", "--gc-interval=1m", "--orphan-grace-period=2m", "--register", "--content-bytes-in-flight=48Mi", "--content-capacity=64Mi", "--stats-max-walks=4", "--memory-limit=$(MEMORY_LIMIT)", "--v=2",
+		"--metrics-address=:9809", "--gc-interval=1m", "--orphan-grace-period=2m", "--register", "--content-bytes-in-flight=48Mi", "--content-capacity=64Mi", "--stats-max-walks=4",
+		"--pod-cgroups=auto", "--pod-cgroup-mount=/host/sys/fs/cgroup", "--kubelet-cgroup-root=/", "--kubelet-cgroup-driver=auto", "--memory-limit=$(MEMORY_LIMIT)", "--v=2",
 		"--allowed-namespaces=a,b", "--plugin-socket=/plugin/plugin.sock",
 	}
 	if !slices.Equal(args, want) {

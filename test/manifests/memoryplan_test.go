@@ -14,8 +14,11 @@ import (
 // limit less the content capacity and at least 32Mi below it, must hold the
 // content answers in flight at their peak (three times
 // --content-bytes-in-flight) and --stats-max-walks walks of 8Mi each; the
-// content held in tmpfs volumes (--content-capacity) comes on top. On
-// Windows no volume is memory-backed: no content is held.
+// content held in tmpfs volumes (--content-capacity) comes on top. That term
+// is the volume-size mode's: in pod-cgroup mode the pods are charged for
+// their content, but the shipped plan keeps it, since a node without pod
+// cgroups falls back (--pod-cgroups=auto); with --pod-cgroups=required it may
+// be small. On Windows no volume is memory-backed: no content is held.
 const (
 	planInFlight = 48 << 20 // --content-bytes-in-flight's default
 	planCapacity = 64 << 20 // --content-capacity's default
@@ -135,6 +138,9 @@ func TestHelmMemoryPlan(t *testing.T) {
 	for want, vals := range map[string]map[string]any{
 		"320Mi": nil, // the defaults: 299Mi, rounded up
 		"576Mi": {"memoryPlan": map[string]any{"contentBytesInFlightMi": 96, "contentCapacityMi": 128, "statsWalks": 4}},
+		// Nodes that all have pod cgroups (docs/operations.md, "The memory
+		// plan"): no content is the driver's, the capacity term shrinks.
+		"256Mi": {"podCgroups": map[string]any{"mode": "required"}, "memoryPlan": map[string]any{"contentBytesInFlightMi": 48, "contentCapacityMi": 1, "statsWalks": 4}},
 		"1Gi":   {"resources": map[string]any{"limits": map[string]any{"memory": "1Gi"}}},
 	} {
 		if got := limitOf(vals); got != want {

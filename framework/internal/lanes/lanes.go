@@ -156,15 +156,17 @@ func (b *Budget) InUse() int64 {
 }
 
 // Held is Volumes.ContentCapacity: the memory that the content the
-// driver wrote into memory-backed volumes (tmpfs) takes for as long as they
-// exist. The kernel charges those pages, and the inodes, to the memory
-// cgroup of the process that wrote them, the driver's, and keeps them there
-// after a restart of the driver in the same cgroup: unbounded, a few pods
-// with large content would keep the driver OOM-killed. So each write
-// reserves content.Charge of its files before it writes (content.Options.Admit),
-// a replacement holds both sets until the old one is gone, a teardown
-// releases, and a startup counts what the records of the volumes say their
-// content holds (internal/fill's CountHeld) whatever the capacity says.
+// driver wrote into memory-backed volumes (tmpfs) may take for as long as
+// they exist, where no pod cgroup pays for it (internal/fill's
+// ChargeVolumeSize). The kernel charges those pages, and the inodes, to
+// the memory cgroup of the process that wrote them, the driver's, and
+// keeps them there as long as anything keeps them alive, after a restart
+// of the driver in the same cgroup too: unbounded, a few pods would keep
+// the driver OOM-killed. So the first write into such a volume reserves
+// what its filesystem can hold (its size and inodes) before it writes
+// (content.Options.Admit), a teardown releases, and a startup counts what
+// the records of the volumes say (internal/fill's CountHeld) whatever the
+// capacity says.
 //
 // The capacity is partitioned by content provider (DESIGN 4f), as the
 // content budget is: with several providers, each has capacity/(2×providers)
