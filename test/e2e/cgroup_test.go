@@ -216,3 +216,17 @@ func procCgroup(pid int, controller string) (string, error) {
 	}
 	return "", fmt.Errorf("/proc/%d/cgroup has no %s hierarchy:\n%s", pid, controller, b)
 }
+
+// moveToMemoryCgroup moves the process pid (all its threads) into the
+// memory cgroup (cgroupfs path) of the cgroup v1 memory hierarchy.
+func moveToMemoryCgroup(pid int, cgroup string) error {
+	mnt := cgroupV1Mount("memory")
+	if mnt == "" {
+		return errors.New("no cgroup v1 memory hierarchy mounted")
+	}
+	f := filepath.Join(mnt, cgroup, "cgroup.procs")
+	if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		return fmt.Errorf("move process %d into memory cgroup %s: %w", pid, cgroup, err)
+	}
+	return nil
+}

@@ -38,8 +38,12 @@ type driver struct {
 	endpoint string
 	stateDir string
 	extra    []string // flags of this driver beyond the framework's (args)
-	p        *proc
-	logPath  string
+	// memCgroup, when set, is a memory cgroup (cgroupfs path, made by the
+	// caller) that start moves the process into, so that what the kernel
+	// charges to the driver can be read apart from the test's own processes.
+	memCgroup string
+	p         *proc
+	logPath   string
 }
 
 var (
@@ -146,6 +150,15 @@ func (d *driver) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.memCgroup != "" {
+		// Before the driver serves: what it writes from then on is charged
+		// there (what it allocated before stays where it was: cgroup v1 does
+		// not move charges by default).
+		if err := moveToMemoryCgroup(d.p.cmd.Process.Pid, d.memCgroup); err != nil {
+			d.p.kill()
+			return err
+		}
+	}
 	return d.waitRegistered(ctx, before)
 }
 
@@ -159,6 +172,18 @@ func (d *driver) args(register bool) []string {
 		// /metrics on a port of its own choosing (TestManyPods reads
 		// ephemera_rpc_duration_seconds); the address is read back from the log.
 		"--metrics-address=127.0.0.1:0",
+	}
+	if d.n.podCgroups {
+		// Where the node's kubelet keeps its pods' cgroups, as a DaemonSet
+		// on that node is told (the driver runs on the host: the host's
+		// /sys/fs/cgroup is the default --pod-cgroup-mount). Without it the
+		// driver looks below "/", where no kubelet of the harness has its
+		// kubepods (see "Pod cgroups" in README.md), and charges content to
+		// itself; with it, content in memory-backed volumes is written from
+		// the pod's memory cgroup (TestPodCgroupCharging). A node with pod
+		// cgroups off (TestTwoNodes' node B) keeps the default, as a node
+		// whose kubelet has cgroupsPerQOS: false would.
+		a = append(a, "--kubelet-cgroup-root="+d.n.cgroupRoot)
 	}
 	a = append(a, d.extra...)
 	if register {

@@ -127,6 +127,11 @@ func TestExampleFromChart(t *testing.T) {
 		"nodeSelector": map[string]any{"kubernetes.io/hostname": nodeName},
 		"logLevel":     4,
 	}
+	if c.podCgroups {
+		// The kubelet's cgroupRoot, as an operator sets it for a kubelet
+		// whose --cgroup-root is not "/".
+		over["podCgroups"] = map[string]any{"kubeletCgroupRoot": c.cgroupRoot}
+	}
 	vb, _ := json.Marshal(over)
 	valuesFile := filepath.Join(dir, "values-e2e.yaml")
 	if err := os.WriteFile(valuesFile, vb, 0o644); err != nil {
@@ -265,6 +270,9 @@ func TestExampleFromChart(t *testing.T) {
 	if ms := mountsAt(target); len(ms) != 1 || ms[0].FSType != "tmpfs" {
 		t.Errorf("host mounts at %s: %+v, want one tmpfs (hello's, propagated from its container)", target, ms)
 	}
+	if c.podCgroups && cgroupV1Mount("memory") != "" {
+		c.helloChargesPod(t, drvPod, appPod)
+	}
 
 	// Delete the app pod: hello unpublishes (the kubelet deletes the object only
 	// after TearDown), and its mount and pod directory go.
@@ -340,4 +348,37 @@ func csiNodeLists(ctx context.Context, c *cluster, name string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// helloChargesPod checks that hello, in its container with the host's cgroup
+// tree at /host/sys/fs/cgroup (the chart's mount) and the node's cgroupRoot,
+// charges the content it wrote to the app pod (issue 44): its start line says
+// mode pod-cgroup, and the app pod's memory cgroup holds the pages of its
+// four files (a page each at least).
+func (c *cluster) helloChargesPod(t *testing.T, drvPod, appPod *corev1.Pod) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.podLogsDir, fmt.Sprintf("%s_%s_%s", drvPod.Namespace, drvPod.Name, drvPod.UID), "driver", "0.log"))
+	if err != nil {
+		t.Errorf("hello's container log: %v", err)
+		return
+	}
+	var line string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `"Charging content in memory-backed volumes"`) {
+			line = l
+		}
+	}
+	if !strings.Contains(line, `mode="pod-cgroup"`) {
+		t.Errorf("hello's start line %q, want mode=\"pod-cgroup\" (the host's cgroup tree mounted, --kubelet-cgroup-root=%s)", line, c.cgroupRoot)
+	}
+	cur, err := c.cs.CoreV1().Pods(appPod.Namespace).Get(context.Background(), appPod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := c.podMemoryCgroup(cur)
+	if shmem := mustMemoryCounter(t, cg, "total_shmem"); shmem < 4*4096 {
+		t.Errorf("app pod's memory cgroup %s: total_shmem %d, want the pages of hello's 4 files (at least %d) charged to it", cg, shmem, 4*4096)
+	} else {
+		t.Logf("hello's app pod: its memory cgroup holds %d bytes of shmem", shmem)
+	}
 }

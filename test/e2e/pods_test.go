@@ -306,8 +306,10 @@ func lastStep(args []string) int {
 	return -1
 }
 
-func (c *cluster) containerLog(p *corev1.Pod) []string {
-	path := filepath.Join(c.podLogsDir, fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), p.Spec.Containers[0].Name, "0.log")
+// containerLog returns the STEP lines of the first run of the pod's first
+// container (0.log) on node n (c.containerLog: the first node's).
+func (n *node) containerLog(p *corev1.Pod) []string {
+	path := filepath.Join(n.podLogsDir, fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), p.Spec.Containers[0].Name, "0.log")
 	f, err := os.Open(path)
 	if err != nil {
 		return nil

@@ -306,6 +306,8 @@ func (c *cluster) waitImagePullBackOff(t *testing.T, p *corev1.Pod, d time.Durat
 // node's kubelet root and stateRoot instead of /var/lib/kubelet and
 // /var/lib/ephemera (in args, mounts and hostPath volumes alike), and with image
 // set the driver container's image (what `kustomize edit set image` writes).
+// A --kubelet-cgroup-root in the args gets the node's cgroupRoot
+// (withKubeletCgroupRoot).
 func (c *cluster) forThisNode(ds *unstructured.Unstructured, stateRoot, image string, metricsPort int) error {
 	spec, ok, err := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
 	if err != nil || !ok {
@@ -343,7 +345,39 @@ func (c *cluster) forThisNode(ds *unstructured.Unstructured, stateRoot, image st
 	if !found {
 		return fmt.Errorf("DaemonSet %s: no container named driver", ds.GetName())
 	}
-	return unstructured.SetNestedMap(ds.Object, spec, "spec", "template", "spec")
+	if err := unstructured.SetNestedMap(ds.Object, spec, "spec", "template", "spec"); err != nil {
+		return err
+	}
+	return c.withKubeletCgroupRoot(ds)
+}
+
+// withKubeletCgroupRoot sets the value of every --kubelet-cgroup-root flag in
+// the args of a rendered DaemonSet's containers to the first node's
+// cgroupRoot, as an operator sets it to the kubelet's --cgroup-root: the
+// manifests say "/", the default, where no kubelet of the harness keeps its
+// pods (see "Pod cgroups" in README.md). A DaemonSet without the flag is
+// left as it is.
+func (c *cluster) withKubeletCgroupRoot(ds *unstructured.Unstructured) error {
+	if !c.podCgroups {
+		return nil
+	}
+	containers, _, err := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if err != nil {
+		return fmt.Errorf("DaemonSet %s: %w", ds.GetName(), err)
+	}
+	for _, ci := range containers {
+		ctn, _ := ci.(map[string]any)
+		args, _ := ctn["args"].([]any)
+		for i, a := range args {
+			s, _ := a.(string)
+			if strings.HasPrefix(s, "--kubelet-cgroup-root=") {
+				args[i] = "--kubelet-cgroup-root=" + c.cgroupRoot
+			} else if s == "--kubelet-cgroup-root" && i+1 < len(args) {
+				args[i+1] = c.cgroupRoot
+			}
+		}
+	}
+	return unstructured.SetNestedSlice(ds.Object, containers, "spec", "template", "spec", "containers")
 }
 
 // replaceStrings applies r to every string in v (maps and lists of an

@@ -180,6 +180,8 @@ func (c *cluster) scheduledPod(name, app string, vol corev1.Volume) *corev1.Pod 
 //   - Node B is the harness's node with pod cgroups off (cgroupsPerQOS: false):
 //     its containers run in containerd's /k8s.io/<container ID>, the first
 //     node's in <its cgroupRoot>/kubepods/burstable/pod<UID>/<container ID>.
+//     A driver there charges content in memory-backed volumes to itself, each
+//     volume at its size (fallbackCharging, a subtest).
 //   - --max-volumes-per-node reaches CSINode (allocatable.count 2 on node B, none
 //     on the first node, whose driver has no limit). The scheduler does not count
 //     inline CSI volumes against it: in kube-scheduler v1.34.4 to v1.37.2 the NodeVolumeLimits
@@ -239,6 +241,11 @@ func TestTwoNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("second node, its driver and kube-scheduler up in %v", time.Since(start).Round(time.Millisecond))
+
+	// Node B is the harness's node without pod cgroups: content in
+	// memory-backed volumes is charged to the driver there, at the volume's
+	// size (issue 44 item 6; TestPodCgroupCharging is the first node's).
+	t.Run("fallback charging", func(t *testing.T) { c.fallbackCharging(t, b) })
 
 	// The limit reaches CSINode through NodeGetInfo.
 	for _, x := range []struct {

@@ -17,6 +17,9 @@
 //	stat PATH          print PATH's permission bits, uid and gid
 //	statfs DIR         print the filesystem size of DIR
 //	sleep [SECONDS]    sleep (forever without an argument)
+//	hold FILE          open FILE every 20ms and keep open each file it finds there that
+//	                   it did not hold yet (a new inode: a refreshed content volume's
+//	                   next generation), forever; one line per file held
 //	pause              same as sleep forever; also the entrypoint of the pause image
 //
 // Each step prints "STEP <n> <verb> ok ..." or "STEP <n> <verb> err <errno name>: <error>";
@@ -24,6 +27,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -55,6 +59,9 @@ func main() {
 	for i, s := range steps {
 		if len(s) == 0 {
 			continue
+		}
+		if s[0] == "hold" && len(s) == 2 {
+			hold(i, s[1])
 		}
 		out, err := run(s)
 		if err != nil {
@@ -172,6 +179,51 @@ func run(s []string) (string, error) {
 		os.Exit(0)
 	}
 	return "", fmt.Errorf("unknown step %q", s[0])
+}
+
+// hold opens name every 20 ms and keeps each file it finds there that it
+// does not hold yet open until SIGTERM, as a pod that keeps every
+// generation of a refreshed token open does: the files' pages stay alive
+// after the content's refresh removed them. For each one it prints "STEP
+// <step> hold ok held=<files held> ino=<inode> size=<bytes> head=<first
+// line, quoted>"; a failed open is printed once per error.
+func hold(step int, name string) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Printf("STEP - hold ok waiting\n")
+	tick := time.NewTicker(20 * time.Millisecond)
+	var held []*os.File
+	seen := map[uint64]bool{}
+	lastErr := ""
+	for {
+		select {
+		case <-ch:
+			os.Exit(0)
+		case <-tick.C:
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			if e := err.Error(); e != lastErr {
+				lastErr = e
+				fmt.Printf("STEP %d hold err %s: %v\n", step, errnoName(err), err)
+			}
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil || seen[st.Ino] {
+			f.Close()
+			continue
+		}
+		seen[st.Ino] = true
+		held = append(held, f)
+		head := make([]byte, 200)
+		n, _ := f.ReadAt(head, 0)
+		head = head[:n]
+		if i := bytes.IndexByte(head, '\n'); i >= 0 {
+			head = head[:i]
+		}
+		fmt.Printf("STEP %d hold ok held=%d ino=%d size=%d head=%s\n", step, len(held), st.Ino, st.Size, strconv.Quote(string(head)))
+	}
 }
 
 func write(name string, n int64) (string, error) {
