@@ -113,9 +113,11 @@ test-unit:
 
 ## test-model: the seeded random walk over publish, unpublish, crashes, restarts, lost state and
 ## the GC, invariants checked after every step (root; EPHEMERA_MODEL_STEPS, EPHEMERA_MODEL_SEED);
-## and TestNoisyNeighbours, the bulkheads' property (issue 32), which measures latencies: without -race
+## TestNoisyNeighbours, the bulkheads' property (issue 32), which measures latencies; and
+## TestTenantActions, the tenant property (issue 44), which measures memory cgroups (root, cgroup v1;
+## EPHEMERA_TENANT_SEED): without -race
 test-model:
-	$(GOSTATIC) test -trimpath $(call tags,failpoints) -count=1 -timeout 30m -run '^(TestModel|TestNoisyNeighbours)$$' -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|(model|neighbours)_test.go' ; exit $${PIPESTATUS[0]}
+	$(GOSTATIC) test -trimpath $(call tags,failpoints) -count=1 -timeout 30m -run '^(TestModel|TestNoisyNeighbours|TestTenantActions)$$' -v ./test/security/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|(model|neighbours|tenant)_test.go' ; exit $${PIPESTATUS[0]}
 
 ## test-security: the safety guarantees of docs/security.md, with the model test (root)
 test-security: test-model

@@ -16,6 +16,14 @@
 // the mount table and the files. TestNoisyNeighbours measures latencies and
 // runs outside -race, in `make test-model`.
 //
+// TestTenantActions (issue 44, tenant_test.go) is the tenant property: the
+// same driver in a memory cgroup limited as the manifests limit it, pods as
+// processes in memory cgroups laid out as the kubelet's (tenant agents, this
+// test binary re-executed: tenantagent_test.go) doing a seeded catalogue of
+// things to their own volumes beside hostile plugins; it compares what the
+// driver reports with what the kernel says (cgroup files, statfs), in both
+// ways the driver charges content, and runs in `make test-model` too.
+//
 // The tests mount real filesystems and need Linux and root; they run in
 // `make test` (and `make test-unit`) and are skipped elsewhere.
 package security

@@ -5,6 +5,7 @@ package security
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,6 +103,8 @@ type pluginSpec struct {
 	mode     hostile.Mode
 	restart  time.Duration // after a crash; 0: not restarted
 	maxBytes int64         // its answers' bound (max-content-bytes); 0: the default, 16Mi
+	// rotateBytes is a rotate plugin's blob (hostile.Options.RotateBytes).
+	rotateBytes int64
 }
 
 func (s pluginSpec) creates() bool { return s.mode == hostile.Dir || s.mode == hostile.HangDelete }
@@ -124,6 +127,21 @@ type procNode struct {
 	ctx context.Context
 	wg  sync.WaitGroup
 	led ledger
+
+	// The driver: how it is started, and its process (nil when stopped).
+	driverBin, driverCgroup string
+	driverArgs              []string
+	driver                  *driverProc
+}
+
+// procNodeOptions are a procNode's settings beyond its plugins and flags.
+type procNodeOptions struct {
+	// driverCgroup, when set, is the directory of the cgroup (v1 memory, or
+	// v2) the driver runs in from its first instruction: a shell joins it
+	// and execs the driver, so that every page the driver ever allocates is
+	// charged there. Its log is then copied into driver.log by this process,
+	// whose pages the log's are, not the driver's.
+	driverCgroup string
 }
 
 // startProcNode starts the plugins and the driver (tmpfs and the plugins as
@@ -131,6 +149,12 @@ type procNode struct {
 // waits until the driver is ready. Everything is stopped, unmounted and
 // removed at cleanup, also when the test fails.
 func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode {
+	t.Helper()
+	return startProcNodeWith(t, procNodeOptions{}, specs, flags...)
+}
+
+// startProcNodeWith is startProcNode with opts.
+func startProcNodeWith(t *testing.T, opts procNodeOptions, specs []pluginSpec, flags ...string) *procNode {
 	t.Helper()
 	requireRoot(t)
 	bin := driverBinary(t)
@@ -171,7 +195,7 @@ func startProcNode(t *testing.T, specs []pluginSpec, flags ...string) *procNode 
 	// EPHEMERA_SECURITY_DRIVER_ARGS adds flags (space-separated), after the
 	// test's own: to run the tests against a driver tuned otherwise.
 	args = append(append(args, flags...), strings.Fields(os.Getenv("EPHEMERA_SECURITY_DRIVER_ARGS"))...)
-	n.startDriver(bin, args)
+	n.startDriver(bin, args, opts.driverCgroup)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx = ctx
 	t.Cleanup(func() { // runs first: the test's goroutines end before anything stops
@@ -190,7 +214,7 @@ func (n *procNode) shared(name string) string { return filepath.Join(n.base, "sh
 // startPlugin starts the plugin of s (again, after stopPlugin).
 func (n *procNode) startPlugin(s pluginSpec) {
 	n.t.Helper()
-	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock"), MaxContentBytes: s.maxBytes}
+	opts := hostile.Options{Mode: s.mode, Endpoint: "unix://" + filepath.Join(n.base, s.name+".sock"), MaxContentBytes: s.maxBytes, RotateBytes: s.rotateBytes}
 	if s.creates() {
 		opts.Dir = n.shared(s.name)
 		if err := os.MkdirAll(opts.Dir, 0o750); err != nil {
@@ -201,37 +225,78 @@ func (n *procNode) startPlugin(s pluginSpec) {
 	n.specs[s.name] = s
 }
 
+// driverProc is a driver process of a procNode.
+type driverProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
 // startDriver runs the driver binary with args, its output in driver.log,
 // killed with the test process (Pdeathsig), stopped at cleanup (SIGTERM,
-// SIGKILL after 10s), and waits until it answers Probe with ready.
-func (n *procNode) startDriver(bin string, args []string) {
+// SIGKILL after 10s), and waits until it answers Probe with ready. With
+// cgroup, it runs in that cgroup (procNodeOptions.driverCgroup).
+func (n *procNode) startDriver(bin string, args []string, cgroup string) {
 	n.t.Helper()
-	logf, err := os.Create(filepath.Join(n.base, "driver.log"))
+	n.driverBin, n.driverArgs, n.driverCgroup = bin, args, cgroup
+	n.t.Cleanup(n.stopDriver)
+	n.launchDriver()
+}
+
+// restartDriver stops the driver (SIGTERM) and starts it again as it was
+// started, in the same cgroup, and waits until it is ready.
+func (n *procNode) restartDriver() {
+	n.t.Helper()
+	n.stopDriver()
+	n.launchDriver()
+}
+
+// stopDriver stops the driver process, if it runs: SIGTERM, SIGKILL after
+// 10s.
+func (n *procNode) stopDriver() {
+	d := n.driver
+	if d == nil {
+		return
+	}
+	n.driver = nil
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(10 * time.Second):
+		n.t.Errorf("the driver did not stop within 10s of SIGTERM: killed")
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// launchDriver starts the driver process and waits until it is ready.
+func (n *procNode) launchDriver() {
+	n.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(n.base, "driver.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	defer logf.Close()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(n.driverBin, n.driverArgs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if n.driverCgroup != "" {
+		// The shell's pages are freed by the exec; the driver's first are
+		// the cgroup's. A writer that is no *os.File: exec copies the
+		// output through a pipe, in this process.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, filepath.Join(n.driverCgroup, "cgroup.procs"), n.driverBin}, n.driverArgs...)...)
+		w := struct{ io.Writer }{logf}
+		cmd.Stdout, cmd.Stderr = w, w
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		n.t.Fatal(err)
 	}
-	exited := make(chan struct{})
+	d := &driverProc{cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
-		close(exited)
+		logf.Close()
+		close(d.exited)
 	}()
-	n.t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			n.t.Errorf("the driver did not stop within 10s of SIGTERM: killed")
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
+	n.driver = d
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ready, err := n.probe()
@@ -239,7 +304,7 @@ func (n *procNode) startDriver(bin string, args []string) {
 			return
 		}
 		select {
-		case <-exited:
+		case <-d.exited:
 			n.t.Fatalf("the driver exited: %v\n%s", cmd.ProcessState, n.logTail("driver.log", 4000))
 		default:
 		}

@@ -31,6 +31,14 @@
 //   - [Flap]: healthy, but its socket is up for Options.FlapPeriod and gone for
 //     as long, over and over.
 //
+// And one that is healthy but whose answer is new every time, as a token or
+// certificate provider's is, so that every refresh swaps the volume's files:
+//
+//   - [Rotate]: a token naming the call ("<namespace>/<pod> <volume ID>
+//     <serial>", the serial counting the process's answers from 1), a
+//     1.5 KiB certificate bundle and a file "blob" of Options.RotateBytes,
+//     all three different in every answer.
+//
 // Plugins that create storage (directories below Options.Dir, the directory
 // shared with the driver through --plugin NAME=...,dir=DIR):
 //
@@ -72,6 +80,7 @@ const (
 	Crash      Mode = "crash"
 	Late       Mode = "late"
 	Flap       Mode = "flap"
+	Rotate     Mode = "rotate"
 	Dir        Mode = "dir"
 	HangDelete Mode = "hang-delete"
 )
@@ -109,6 +118,8 @@ type Options struct {
 	// FlapPeriod is how long a Flap plugin's socket is up, and then gone.
 	// Default 500ms.
 	FlapPeriod time.Duration
+	// RotateBytes is the size of a Rotate answer's "blob". Default 64 KiB.
+	RotateBytes int64
 }
 
 func (o *Options) setDefaults() {
@@ -121,6 +132,9 @@ func (o *Options) setDefaults() {
 	if o.FlapPeriod <= 0 {
 		o.FlapPeriod = 500 * time.Millisecond
 	}
+	if o.RotateBytes <= 0 {
+		o.RotateBytes = 64 << 10
+	}
 }
 
 // The environment of a plugin process (Options.Environ, FromEnv).
@@ -131,6 +145,7 @@ const (
 	envMaxBytes   = "EPHEMERA_HOSTILE_MAX_CONTENT_BYTES"
 	envRate       = "EPHEMERA_HOSTILE_TRICKLE_RATE"
 	envFlapPeriod = "EPHEMERA_HOSTILE_FLAP_PERIOD"
+	envRotate     = "EPHEMERA_HOSTILE_ROTATE_BYTES"
 )
 
 // Environ is o as the environment of a plugin process, for FromEnv.
@@ -140,6 +155,7 @@ func (o Options) Environ() []string {
 		envMaxBytes + "=" + strconv.FormatInt(o.MaxContentBytes, 10),
 		envRate + "=" + strconv.FormatInt(o.TrickleRate, 10),
 		envFlapPeriod + "=" + o.FlapPeriod.String(),
+		envRotate + "=" + strconv.FormatInt(o.RotateBytes, 10),
 	}
 }
 
@@ -154,6 +170,7 @@ func FromEnv() (Options, bool) {
 	o.MaxContentBytes, _ = strconv.ParseInt(os.Getenv(envMaxBytes), 10, 64)
 	o.TrickleRate, _ = strconv.ParseInt(os.Getenv(envRate), 10, 64)
 	o.FlapPeriod, _ = time.ParseDuration(os.Getenv(envFlapPeriod))
+	o.RotateBytes, _ = strconv.ParseInt(os.Getenv(envRotate), 10, 64)
 	return o, true
 }
 
@@ -190,6 +207,11 @@ func Serve(ctx context.Context, opts Options) error {
 	switch opts.Mode {
 	case Healthy, Flap:
 		srv.Content = framework.ContentFunc(healthyContent)
+	case Rotate:
+		var serial atomic.Int64
+		srv.Content = framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
+			return rotated(v, serial.Add(1), opts.RotateBytes), nil
+		})
 	case Hang:
 		srv.Content = framework.ContentFunc(func(ctx context.Context, _ *api.Volume) (map[string]api.File, error) {
 			<-ctx.Done()
@@ -300,6 +322,26 @@ func healthyContent(_ context.Context, v *api.Volume) (map[string]api.File, erro
 		"ca.crt": {Data: bytes.Repeat([]byte("MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw\n"), 24)},
 	}, nil
 }
+
+// rotated is a Rotate answer: every file differs from the answer of
+// another serial.
+func rotated(v *api.Volume, serial, blob int64) map[string]api.File {
+	stamp := strconv.FormatInt(serial, 10) + "\n"
+	b := bytes.Repeat([]byte(stamp), int(blob)/len(stamp)+1)[:blob]
+	return map[string]api.File{
+		"token":  {Data: []byte(RotateToken(v.Pod.Namespace+"/"+v.Pod.Name, v.ID, serial))},
+		"ca.crt": {Data: append([]byte(stamp), bytes.Repeat([]byte("MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw\n"), 24)...)},
+		"blob":   {Data: b},
+	}
+}
+
+// RotateToken is the "token" of a Rotate answer.
+func RotateToken(pod, volumeID string, serial int64) string {
+	return pod + " " + volumeID + " " + strconv.FormatInt(serial, 10)
+}
+
+// RotateFiles are the names of the files a Rotate plugin writes.
+var RotateFiles = []string{"token", "ca.crt", "blob"}
 
 // HealthyFiles are the names of the files a healthy plugin writes.
 var HealthyFiles = []string{"pod", "volume", "ca.crt"}

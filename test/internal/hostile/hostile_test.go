@@ -87,6 +87,30 @@ func TestContentModes(t *testing.T) {
 			t.Errorf("healthy: %v, %d files after %v; want OK, %d files, at once", code, len(resp.GetFiles()), took, len(hostile.HealthyFiles))
 		}
 	})
+	t.Run("rotate", func(t *testing.T) {
+		const blob = 100 << 10
+		_, c := rig(t, hostile.Options{Mode: hostile.Rotate, RotateBytes: blob}, hostile.StartOptions{})
+		prev := map[string]string{}
+		for serial := int64(1); serial <= 2; serial++ {
+			resp, code, _ := callContent(t, c, 5*time.Second)
+			files := map[string]string{}
+			for _, f := range resp.GetFiles() {
+				files[f.GetPath()] = string(f.GetData())
+			}
+			if code != codes.OK || len(files) != len(hostile.RotateFiles) || len(files["blob"]) != blob {
+				t.Fatalf("rotate: %v, %d files, a blob of %d bytes; want OK, %d files, %d bytes", code, len(files), len(files["blob"]), len(hostile.RotateFiles), blob)
+			}
+			if want := hostile.RotateToken("ns/pod", vol.GetId(), serial); files["token"] != want {
+				t.Errorf("rotate: answer %d's token %q, want %q", serial, files["token"], want)
+			}
+			for _, name := range hostile.RotateFiles {
+				if files[name] == prev[name] {
+					t.Errorf("rotate: answer %d's %s is the answer before's", serial, name)
+				}
+			}
+			prev = files
+		}
+	})
 	t.Run("hang", func(t *testing.T) {
 		_, c := rig(t, hostile.Options{Mode: hostile.Hang}, hostile.StartOptions{})
 		_, code, took := callContent(t, c, 300*time.Millisecond)
