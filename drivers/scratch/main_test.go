@@ -28,9 +28,11 @@ func TestFlags(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
 		"backend", "backends", "capacity", "content-bytes-in-flight", "content-capacity", "content-timeout", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
-		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "in-flight-reserved-per-backend", "keep-binary-pages", "kubeconfig", "kubelet-root", "log-format",
+		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "in-flight-reserved-per-backend", "keep-binary-pages", "kubeconfig",
+		"kubelet-cgroup-driver", "kubelet-cgroup-root", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-in-flight", "max-in-flight-per-backend", "max-volume-size", "max-volumes-per-node", "max-volumes-per-pod",
-		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "provision-timeout", "register", "startup-taint", "state-dir", "state-recovery",
+		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "pod-cgroup-mount", "pod-cgroup-wait", "pod-cgroups",
+		"provision-timeout", "register", "startup-taint", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-max-linked-files", "stats-max-walks", "stats-timeout",
 		"tmpfs-max-inodes", "version", "vhdx-default-size", "vhdx-dynamic", "volumes-endpoint", "windows-mode",
 	}
@@ -44,6 +46,7 @@ func TestFlags(t *testing.T) {
 	for name, def := range map[string]string{
 		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
 		"tmpfs-max-inodes": "1048576", "windows-mode": "hostprocess", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
+		"pod-cgroups": "auto", "pod-cgroup-mount": "/sys/fs/cgroup", "kubelet-cgroup-root": "/", "kubelet-cgroup-driver": "auto", "pod-cgroup-wait": "10s",
 	} {
 		if got := fs.Lookup(name).DefValue; got != def {
 			t.Errorf("--%s defaults to %q, want %q", name, got, def)
