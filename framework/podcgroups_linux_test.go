@@ -123,8 +123,8 @@ func TestContentChargedToPodCgroup(t *testing.T) {
 	}
 }
 
-// A pod whose memory limit cannot hold its new content with what it keeps
-// has its own refresh refused (ResourceExhausted, naming the pod's memory
+// A pod whose memory limit cannot hold its new content has its own
+// refresh refused (ResourceExhausted, naming the pod's memory
 // limit), its old content in place, while a neighbour's refresh of the
 // same content succeeds. A pod whose cgroup the kubelet has not made yet is
 // refused Unavailable after --pod-cgroup-wait, leaving nothing mounted, and
@@ -136,8 +136,12 @@ func TestPodCgroupRefusals(t *testing.T) {
 	h, root := podCgroupHarness(t, func() int { return int(size.Load()) }, func() byte { return byte(tag.Load()) })
 	k, ctx := h.Kubelet, t.Context()
 	vol := drivertest.InlineVolume{Name: "token", Attributes: map[string]string{"size": "32Mi"}}
+	// The small pod's limit holds its first content and the writer (this
+	// test binary: about 2 MiB, 16 MiB under -race), not the next content
+	// alone; the neighbour's holds both contents and the writer.
+	const smallLimit, next = 24 << 20, 28 << 20
 	small, neighbour := k.NewPod("ns", "small"), k.NewPod("ns", "neighbour")
-	smallCg := root.Pod(t, small.UID, 4<<20)
+	smallCg := root.Pod(t, small.UID, smallLimit)
 	root.Pod(t, neighbour.UID, 64<<20)
 	for _, p := range []*drivertest.Pod{small, neighbour} {
 		if err := k.Publish(ctx, p, vol); err != nil {
@@ -148,7 +152,7 @@ func TestPodCgroupRefusals(t *testing.T) {
 		t.Fatalf("the small pod's cgroup has %d bytes of shmem, want its 1 MiB of content", got)
 	}
 
-	size.Store(8 << 20)
+	size.Store(next)
 	tag.Store('b')
 	err := k.Republish(ctx, small, "token")
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "the pod's memory limit") {
