@@ -5,6 +5,7 @@ package framework_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
+	"github.com/ephemera-csi/ephemera/framework/store"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 )
 
@@ -52,19 +54,20 @@ func fillVolume(t *testing.T, dir string) {
 // What a pod writes into its own volume is never counted as the driver's
 // content (DESIGN 4g, "Nothing a tenant writes is evidence"): a directory
 // named like a content timestamp holding a sparse 1 TiB file changes
-// ephemera_content_held_bytes neither at a driver restart nor after a write
-// of the driver's that fails in the volume the pod filled, and another pod's
-// content publish still succeeds.
+// ephemera_content_held_bytes, which holds the volume's tmpfs at its size
+// (volume-size charging), neither at a driver restart nor after a write of
+// the driver's that fails in the volume the pod filled; another pod's content
+// publish still succeeds, and the capacity is exactly the two volumes'.
 func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 	var tag atomic.Value
 	tag.Store("a")
-	page := int64(os.Getpagesize())
-	charge := content.Charge(smallFiles(30, 1100, "a"), page)
+	bound := tmpfsBound(4 << 20)
 	h := realHarness(t, func(o *framework.Options) {
+		volumeSize(o)
 		o.Content = framework.ContentFunc(func(_ context.Context, v *api.Volume) (map[string]api.File, error) {
 			return smallFiles(30, 1100, tag.Load().(string)), nil
 		})
-		o.Volumes.ContentCapacity = 2*charge + charge/2 // room for two volumes' content
+		o.Volumes.ContentCapacity = 2*bound + bound/2 // room for two volumes
 	})
 	k, ctx := h.Kubelet, t.Context()
 	vol := drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "4Mi"}}
@@ -72,10 +75,13 @@ func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 	if err := k.Publish(ctx, attacker, vol); err != nil {
 		t.Fatal(err)
 	}
-	if got := heldBytes(t, h); got != float64(charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after one volume, want %d", got, charge)
-	}
 	target := k.TargetPath(attacker, "v")
+	if b := volumeBound(t, target); b != bound {
+		t.Fatalf("the tmpfs of a 4Mi volume holds %d (statfs), want %d: the test's capacity is wrong", b, bound)
+	}
+	if got := heldBytes(t, h); got != float64(bound) {
+		t.Fatalf("ephemera_content_held_bytes = %v after one volume, want %d", got, bound)
+	}
 	fake := filepath.Join(target, "..2020_01_01_00_00_00.1")
 	if err := os.Mkdir(fake, 0o755); err != nil {
 		t.Fatal(err)
@@ -88,28 +94,32 @@ func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 	}
 
 	h.RestartDriver()
-	if got := heldBytes(t, h); got != float64(charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %d the driver wrote", got, charge)
+	if got := heldBytes(t, h); got != float64(bound) {
+		t.Fatalf("ephemera_content_held_bytes = %v after a restart, want the %d recorded", got, bound)
 	}
 
 	// The pod fills its volume: the driver's next write fails there (no
 	// room for the new files beside the old), and what the driver counts is
-	// still only what it wrote.
+	// still the volume's bound.
 	fillVolume(t, target)
 	tag.Store("b")
-	if err := k.Publish(ctx, attacker, vol); err == nil {
-		t.Fatal("a refresh into a full volume succeeded")
+	err := k.Publish(ctx, attacker, vol)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "does not fit") {
+		t.Fatalf("a refresh into a volume the pod filled: %v, want ResourceExhausted saying it does not fit", err)
 	}
-	if got := heldBytes(t, h); got != float64(charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after a failed write, want the %d the driver wrote", got, charge)
+	if got := heldBytes(t, h); got != float64(bound) {
+		t.Fatalf("ephemera_content_held_bytes = %v after a failed write, want %d", got, bound)
 	}
 
 	other := k.NewPod("ns", "other")
 	if err := k.Publish(ctx, other, vol); err != nil {
 		t.Fatalf("another pod's content publish: %v", err)
 	}
-	if got := heldBytes(t, h); got != float64(2*charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after two volumes, want %d", got, 2*charge)
+	if got := heldBytes(t, h); got != float64(2*bound) {
+		t.Fatalf("ephemera_content_held_bytes = %v after two volumes, want %d", got, 2*bound)
+	}
+	if err := k.Publish(ctx, k.NewPod("ns", "third"), vol); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--content-capacity") {
+		t.Fatalf("a third volume past the capacity: %v, want ResourceExhausted naming --content-capacity", err)
 	}
 	for _, p := range []*drivertest.Pod{attacker, other} {
 		if err := k.DeletePod(ctx, p); err != nil {
@@ -121,39 +131,63 @@ func TestPodFilesAreNotCountedAsContent(t *testing.T) {
 	}
 }
 
+// editRecord stops h's driver, changes the record of volume id with edit,
+// and starts the driver again.
+func editRecord(t *testing.T, h *drivertest.Harness, id string, edit func(*store.Record)) {
+	t.Helper()
+	h.Stop()
+	st, err := boltstore.Open(filepath.Join(h.Options.Node.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.Get(t.Context(), id)
+	if err == nil {
+		edit(rec)
+		err = st.Put(t.Context(), rec)
+	}
+	if cerr := st.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	h.RestartDriver()
+}
+
 // The count of content at a driver restart is what the driver recorded
-// when it wrote it (a refresh included), whatever the pod did to the files
-// since: renaming the content out of the driver's names (its pages stay in
-// the tmpfs) changes nothing. The count equals the sum of the records'
-// ContentHeld.
+// when it first wrote into each volume (volume-size charging: its tmpfs's
+// bound), whatever the content grew to at a refresh and whatever the pod
+// did to the files since: renaming the content out of the driver's names
+// (its pages stay in the tmpfs) changes nothing. The count equals the sum
+// of the records' ContentHeld, and it is read from them, not from the
+// volumes: a record that says less is counted at what it says, until the
+// volume's next write reserves the rest and records it.
 func TestHeldCountedFromRecords(t *testing.T) {
-	page := int64(os.Getpagesize())
 	var n atomic.Int64
 	n.Store(30)
-	charge := content.Charge(smallFiles(30, 1100, "a"), page)
-	bigger := content.Charge(smallFiles(60, 1100, "a"), page)
+	var tag atomic.Value
+	tag.Store("a")
 	h := realHarness(t, func(o *framework.Options) {
+		volumeSize(o)
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
-			return smallFiles(int(n.Load()), 1100, "a"), nil
+			return smallFiles(int(n.Load()), 1100, tag.Load().(string)), nil
 		})
 	})
 	k, ctx := h.Kubelet, t.Context()
-	vol := drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "4Mi"}}
 	pods := []*drivertest.Pod{k.NewPod("ns", "p0"), k.NewPod("ns", "p1")}
-	for _, p := range pods {
-		if err := k.Publish(ctx, p, vol); err != nil {
+	for i, size := range []string{"4Mi", "8Mi"} {
+		if err := k.Publish(ctx, pods[i], drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": size}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := heldBytes(t, h); got != float64(2*charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v, want %d", got, 2*charge)
+	b0, b1 := volumeBound(t, k.TargetPath(pods[0], "v")), volumeBound(t, k.TargetPath(pods[1], "v"))
+	want := float64(b0 + b1)
+	if got := heldBytes(t, h); got != want {
+		t.Fatalf("ephemera_content_held_bytes = %v, want %v (two tmpfs, statfs)", got, want)
 	}
-	// p1's content grows at a refresh.
+	// p1's content grows at a refresh: nothing more is held.
 	n.Store(60)
+	tag.Store("b")
 	if err := k.Republish(ctx, pods[1], "v"); err != nil {
 		t.Fatal(err)
 	}
-	want := float64(charge + bigger)
 	if got := heldBytes(t, h); got != want {
 		t.Fatalf("ephemera_content_held_bytes = %v after a refresh, want %v", got, want)
 	}
@@ -182,6 +216,27 @@ func TestHeldCountedFromRecords(t *testing.T) {
 	if got := heldBytes(t, h); float64(sum) != want || got != want {
 		t.Errorf("the records say %d, ephemera_content_held_bytes = %v; want both %v", sum, got, want)
 	}
+
+	// A record that says less than the volume's bound is what a restart
+	// counts; p0's next write reserves the rest, and records it.
+	id0 := api.VolumeHandle(pods[0].UID, "v")
+	less := b0 / 3
+	editRecord(t, h, id0, func(r *store.Record) { r.ContentHeld = &less })
+	if got := heldBytes(t, h); got != float64(less+b1) {
+		t.Fatalf("ephemera_content_held_bytes = %v after a restart with p0's record at %d, want %d", got, less, less+b1)
+	}
+	tag.Store("c")
+	if err := k.Republish(ctx, pods[0], "v"); err != nil {
+		t.Fatal(err)
+	}
+	if got := heldBytes(t, h); got != want {
+		t.Fatalf("ephemera_content_held_bytes = %v after p0's next write, want %v", got, want)
+	}
+	for _, r := range records(t, h) {
+		if r.VolumeID == id0 && (r.ContentHeld == nil || *r.ContentHeld != b0) {
+			t.Errorf("p0's record's ContentHeld is %s after its next write, want %d", heldOf(r), b0)
+		}
+	}
 	for _, p := range pods {
 		if err := k.DeletePod(ctx, p); err != nil {
 			t.Fatal(err)
@@ -199,6 +254,7 @@ func TestRepublishWriteFailureIsReported(t *testing.T) {
 	tag.Store("a")
 	ev := &sink{}
 	h := realHarness(t, func(o *framework.Options) {
+		volumeSize(o)
 		o.Observability.Events = ev
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
 			return smallFiles(150, 1100, tag.Load().(string)), nil // 150 pages: once in 1Mi, not twice
@@ -249,15 +305,22 @@ func TestRepublishWriteFailureIsReported(t *testing.T) {
 
 // A record without ContentHeld (written by an earlier version, or rebuilt
 // from the node) counts what the kernel says the volume's own tmpfs uses
-// (fstatfs: a sparse file takes no pages), and the volume's next write
-// replaces that with the driver's own count, in the record too.
+// (fstatfs: a sparse file takes no pages), at most its size. The volume's
+// next write reserves the rest of its tmpfs's bound (volume-size
+// charging), in the record too; when the capacity has no room for it, that
+// refresh is refused (ResourceExhausted, naming --content-capacity), the
+// old content in place and the count unchanged, until room is made.
 func TestHeldWithoutRecordedCount(t *testing.T) {
-	page := int64(os.Getpagesize())
-	charge := content.Charge(smallFiles(30, 1100, "a"), page)
+	var tag atomic.Value
+	tag.Store("a")
+	bound, other := tmpfsBound(4<<20), tmpfsBound(8<<20)
 	h := realHarness(t, func(o *framework.Options) {
+		volumeSize(o)
 		o.Content = framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) {
-			return smallFiles(30, 1100, "a"), nil
+			return smallFiles(30, 1100, tag.Load().(string)), nil
 		})
+		// Room for the 4Mi volume and an 8Mi one, not a byte more.
+		o.Volumes.ContentCapacity = bound + other - 1
 	})
 	k, ctx := h.Kubelet, t.Context()
 	vol := drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "4Mi"}}
@@ -265,8 +328,11 @@ func TestHeldWithoutRecordedCount(t *testing.T) {
 	if err := k.Publish(ctx, pod, vol); err != nil {
 		t.Fatal(err)
 	}
-	// The pod's own files: a directory and a sparse 1 TiB file, two inodes.
 	target := k.TargetPath(pod, "v")
+	if b := volumeBound(t, target); b != bound {
+		t.Fatalf("the tmpfs of a 4Mi volume holds %d (statfs), want %d: the test's capacity is wrong", b, bound)
+	}
+	// The pod's own files: a directory and a sparse 1 TiB file, two inodes.
 	if err := os.Mkdir(filepath.Join(target, "mine"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -276,38 +342,64 @@ func TestHeldWithoutRecordedCount(t *testing.T) {
 	if err := os.Truncate(filepath.Join(target, "mine", "blob"), 1<<40); err != nil {
 		t.Fatal(err)
 	}
+	used := min(volumeUsed(t, target), 4<<20)
+	if used <= 0 || used >= bound {
+		t.Fatalf("the volume's tmpfs uses %d, want some and less than its bound %d: the test is wrong", used, bound)
+	}
 
-	h.Stop()
-	st, err := boltstore.Open(filepath.Join(h.Options.Node.StateDir, framework.StateFile), boltstore.Options{Timeout: time.Second})
-	if err != nil {
+	id := api.VolumeHandle(pod.UID, "v")
+	editRecord(t, h, id, func(r *store.Record) { r.ContentHeld = nil }) // as an earlier version wrote it
+	if got := heldBytes(t, h); got != float64(used) {
+		t.Fatalf("ephemera_content_held_bytes = %v from a record without the count, want the %d the tmpfs uses (statfs)", got, used)
+	}
+
+	// An 8Mi volume takes the room the capacity has: the old volume's next
+	// write cannot reserve the rest of its bound.
+	neighbour := k.NewPod("ns", "neighbour")
+	if err := k.Publish(ctx, neighbour, drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "8Mi"}}); err != nil {
 		t.Fatal(err)
 	}
-	id := api.VolumeHandle(pod.UID, "v")
-	rec, err := st.Get(ctx, id)
-	if err == nil {
-		rec.ContentHeld = nil // as an earlier version wrote it
-		err = st.Put(ctx, rec)
+	if got := heldBytes(t, h); got != float64(used+other) {
+		t.Fatalf("ephemera_content_held_bytes = %v, want %d", got, used+other)
 	}
-	if cerr := st.Close(); err != nil || cerr != nil {
-		t.Fatal(err, cerr)
+	tag.Store("b")
+	err := k.Republish(ctx, pod, "v")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--content-capacity") {
+		t.Fatalf("a refresh whose volume's bound does not fit the capacity: %v, want ResourceExhausted naming --content-capacity", err)
 	}
-	h.RestartDriver()
-	if got, want := heldBytes(t, h), float64(charge+2*content.InodeCharge); got != want {
-		t.Fatalf("ephemera_content_held_bytes = %v from a record without the count, want the %v the tmpfs uses", got, want)
+	if s := readFile(t, filepath.Join(target, "d0", "f0000")); !strings.HasPrefix(s, "aaaa") {
+		t.Fatalf("the refused refresh changed the content: %.8q…", s)
+	}
+	if got := heldBytes(t, h); got != float64(used+other) {
+		t.Fatalf("ephemera_content_held_bytes = %v after a refused refresh, want %d", got, used+other)
+	}
+	if err := k.DeletePod(ctx, neighbour); err != nil {
+		t.Fatal(err)
 	}
 
 	if err := k.Republish(ctx, pod, "v"); err != nil {
 		t.Fatal(err)
 	}
-	if got := heldBytes(t, h); got != float64(charge) {
-		t.Fatalf("ephemera_content_held_bytes = %v after the volume's next write, want the driver's %d", got, charge)
+	if s := readFile(t, filepath.Join(target, "d0", "f0000")); !strings.HasPrefix(s, "bbbb") {
+		t.Fatalf("the refresh left the content %.8q…", s)
+	}
+	if got := heldBytes(t, h); got != float64(bound) {
+		t.Fatalf("ephemera_content_held_bytes = %v after the volume's next write, want its bound %d", got, bound)
 	}
 	for _, r := range records(t, h) {
-		if r.VolumeID == id && (r.ContentHeld == nil || *r.ContentHeld != charge) {
-			t.Errorf("the record's ContentHeld is %v after the volume's next write, want %d", r.ContentHeld, charge)
+		if r.VolumeID == id && (r.ContentHeld == nil || *r.ContentHeld != bound) {
+			t.Errorf("the record's ContentHeld is %s after the volume's next write, want %d", heldOf(r), bound)
 		}
 	}
 	if err := k.DeletePod(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// heldOf is r's ContentHeld, for a message.
+func heldOf(r *store.Record) string {
+	if r.ContentHeld == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*r.ContentHeld)
 }

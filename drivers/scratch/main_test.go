@@ -44,6 +44,7 @@ func TestFlags(t *testing.T) {
 	for name, def := range map[string]string{
 		"backends": backends, "backend": backend, "driver-name": DriverName, "loop-fstype": "ext4",
 		"tmpfs-max-inodes": "1048576", "windows-mode": "hostprocess", "events": "false", "gc-confirm-with-api": "false", "volumes-endpoint": "true",
+		"pod-cgroups": "auto", "pod-cgroup-mount": "/sys/fs/cgroup", "kubelet-cgroup-root": "/", "kubelet-cgroup-driver": "auto", "pod-cgroup-wait": "10s",
 	} {
 		if got := fs.Lookup(name).DefValue; got != def {
 			t.Errorf("--%s defaults to %q, want %q", name, got, def)

@@ -82,6 +82,9 @@ func TestDriverContentMemory(t *testing.T) {
 	if bytes.Contains(help, []byte("content-capacity")) {
 		memoryLimitArgs = append(memoryLimitArgs, "--content-capacity=-1")
 	}
+	// The driver writes the content itself (its cgroup is charged), also on
+	// a machine with pod cgroups.
+	memoryLimitArgs = append(memoryLimitArgs, chargeDriverArgs(help)...)
 	maxBytes := contentMax()
 	t.Logf("driver %s; answers built for a bound of %s; --content-bytes-in-flight known: %v; %q", bin, sizeString(maxBytes), hasBudget, memoryLimitArgs)
 

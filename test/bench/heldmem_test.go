@@ -30,6 +30,24 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/drivertest"
 )
 
+// heldVolumeSize is the size of TestDriverHeldMemory's content volumes: the
+// worst "files" answer fits (10,000 pages and inodes), and what its tmpfs
+// can hold (48Mi, and 12,287 inodes at content.InodeCharge: 60 MiB), which
+// a driver without pod cgroups reserves from --content-capacity, fits the
+// default capacity (64Mi) once; a 64Mi volume (80 MiB) never would.
+const heldVolumeSize = "48Mi"
+
+// chargeDriverArgs are the arguments that make a driver whose -h output is
+// help pay for the content it writes into tmpfs volumes itself
+// (--pod-cgroups=off), as the benchmarks measure it, also on a machine
+// with pod cgroups: none when it does not have the flag.
+func chargeDriverArgs(help []byte) []string {
+	if bytes.Contains(help, []byte("pod-cgroups")) {
+		return []string{"--pod-cgroups=off"}
+	}
+	return nil
+}
+
 // heldLimit is the DaemonSet's memory limit of the driver container
 // (deploy/base, the chart's default): the memory cgroup's limit here.
 const heldLimit = 320 << 20
@@ -41,8 +59,10 @@ const heldLimit = 320 << 20
 //
 //   - held: content volumes of the worst "files" answer (10,000 files of
 //     about 1.1 KiB: 49 MiB of tmpfs pages and inodes each, charged to the
-//     driver) published one after another and kept, until the content
-//     capacity (--content-capacity, 64Mi) refuses one;
+//     driver: --pod-cgroups=off) published one after another and kept, until
+//     the content capacity (--content-capacity, 64Mi) refuses one; each
+//     volume, 48Mi, is reserved at what its tmpfs can hold (48Mi and 12,287
+//     inodes at 1Ki: 60 MiB), so one is held;
 //   - in flight: 16 pods publishing content volumes at once and retrying
 //     every 100 ms, their answers fetched (the budget's 48Mi at a time) and
 //     refused at the capacity, for 10 s;
@@ -79,8 +99,9 @@ func TestDriverHeldMemory(t *testing.T) {
 			args[i] = "--backends=tmpfs,dir"
 		}
 	}
-	args = append(args, "--plugin=content=unix://"+pluginSock, "--default-size=64Mi",
+	args = append(args, "--plugin=content=unix://"+pluginSock, "--default-size="+heldVolumeSize,
 		"--memory-limit="+strconv.Itoa(heldLimit), "--stats-cache-ttl=-1s")
+	args = append(args, chargeDriverArgs(help)...)
 
 	var cg *memCgroup
 	start := func() (int, func()) {
@@ -114,7 +135,7 @@ func TestDriverHeldMemory(t *testing.T) {
 		pods = append(pods, p)
 		return p
 	}
-	contentVol := drivertest.InlineVolume{Name: "content", Attributes: map[string]string{api.ParamBackend: "content", api.ParamSize: "64Mi"}}
+	contentVol := drivertest.InlineVolume{Name: "content", Attributes: map[string]string{api.ParamBackend: "content", api.ParamSize: heldVolumeSize}}
 	dirVol := drivertest.InlineVolume{Name: "dir", Attributes: map[string]string{api.ParamBackend: "dir"}}
 
 	var out strings.Builder

@@ -103,7 +103,9 @@ func TestContentChargedToThePod(t *testing.T) {
 // Unavailable: the kubelet retries.
 func TestContentOverThePodsLimit(t *testing.T) {
 	root := podcgrouptest.New(t)
-	root.Pod(t, testUID, 4<<20)
+	// The limit holds the first content and the writer (this test binary:
+	// about 2 MiB, 16 MiB under -race), not the next content alone.
+	root.Pod(t, testUID, 24<<20)
 	mem, _ := tmpfs(t, "size=32m")
 	cp := &provider{files: big(1<<20, 'a')}
 	f, _, _ := podFiller(t, cp, root)
@@ -111,7 +113,7 @@ func TestContentOverThePodsLimit(t *testing.T) {
 	if err := f.Fill(t.Context(), v); err != nil {
 		t.Fatal(err)
 	}
-	cp.files = big(8<<20, 'b')
+	cp.files = big(28<<20, 'b')
 	err := f.Refresh(t.Context(), v)
 	if !errors.Is(err, api.ErrResourceExhausted) || !strings.Contains(err.Error(), "the pod's memory limit") {
 		t.Errorf("content over the pod's limit: %v, want ResourceExhausted naming the pod's memory limit", err)
