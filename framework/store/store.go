@@ -78,14 +78,15 @@ type Record struct {
 	// the volume completes it from the request and clears the mark.
 	Rebuilt bool `json:"rebuilt,omitempty"`
 	// ContentHeld is the node memory the content the driver wrote into the
-	// volume takes (content.Charge, in bytes), recorded when the driver
-	// writes it, so that a restarted driver counts it against
-	// Volumes.ContentCapacity without reading the volume, which the pod may
-	// write. While a write runs, and after one that may have left its files
-	// beside the old ones, it counts both. 0 for content on a disk; nil
-	// when not recorded (a volume without content, a record of an earlier
-	// version or rebuilt from the node). Added in schema version 1 without
-	// a new version: an earlier driver ignores it.
+	// volume may take, charged to the driver (in bytes): where no pod cgroup
+	// pays for it (the volume-size fallback), what the volume's tmpfs can
+	// hold, reserved before its first write; 0 where the pod's cgroup pays,
+	// or for content on a disk. Recorded when the driver writes, so that a
+	// restarted driver counts it against Volumes.ContentCapacity without
+	// reading the volume, which the pod may write. nil when not recorded (a
+	// volume without content, a record of an earlier version or rebuilt
+	// from the node). Added in schema version 1 without a new version: an
+	// earlier driver ignores it.
 	ContentHeld *int64    `json:"contentHeld,omitempty"`
 	Created     time.Time `json:"created"`
 	Updated     time.Time `json:"updated"`

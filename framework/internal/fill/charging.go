@@ -254,8 +254,14 @@ func (f *Filler) writeReserved(ctx context.Context, v *api.Volume, r *os.Root, f
 		held.Add(v.ID, pending, bound-old)
 	case err == nil && len(files) > 0 && old < bound:
 		// Nothing to swap: the files are the content already (an earlier
-		// run wrote them, and its record did not count them at the bound).
-		held.Adopt(v.ID, party, bound)
+		// run wrote them, and its record did not count them at the bound):
+		// the rest of the bound where the capacity has room, else the count
+		// stays what it was until a write that swaps is admitted.
+		g, rerr := held.Reserve(v.ID, party, bound-old, "")
+		if rerr != nil {
+			break
+		}
+		held.Add(v.ID, g, bound-old)
 		if save {
 			if serr := f.cfg.SaveHeld(context.WithoutCancel(ctx), v, bound); serr != nil {
 				klog.FromContext(ctx).Error(serr, "Recording the content's charge")

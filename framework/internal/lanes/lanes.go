@@ -229,7 +229,7 @@ func (h *Held) Reserve(id, party string, n int64, what string) (*admission.Grant
 		return nil, errkind.Errorf(errkind.ErrInternal, "admitting the content of volume %s: %v", id, err)
 	}
 	if r.Never {
-		return nil, errkind.Invalidf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: make the content smaller, or raise --content-capacity and the driver's memory limit with it",
+		return nil, errkind.Invalidf("%s, more than its content provider may ever hold of the driver's content capacity (%s of --content-capacity %s); retrying does not help: ask for a smaller volume (its \"size\"), or raise --content-capacity and the driver's memory limit with it",
 			what, words.Bytes(r.Max), words.Bytes(h.size))
 	}
 	h.mu.Lock()

@@ -148,6 +148,9 @@ func (c *Cgroup) Write(ctx context.Context, dir *os.File, files map[string]File,
 	res.Pid = cmd.Process.Pid
 	var sendErr error
 	if procs != "" {
+		// The pod's OOM killer's preferred victim before it can allocate
+		// there (the writer also says so itself, once its runtime is up).
+		_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("1000"), 0)
 		if err := join(procs, cmd.Process.Pid); err != nil {
 			_ = cmd.Process.Kill()
 			sendErr = fmt.Errorf("moving the writer into %s: %w", procs, err)
