@@ -13,6 +13,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/admission"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
+	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/podcgroup"
 	"github.com/ephemera-csi/ephemera/framework/internal/stats"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
@@ -174,7 +175,7 @@ func (f *Filler) writeAsPod(ctx context.Context, v *api.Volume, r *os.Root, file
 		}
 		res, err := cg.Write(ctx, dir, pf, wo)
 		if res.LeafLeft != nil {
-			klog.FromContext(ctx).V(2).Info("Left the writer's empty cgroup behind (it goes with the pod's)", "leaf", res.Leaf, "err", res.LeafLeft)
+			klog.FromContext(ctx).V(2).Info("Left the writer's empty cgroup behind (it goes with the pod's)", logkeys.Leaf, res.Leaf, logkeys.Err, res.LeafLeft)
 		}
 		switch {
 		case errors.Is(err, podcgroup.ErrNoSpace):

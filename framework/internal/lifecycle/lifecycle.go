@@ -603,7 +603,7 @@ func (d *Engine) Reconcile(ctx context.Context) error {
 		log.Info("Reconcile left volumes to retry", logkeys.Count, len(failed), logkeys.Err, errors.Join(failed...).Error())
 	}
 	if d.fill.Any() {
-		log.Info("Charging content in memory-backed volumes", "mode", d.charging, "why", d.chargingWhy)
+		log.Info("Charging content in memory-backed volumes", logkeys.ChargingMode, d.charging, logkeys.Reason, d.chargingWhy)
 	}
 	d.fill.CountHeld(klog.NewContext(ctx, log), d.store)
 	return nil

@@ -36,6 +36,8 @@ const (
 	VolumeIDs       = "volumeIDs"
 	DryRun          = "dryRun"
 	Err             = "err"
+	ChargingMode    = "mode"
+	Leaf            = "leaf"
 	Failed          = "failed"
 	MaxShare        = "maxShare"
 	Orphaned        = "orphaned"
