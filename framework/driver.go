@@ -67,7 +67,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	d.engine = engine
 	d.volumes = &volstats.Reader{
-		Store: engine.Store, Mounter: mounter, KubeletRootDir: opts.Node.KubeletRootDir, Walks: engine.Stats(),
+		Store: engine.Store, Mounter: mounter, KubeletRootDir: opts.Node.KubeletRootDir, Windows: isWindows, Walks: engine.Stats(),
 		HealthChecker: func(backend string) volstats.HealthChecker {
 			if hc := engine.HealthChecker(backend); hc != nil {
 				return hc

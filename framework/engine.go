@@ -78,6 +78,7 @@ func (o *Options) engineConfig() *lifecycle.Config {
 	}
 	cfg := &lifecycle.Config{
 		DriverName: o.DriverName,
+		Windows:    isWindows,
 		Node:       lifecycle.NodeConfig{KubeletRootDir: o.Node.KubeletRootDir},
 		Backends:   backends,
 		Limits: lifecycle.LimitConfig{

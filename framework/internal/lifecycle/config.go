@@ -172,7 +172,7 @@ func (c *Config) checkMountOptions() []error {
 		switch _, ok := c.Backends[name]; {
 		case !ok:
 			errs = append(errs, fmt.Errorf("Volumes.MountOptions: %q is not one of the backends (%s)", name, strings.Join(backendNames(c.Backends), ", ")))
-		case isWindows && len(c.Volumes.MountOptions[name]) > 0:
+		case c.Windows && len(c.Volumes.MountOptions[name]) > 0:
 			errs = append(errs, fmt.Errorf("Volumes.MountOptions of backend %s: mount options are Linux only", name))
 		default:
 			if err := mount.CheckOptions(c.Volumes.MountOptions[name]); err != nil {

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"maps"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -25,14 +24,14 @@ import (
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
 
-// isWindows selects the Windows rules of the platform seam, the paths and
-// the stats; the logic behind them lives in untagged files, tested on Linux.
-var isWindows = runtime.GOOS == "windows"
-
 // Config is what the lifecycle needs of framework.Options, validated and
 // with defaults applied; the fields keep Options' names and paths.
 type Config struct {
-	DriverName    string
+	DriverName string
+	// Windows selects the Windows rules of the platform seam (framework's
+	// isWindows), the paths and the stats: the logic behind them is tested
+	// on Linux by setting it.
+	Windows       bool
 	Node          NodeConfig
 	Backends      map[string]Backend
 	Content       ContentProvider // Options.Content; nil: none
@@ -124,7 +123,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 		running:  running,
 		capacity: capacity.New(cfg.Limits.MaxVolumesPerNode, cfg.Limits.MaxVolumesPerPod, cfg.Limits.Capacity).WithWords(w),
 		stats:    stats.NewCache(cfg.Limits.StatsWalk),
-		storage:  storage.New(cfg.Node.KubeletRootDir, isWindows, mounter),
+		storage:  storage.New(cfg.Node.KubeletRootDir, cfg.Windows, mounter),
 	}
 	d.refresher = refresh.New(d.refreshVolume)
 	d.provisions = newProvisions(d, &cfg)
@@ -142,7 +141,7 @@ func New(cfg Config, w words.Words, mounter mount.Interface, running *atomic.Boo
 	d.fill = fill.New(fill.Config{
 		KubeletRootDir: cfg.Node.KubeletRootDir,
 		ContentTimeout: cfg.Volumes.ContentTimeout,
-		Windows:        isWindows,
+		Windows:        cfg.Windows,
 		Providers:      cfg.providers(),
 		Mounter:        mounter,
 		Content:        d.lanes.Content,

@@ -448,7 +448,7 @@ func (d *Engine) republish(ctx context.Context, pr *publishRequest, rec *store.R
 		if isMount {
 			when = whenMounted
 		}
-	case rec.Hash != pr.hash || !sameTarget(rec.TargetPath, pr.vol.TargetPath):
+	case rec.Hash != pr.hash || !d.sameTarget(rec.TargetPath, pr.vol.TargetPath):
 		when = whenChanged
 	case d.provisions.Running(rec.VolumeID): // long provisioning (provisioning.go)
 		when = whenProvisioning
@@ -518,7 +518,7 @@ func (d *Engine) unpublish(ctx context.Context, id, target string) error {
 	from, when := stateOf(rec), whenAlways
 	switch {
 	case from == stateNone || from == stateUnclaimed:
-	case !sameTarget(rec.TargetPath, target):
+	case !d.sameTarget(rec.TargetPath, target):
 		when = whenOtherTarget
 	default:
 		when = whenItsTarget

@@ -18,7 +18,7 @@ func newNode(d *Engine, cfg *Config) *reconcile.Node {
 	return reconcile.NewNode(reconcile.NodeConfig{
 		KubeletRoot: cfg.Node.KubeletRootDir,
 		Driver:      cfg.DriverName,
-		Windows:     isWindows,
+		Windows:     cfg.Windows,
 		Backends:    backendNames(cfg.Backends),
 		Logger:      cfg.Observability.Logger,
 		Reconciled:  func(result string) { d.metrics.Reconciled(result) },

@@ -74,4 +74,4 @@ func (d *Engine) authorizers(backend string) []Authorizer {
 }
 
 // sameTarget reports whether two target paths name the same target.
-func sameTarget(a, b string) bool { return volume.SameTarget(a, b, isWindows) }
+func (d *Engine) sameTarget(a, b string) bool { return volume.SameTarget(a, b, d.cfg.Windows) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -36,6 +35,9 @@ type Reader struct {
 	// Mounter and KubeletRootDir reach the targets.
 	Mounter        mount.Interface
 	KubeletRootDir string
+	// Windows selects the Windows rules for comparing target paths
+	// (framework's isWindows).
+	Windows bool
 	// Walks are the walks of directory volumes, shared with the lifecycle,
 	// which drops a volume's at its unpublish.
 	Walks *stats.Cache
@@ -44,9 +46,6 @@ type Reader struct {
 	// Volume is the backend's view of a record (declared attributes parsed).
 	Volume func(rec *store.Record) *api.Volume
 }
-
-// isWindows selects the Windows rules for comparing target paths.
-var isWindows = runtime.GOOS == "windows"
 
 // health is the outcome of a volume's health check.
 type health struct {
@@ -74,7 +73,7 @@ func (d *Reader) lookup(ctx context.Context, id, path string, pathRequired bool)
 	if err != nil {
 		return nil, errkind.Transient(fmt.Errorf("reading volume state: %w", err))
 	}
-	if path != "" && !volume.SameTarget(path, rec.TargetPath, isWindows) {
+	if path != "" && !volume.SameTarget(path, rec.TargetPath, d.Windows) {
 		return nil, errkind.Errorf(api.ErrNotFound, "volume %s is published at %s, not at %s", rec.VolumeID, rec.TargetPath, path)
 	}
 	return rec, nil
