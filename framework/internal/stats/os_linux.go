@@ -177,16 +177,8 @@ func statxFd(fd int, st *unix.Statx_t) error {
 // are memory (tmpfs, ramfs): what is written there is charged to the
 // writer's memory cgroup until it is removed.
 func MemoryBacked(r *os.Root) (bool, error) {
-	f, err := r.Open(".")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return false, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
-	}
-	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
+	_, mem, err := memoryStatfs(r)
+	return mem, err
 }
 
 // MemoryUsed is what the kernel says the memory-backed filesystem of the
@@ -195,17 +187,9 @@ func MemoryBacked(r *os.Root) (bool, error) {
 // no name and no size of the files in it, which the pod may write; a sparse
 // file takes only its pages.
 func MemoryUsed(r *os.Root) (mem bool, bytes, inodes int64, err error) {
-	f, err := r.Open(".")
-	if err != nil {
+	st, mem, err := memoryStatfs(r)
+	if err != nil || !mem {
 		return false, 0, 0, err
-	}
-	defer f.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return false, 0, 0, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
-	}
-	if st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
-		return false, 0, 0, nil
 	}
 	if st.Blocks > st.Bfree {
 		bytes = int64(st.Blocks-st.Bfree) * st.Bsize
@@ -221,21 +205,27 @@ func MemoryUsed(r *os.Root) (mem bool, bytes, inodes int64, err error) {
 // root: tmpfs's size= and nr_inodes), and whether it is memory-backed at
 // all (false: 0, 0). Like MemoryUsed it reads nothing the pod may write.
 func MemoryBound(r *os.Root) (mem bool, bytes, inodes int64, err error) {
-	f, err := r.Open(".")
-	if err != nil {
+	st, mem, err := memoryStatfs(r)
+	if err != nil || !mem {
 		return false, 0, 0, err
-	}
-	defer f.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return false, 0, 0, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
-	}
-	if st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
-		return false, 0, 0, nil
 	}
 	bytes = int64(st.Blocks) * st.Bsize
 	if st.Files > 1 {
 		inodes = int64(st.Files - 1)
 	}
 	return true, bytes, inodes, nil
+}
+
+// memoryStatfs is the fstatfs of the volume r, and whether its filesystem
+// is memory-backed (tmpfs, ramfs).
+func memoryStatfs(r *os.Root) (st unix.Statfs_t, mem bool, err error) {
+	f, err := r.Open(".")
+	if err != nil {
+		return st, false, err
+	}
+	defer f.Close()
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return st, false, &fs.PathError{Op: "fstatfs", Path: r.Name(), Err: err}
+	}
+	return st, st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
 }
