@@ -26,6 +26,7 @@ var layers = map[string]int{
 	"framework/internal/metrics":                 0,
 	"framework/internal/podcgroup":               0,
 	"framework/internal/podcgroup/podcgrouptest": 1,
+	"framework/internal/mounttest":               0,
 	"framework/internal/unixsock":                0,
 	"framework/internal/winpath":                 0,
 	"framework/internal/words":                   0,

@@ -4,35 +4,13 @@ package content_test
 
 import (
 	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
+	"github.com/ephemera-csi/ephemera/framework/internal/mounttest"
 )
-
-// busy makes dir impossible to remove (a mount on it, as the driver's
-// RemoveAll meets one) until the test ends.
-func busy(t *testing.T, dir string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(t.TempDir(), dir, "", unix.MS_BIND, ""); err != nil {
-		t.Fatalf("bind mount on %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmounting %s: %v", dir, err)
-		}
-	})
-}
 
 // A Write that swapped the new files in and removed the previous ones, but
 // could not link a top-level name, says so (ErrReplaced): of Write's, the
@@ -41,7 +19,7 @@ func busy(t *testing.T, dir string) {
 func TestWriteReplacedOrNot(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, map[string]api.File{"x": file("1")})
-	busy(t, filepath.Join(dir, "a"))
+	mounttest.Busy(t, filepath.Join(dir, "a"))
 	err := content.Write(t.Context(), dir, map[string]api.File{"a": file("2")}, content.Options{Admit: func() error { return nil }})
 	if err == nil || !errors.Is(err, content.ErrReplaced) || errors.Is(err, content.ErrRolledBack) {
 		t.Fatalf("Write whose top-level name cannot be linked: %v, want ErrReplaced", err)
@@ -60,7 +38,7 @@ func TestWriteReplacedOrNot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	busy(t, filepath.Join(dir, old, "d", "mnt"))
+	mounttest.Busy(t, filepath.Join(dir, old, "d", "mnt"))
 	err = content.Write(t.Context(), dir, map[string]api.File{"d/x": file("2")}, content.Options{Admit: func() error { return nil }})
 	if err == nil || errors.Is(err, content.ErrReplaced) || errors.Is(err, content.ErrRolledBack) {
 		t.Fatalf("Write that cannot remove the previous content: %v, want neither ErrReplaced nor ErrRolledBack", err)

@@ -15,27 +15,9 @@ import (
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/content"
 	"github.com/ephemera-csi/ephemera/framework/internal/errkind"
+	"github.com/ephemera-csi/ephemera/framework/internal/mounttest"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
-
-// busy makes dir impossible to remove (a mount on it) until the test ends.
-func busy(t *testing.T, dir string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(t.TempDir(), dir, "", unix.MS_BIND, ""); err != nil {
-		t.Fatalf("bind mount on %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmounting %s: %v", dir, err)
-		}
-	})
-}
 
 // tmpfs mounts a tmpfs with options opts (size=...) on a temporary
 // directory, unmounted when the test ends, and returns the directory and
@@ -43,18 +25,7 @@ func busy(t *testing.T, dir string) {
 // content.InodeCharge per inode besides the root), read here from statfs.
 func tmpfs(t *testing.T, opts string) (string, int64) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, opts); err != nil {
-		t.Fatalf("mounting a tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmounting %s: %v", dir, err)
-		}
-	})
+	dir := mounttest.Tmpfs(t, opts)
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
@@ -223,7 +194,7 @@ func TestHeldAfterFailedWrite(t *testing.T) {
 		return nil
 	}
 	e := map[string]api.File{"e": {Data: []byte("q")}}
-	busy(t, filepath.Join(v.TargetPath, "e"))
+	mounttest.Busy(t, filepath.Join(v.TargetPath, "e"))
 	err = f.writeContent(t.Context(), v, e, true)
 	if !errors.Is(err, content.ErrReplaced) {
 		t.Fatalf("write whose link cannot be made: %v, want ErrReplaced", err)
