@@ -39,9 +39,12 @@ func served(t *testing.T) map[string]bool {
 	h := drivertest.Start(t, framework.Options{
 		DriverName: "monitoring.csi.ephemera.dev",
 		Backends:   map[string]framework.Backend{"tmpfs": mem},
-		Volumes:    framework.VolumeOptions{Mounter: fake},
-		Limits:     framework.LimitOptions{Capacity: map[string]int64{"tmpfs": 1 << 30}},
-		State:      framework.StateOptions{Store: memstore.New()},
+		// A content provider (with nothing to write) makes the content
+		// series exist.
+		Content: framework.ContentFunc(func(context.Context, *api.Volume) (map[string]api.File, error) { return nil, nil }),
+		Volumes: framework.VolumeOptions{Mounter: fake},
+		Limits:  framework.LimitOptions{Capacity: map[string]int64{"tmpfs": 1 << 30}},
+		State:   framework.StateOptions{Store: memstore.New()},
 		Observability: framework.ObservabilityOptions{
 			CSIDrivers: csiDriverFunc(func(_ context.Context, name string) (*api.CSIDriver, error) {
 				return &api.CSIDriver{Name: name, UID: "u", AttachRequired: &no, PodInfoOnMount: &yes,
@@ -54,6 +57,11 @@ func served(t *testing.T) map[string]bool {
 	pod := k.NewPod("ns", "p")
 	vol := drivertest.InlineVolume{Name: "v", Attributes: map[string]string{"size": "1Mi"}}
 	fake.AddDir(filepath.Dir(k.TargetPath(pod, "v")))
+	// The fake mounter mounts nothing: the content is written into the
+	// target's real directory.
+	if err := os.MkdirAll(k.TargetPath(pod, "v"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := h.Node.NodePublishVolume(ctx, k.PublishRequest(pod, vol)); err != nil {
 		t.Fatal(err)
 	}
