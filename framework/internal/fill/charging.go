@@ -156,6 +156,9 @@ func (f *Filler) writeAsPod(ctx context.Context, v *api.Volume, r *os.Root, file
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("waiting for the memory cgroup of pod %s: %w", v.Pod.UID, cerr)
 		}
+		if errors.Is(err, podcgroup.ErrBadUID) {
+			return errkind.Invalidf("the content of this volume is charged to its pod's memory cgroup, found by the pod's UID, and %v: the CSIDriver object needs podInfoOnMount: true", err)
+		}
 		if errors.Is(err, podcgroup.ErrNotFound) || errors.Is(err, context.DeadlineExceeded) {
 			return errkind.Transient(fmt.Errorf("the content of this volume is charged to its pod's memory cgroup, which the kubelet had not made after %s (it makes it before the pod's containers start; the kubelet retries): %w", wait, err))
 		}

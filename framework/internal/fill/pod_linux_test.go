@@ -132,4 +132,8 @@ func TestContentOverThePodsLimit(t *testing.T) {
 	if errkind.Code(err).String() != "Unavailable" || !errors.Is(err, podcgroup.ErrNotFound) {
 		t.Errorf("a pod without a cgroup: %v, want Unavailable", err)
 	}
+	other.Pod.UID = ""
+	if err := f.Fill(t.Context(), other); errkind.Code(err).String() != "InvalidArgument" || !strings.Contains(err.Error(), "podInfoOnMount") {
+		t.Errorf("a volume without its pod's UID: %v, want InvalidArgument naming podInfoOnMount", err)
+	}
 }
