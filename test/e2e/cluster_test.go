@@ -412,9 +412,8 @@ func (c *cluster) start(ctx context.Context) error {
 	if err := c.startControlPlane(ctx); err != nil {
 		return err
 	}
-	if err := c.bootstrapObjects(ctx); err != nil {
-		return err
-	}
+	// The node while kube-controller-manager's controllers start (about 5 s
+	// before the ServiceAccount default exists).
 	if err := c.startRuntime(ctx); err != nil {
 		return err
 	}
@@ -423,10 +422,13 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	c.step("bring-up (etcd start to node registered)", bringUp)
 	t1 := time.Now()
+	if err := c.bootstrapObjects(ctx); err != nil {
+		return err
+	}
 	if err := c.waitNodeReady(ctx, nodeName); err != nil {
 		return err
 	}
-	c.step("node Ready, its not-ready taints gone", t1)
+	c.step("ServiceAccount default, node Ready and untainted", t1)
 	return nil
 }
 
