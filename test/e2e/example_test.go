@@ -28,8 +28,6 @@ const (
 	helloDriver = "hello.csi.ephemera.dev" // Options.DriverName in examples/hello/main.go
 	// The test/manifests target that renders the chart with examples/hello/values.yaml.
 	helloTarget = "helm-example-hello"
-	// The chart's release namespace in test/manifests (manifests.Namespace).
-	helloReleaseNS = "kube-system"
 	// Where examples/hello/pod.yaml runs: a namespace with hello's admission label.
 	helloPodNS = "e2e-hello"
 	// Where deploy/images/Dockerfile.driver puts a driver (its entrypoint).
