@@ -43,16 +43,17 @@ const (
 )
 
 // cluster is a Kubernetes cluster made of host processes under one run root: etcd,
-// kube-apiserver, one node (a container runtime, fake CRI or a private containerd,
-// and the kubelet) and the driver under test. The node is embedded: c.kubelet,
-// c.kubeletRoot, c.ctr ... are the first node's. TestTwoNodes adds a second node
-// (addNode) and a kube-scheduler for itself.
+// kube-apiserver, kube-controller-manager and kube-scheduler (controlplane_test.go),
+// one node (a container runtime, fake CRI or a private containerd, and the kubelet)
+// and the driver under test. The node is embedded: c.kubelet, c.kubeletRoot,
+// c.ctr ... are the first node's. TestTwoNodes and TestStartupTaint add a second
+// node (addNode).
 type cluster struct {
 	repoRoot string // the project's module root
 	base     string // EPHEMERA_E2E_BASE: parent of run roots
 	root     string // this run's root; everything lives below it
 	logDir   string
-	binDir   string // kubelet, kube-apiserver, etcd, fakecri
+	binDir   string // kubelet, kube-apiserver, kube-controller-manager, kube-scheduler, etcd, fakecri
 	// k8sVersion is the kubelet's version ("v1.37.2"), from kubelet --version.
 	k8sVersion string
 	runtime    string
@@ -66,6 +67,8 @@ type cluster struct {
 	apiURL            string
 
 	etcd, apiserver *proc
+	// Supervised for the whole suite (started again whenever they exit).
+	controllerManager, scheduler *component
 	// authzMode is kube-apiserver's --authorization-mode: "" is AlwaysAllow;
 	// TestStartupTaint restarts it with Node,RBAC (restartAPIServer).
 	authzMode string
@@ -406,9 +409,11 @@ func (c *cluster) start(ctx context.Context) error {
 	if err := c.startAPIServer(ctx); err != nil {
 		return err
 	}
-	if err := c.bootstrapObjects(ctx); err != nil {
+	if err := c.startControlPlane(ctx); err != nil {
 		return err
 	}
+	// The node while kube-controller-manager's controllers start (about 5 s
+	// before the ServiceAccount default exists).
 	if err := c.startRuntime(ctx); err != nil {
 		return err
 	}
@@ -416,7 +421,42 @@ func (c *cluster) start(ctx context.Context) error {
 		return err
 	}
 	c.step("bring-up (etcd start to node registered)", bringUp)
+	t1 := time.Now()
+	if err := c.bootstrapObjects(ctx); err != nil {
+		return err
+	}
+	if err := c.waitNodeReady(ctx, nodeName); err != nil {
+		return err
+	}
+	c.step("ServiceAccount default, node Ready and untainted", t1)
 	return nil
+}
+
+// waitNodeReady waits until the node's Ready condition is True and the node
+// lifecycle controller has removed its node.kubernetes.io/not-ready and
+// unreachable taints (the TaintNodesByCondition admission plugin puts the first
+// on every new Node).
+func (c *cluster) waitNodeReady(ctx context.Context, name string) error {
+	return waitFor(ctx, 60*time.Second, 200*time.Millisecond, "node "+name+" Ready and untainted", func() (bool, error) {
+		n, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable {
+				return false, fmt.Errorf("taint %s:%s", t.Key, t.Effect)
+			}
+		}
+		for _, cd := range n.Status.Conditions {
+			if cd.Type == corev1.NodeReady {
+				if cd.Status != corev1.ConditionTrue {
+					return false, fmt.Errorf("Ready %s: %s", cd.Status, cd.Message)
+				}
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no Ready condition")
+	})
 }
 
 // findBinaries runs build-k8s.sh (a no-op when cached) unless EPHEMERA_E2E_K8S_BIN
@@ -433,7 +473,7 @@ func (c *cluster) findBinaries(ctx context.Context) error {
 		}
 		c.binDir = strings.TrimSpace(string(out))
 	}
-	for _, b := range []string{"kubelet", "kube-apiserver", "etcd", "fakecri"} {
+	for _, b := range []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "fakecri"} {
 		if _, err := os.Stat(filepath.Join(c.binDir, b)); err != nil {
 			return fmt.Errorf("binary %s missing in %s: %w", b, c.binDir, err)
 		}
@@ -613,9 +653,9 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 	return err
 }
 
-// bootstrapObjects creates what a controller-manager and an operator would: the
-// default ServiceAccount (the ServiceAccount admission plugin refuses pods without
-// it) and the CSIDriver object from deploy/base/csidriver.yaml.
+// bootstrapObjects waits for what kube-controller-manager makes in the namespace
+// default (ensureNamespace) and creates what an operator would: the CSIDriver
+// object from deploy/base/csidriver.yaml.
 func (c *cluster) bootstrapObjects(ctx context.Context) error {
 	if err := c.ensureNamespace(ctx, "default"); err != nil {
 		return err
@@ -623,22 +663,21 @@ func (c *cluster) bootstrapObjects(ctx context.Context) error {
 	return c.applyCSIDriver(ctx)
 }
 
-// ensureNamespace creates ns (if needed) and its default ServiceAccount.
+// ensureNamespace creates ns (if needed) and waits until kube-controller-manager
+// has made its ServiceAccount default (the ServiceAccount admission plugin
+// refuses pods without it) and its ConfigMap kube-root-ca.crt (which every
+// service-account token volume includes).
 func (c *cluster) ensureNamespace(ctx context.Context, ns string) error {
 	_, err := c.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	no := false
-	return waitFor(ctx, 10*time.Second, 100*time.Millisecond, "default ServiceAccount in "+ns, func() (bool, error) {
-		_, err := c.cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{
-			ObjectMeta:                   metav1.ObjectMeta{Name: "default"},
-			AutomountServiceAccountToken: &no,
-		}, metav1.CreateOptions{})
-		if err == nil || apierrors.IsAlreadyExists(err) {
-			return true, nil
+	return waitFor(ctx, 60*time.Second, 100*time.Millisecond, "ServiceAccount default and ConfigMap kube-root-ca.crt in "+ns, func() (bool, error) {
+		if _, err := c.cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false, err
 		}
-		return false, err
+		_, err := c.cs.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, err
 	})
 }
 
@@ -824,6 +863,10 @@ func (c *cluster) teardown() {
 	if c.root == "" {
 		return
 	}
+	// The controllers first: the DaemonSet controller would make the pods of a
+	// DaemonSet a failed test left behind again as they are deleted below.
+	c.controllerManager.stop()
+	c.scheduler.stop()
 	if c.cs != nil && c.kubelet != nil && !c.kubelet.exited() && c.apiserver != nil && !c.apiserver.exited() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		if err := c.deleteAllPods(ctx); err != nil {
@@ -893,6 +936,8 @@ func (c *cluster) dumpLogTails() {
 }
 
 func (c *cluster) printTimings() {
+	c.logf("kube-controller-manager started again %d times, kube-scheduler %d times (exits during the run)",
+		c.controllerManager.restartCount(), c.scheduler.restartCount())
 	c.timingsMu.Lock()
 	defer c.timingsMu.Unlock()
 	for _, s := range c.timings {

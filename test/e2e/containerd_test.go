@@ -318,6 +318,9 @@ func (n *node) startContainerd(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := n.writePodNetwork(); err != nil {
+		return err
+	}
 	cfg := filepath.Join(d, "config.toml")
 	if err := os.WriteFile(cfg, []byte(n.containerdConfig()), 0o644); err != nil {
 		return err

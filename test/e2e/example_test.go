@@ -28,8 +28,6 @@ const (
 	helloDriver = "hello.csi.ephemera.dev" // Options.DriverName in examples/hello/main.go
 	// The test/manifests target that renders the chart with examples/hello/values.yaml.
 	helloTarget = "helm-example-hello"
-	// The chart's release namespace in test/manifests (manifests.Namespace).
-	helloReleaseNS = "kube-system"
 	// Where examples/hello/pod.yaml runs: a namespace with hello's admission label.
 	helloPodNS = "e2e-hello"
 	// Where deploy/images/Dockerfile.driver puts a driver (its entrypoint).
@@ -61,11 +59,12 @@ func decodeFile(path string, out any) error {
 // under containerd and runc, next to the harness's scratch driver: hello is built
 // statically from its own module and imported under the image its values name; the
 // chart is rendered with the node's kubelet root, the embedded registrar and a
-// free metrics port, and its objects are applied for real. No controller-manager
-// runs, so the test creates the DaemonSet's pod from its template, and no CNI, so
-// the template gets hostNetwork: true (the one change to the rendered objects). The
-// kubelet registers hello through the privileged container (CSINode lists it, the
-// readiness probe passes);
+// free metrics port, and its objects are applied for real: the DaemonSet controller
+// makes its pod and kube-scheduler binds it. The node's pod network is not reachable
+// from the host (its bridge has no address there), so the template gets
+// hostNetwork: true (the one change to the rendered objects) for the kubelet's
+// readiness probe. The kubelet registers hello through the privileged container
+// (CSINode lists it, the readiness probe passes);
 // examples/hello/pod.yaml, with the harness's image, reads its own identity from
 // hello's volume, which the driver mounted inside its container and which reached
 // the host through Bidirectional propagation. Deleting pods and objects leaves
@@ -153,31 +152,26 @@ func TestExampleFromChart(t *testing.T) {
 	if ds == nil {
 		t.Fatalf("%s: no DaemonSet among %d objects", helloTarget, len(objs))
 	}
-	// No CNI on this node: only host-network pods can start.
+	// The kubelet's probes reach only host-network pods here (writePodNetwork).
 	if err := unstructured.SetNestedField(ds.Object, true, "spec", "template", "spec", "hostNetwork"); err != nil {
 		t.Fatal(err)
 	}
 	c.step(fmt.Sprintf("chart rendered for hello (%d objects)", len(objs)), t1)
 
 	// Cleanup in dependency order, also when the test fails midway: the app pod
-	// while hello still runs (its unpublish needs the driver), then the driver's
-	// pod, then the objects and the state.
+	// while hello still runs (its unpublish needs the driver), then the DaemonSet
+	// and its pod (the garbage collector's), then the objects and the state.
 	a := c.newApplier(t)
-	var appPod, drvPod *corev1.Pod
-	var createdCA bool
+	var appPod *corev1.Pod
 	t.Cleanup(func() {
-		for _, p := range []*corev1.Pod{appPod, drvPod} {
-			if p != nil {
-				c.deletePod(t, p, goneTimeout)
-			}
+		if appPod != nil {
+			c.deletePod(t, appPod, goneTimeout)
 		}
+		c.deleteDaemonSet(t, ds.GetNamespace(), ds.GetName(), goneTimeout)
 		for i := len(objs) - 1; i >= 0; i-- {
 			if err := a.delete(ctx, objs[i]); err != nil {
 				t.Errorf("delete %s: %v", describe(objs[i]), err)
 			}
-		}
-		if createdCA {
-			_ = c.cs.CoreV1().ConfigMaps(helloReleaseNS).Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{})
 		}
 		if err := os.RemoveAll(stateRoot); err != nil {
 			t.Error(err)
@@ -186,17 +180,13 @@ func TestExampleFromChart(t *testing.T) {
 
 	// Apply for real.
 	t2 := time.Now()
+	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ")
 	for _, o := range objs {
 		if err := a.apply(ctx, o, false); err != nil {
 			t.Fatalf("apply %s: %v", describe(o), err)
 		}
 	}
-	if createdCA, err = c.ensureRootCA(ctx, helloReleaseNS); err != nil {
-		t.Fatal(err)
-	}
-
-	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ")
-	drvPod = c.createDaemonSetPod(t, ds.GetNamespace(), ds.GetName())
+	drvPod := c.daemonSetPod(t, ds.GetNamespace(), ds.GetName(), nodeName)
 	drvPod = c.waitRunning(t, drvPod, runningTimeout)
 	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+helloDriver+" and CSINode lists it", func() (bool, error) {
 		if countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ") <= before {
@@ -279,9 +269,10 @@ func TestExampleFromChart(t *testing.T) {
 	t4 := time.Now()
 	c.deletePod(t, appPod, goneTimeout)
 	c.cleanedUp(t, appPod, vol)
-	// Delete the driver's pod: the embedded registrar removes its socket, the
-	// kubelet deregisters hello; then the chart's objects.
-	c.deletePod(t, drvPod, goneTimeout)
+	// Delete the DaemonSet: the garbage collector deletes its pod, the embedded
+	// registrar removes its socket, the kubelet deregisters hello; then the
+	// chart's other objects.
+	c.deleteDaemonSet(t, ds.GetNamespace(), ds.GetName(), goneTimeout)
 	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+helloDriver, func() (bool, error) {
 		ok, err := csiNodeLists(ctx, c, helloDriver)
 		return !ok, err
@@ -329,7 +320,7 @@ func TestExampleFromChart(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
-	appPod, drvPod = nil, nil
+	appPod = nil
 	c.step("hello's pods and objects deleted, nothing left", t4)
 	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
 		t.Errorf("CSINode no longer lists %s after hello left", driverName)

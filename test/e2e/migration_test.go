@@ -67,12 +67,13 @@ type deployment struct {
 // the driver exactly once per node-plugin pod. The harness's own scratch driver
 // (a host process of the same name) is stopped meanwhile.
 //
-// What kube-controller-manager would do is played by hand, since this cluster
-// does not run one: the DaemonSet controller's pod for the node
-// (createDaemonSetPod; a DaemonSet deleted by the operator has its pod deleted
-// here, which the garbage collector would do), and the root-CA publisher's
-// kube-root-ca.crt (ensureRootCA). forThisNode lists the other changes to the
-// rendered objects (kubelet root, host network, the API server's address).
+// The DaemonSet controller makes each DaemonSet's pod and kube-scheduler binds
+// it (daemonSetPod); the garbage collector deletes it with its DaemonSet; the
+// root-CA publisher makes the kube-root-ca.crt its token volume needs. The
+// second node plugin is a pod of the chart's template owned by nothing
+// (podFromTemplate), as a DaemonSet left behind would run it. forThisNode lists
+// the other changes to the rendered objects (kubelet root, host network, the
+// API server's address).
 func TestShippedImageMigration(t *testing.T) {
 	// The only parallel test of the suite: Go runs it after every sequential test
 	// has finished, alone. In make test the image builds beside the e2e
@@ -153,10 +154,6 @@ func TestShippedImageMigration(t *testing.T) {
 	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, migrationNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	createdCA, err := c.ensureRootCA(ctx, ns)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	regDir := filepath.Join(c.kubeletRoot, "plugins_registry")
 	registrations := func() int { return countInFile(c.kubelet.logPath, "Register new plugin with name: "+driverName+" ") }
@@ -185,6 +182,13 @@ func TestShippedImageMigration(t *testing.T) {
 			if wait > 0 {
 				apps = nil
 			}
+			// The DaemonSets first: the controller would make a deleted pod of
+			// a DaemonSet that is still there again.
+			for _, o := range applied {
+				if o.GetKind() == "DaemonSet" {
+					c.deleteDaemonSet(t, o.GetNamespace(), o.GetName(), 0)
+				}
+			}
 			for _, p := range plugins {
 				c.deletePod(t, p, goneTimeout)
 			}
@@ -199,9 +203,6 @@ func TestShippedImageMigration(t *testing.T) {
 			if err := c.applyCSIDriver(ctx); err != nil {
 				t.Errorf("restore the harness's CSIDriver: %v", err)
 			}
-			if createdCA {
-				_ = c.cs.CoreV1().ConfigMaps(ns).Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{})
-			}
 			if max := w.stop(); max > 1 {
 				t.Errorf("%d registration sockets of %s at once in %s: two node plugins registered", max, driverName, regDir)
 			}
@@ -214,14 +215,14 @@ func TestShippedImageMigration(t *testing.T) {
 		install := func(dep deployment) *corev1.Pod {
 			t.Helper()
 			t0 := time.Now()
+			before := registrations()
 			for _, o := range dep.objs {
 				if err := a.apply(ctx, o, false); err != nil {
 					t.Fatalf("%s: apply %s: %v", dep.name, describe(o), err)
 				}
 				applied = append(applied, o)
 			}
-			before := registrations()
-			p := c.createDaemonSetPod(t, ns, dep.ds.GetName())
+			p := c.daemonSetPod(t, ns, dep.ds.GetName(), nodeName)
 			plugins = append(plugins, p)
 			p = c.waitRunning(t, p, runningTimeout)
 			if got := p.Status.ContainerStatuses[0].ImageID; !strings.HasSuffix(got, img.digest) {
@@ -258,15 +259,13 @@ func TestShippedImageMigration(t *testing.T) {
 			return p
 		}
 		// uninstall deletes a deployment's DaemonSet (the objects the other keeps
-		// stay, as after an adoption by Helm) and its pod, and waits until the
-		// kubelet no longer has the driver.
+		// stay, as after an adoption by Helm), waits until the garbage collector
+		// has deleted its pod and the kubelet no longer has the driver.
 		uninstall := func(dep deployment, p *corev1.Pod) {
 			t.Helper()
 			t0 := time.Now()
-			if err := a.delete(ctx, dep.ds); err != nil {
-				t.Fatal(err)
-			}
-			c.deletePod(t, p, goneTimeout)
+			c.deleteDaemonSet(t, ns, dep.ds.GetName(), goneTimeout)
+			c.waitPodGone(t, p, goneTimeout)
 			forget(p)
 			err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, dep.name+": CSINode without "+driverName, func() (bool, error) {
 				ok, err := csiNodeLists(ctx, c, driverName)
@@ -341,7 +340,7 @@ func TestShippedImageMigration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		second := c.createDaemonSetPod(t, ns, chart.ds.GetName(), func(p *corev1.Pod) {
+		second := c.podFromTemplate(t, ns, chart.ds.GetName(), nodeName, func(p *corev1.Pod) {
 			ctn := &p.Spec.Containers[0]
 			for i, a := range ctn.Args {
 				ctn.Args[i] = strings.ReplaceAll(a, fmt.Sprintf(":%d", port), fmt.Sprintf(":%d", port2))

@@ -26,6 +26,9 @@ type pki struct {
 	TokenFile                       string
 	AdminToken, KubeletToken        string
 	NodeTokens                      map[string]string // node name → kubelet token (KubeletToken is the first node's)
+	// The users system:kube-controller-manager and system:kube-scheduler, which
+	// the API server's bootstrap RBAC policy knows (TestStartupTaint's Node,RBAC).
+	ControllerManagerToken, SchedulerToken string
 }
 
 func writePEM(path, typ string, der []byte) error {
@@ -40,8 +43,9 @@ func randToken() string {
 
 // newPKI writes a CA, an API server serving certificate (SANs 127.0.0.1, localhost,
 // kubernetes.default...), an RSA service-account key pair and a static token file with
-// an admin token (system:masters) and a kubelet token (system:node:NODE) for each
-// node name (the first one's is KubeletToken).
+// an admin token (system:masters), a token each for kube-controller-manager and
+// kube-scheduler, and a kubelet token (system:node:NODE) for each node name (the
+// first one's is KubeletToken).
 func newPKI(dir string, nodeNames ...string) (*pki, error) {
 	if len(nodeNames) == 0 {
 		return nil, fmt.Errorf("newPKI: no node name")
@@ -59,6 +63,9 @@ func newPKI(dir string, nodeNames ...string) (*pki, error) {
 		TokenFile:   filepath.Join(dir, "tokens.csv"),
 		AdminToken:  randToken(),
 		NodeTokens:  map[string]string{},
+
+		ControllerManagerToken: randToken(),
+		SchedulerToken:         randToken(),
 	}
 	for _, n := range nodeNames {
 		p.NodeTokens[n] = randToken()
@@ -128,6 +135,8 @@ func newPKI(dir string, nodeNames ...string) (*pki, error) {
 
 	// token,user,uid,"group1,group2"
 	tokens := p.AdminToken + `,admin,admin,"system:masters"` + "\n"
+	tokens += p.ControllerManagerToken + ",system:kube-controller-manager,kube-controller-manager\n"
+	tokens += p.SchedulerToken + ",system:kube-scheduler,kube-scheduler\n"
 	for _, n := range nodeNames {
 		tokens += p.NodeTokens[n] + ",system:node:" + n + ",kubelet-" + n + `,"system:nodes"` + "\n"
 	}

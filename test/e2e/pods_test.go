@@ -52,8 +52,9 @@ func memoryEmptyDir(name string) corev1.Volume {
 	}}}
 }
 
-// newPod returns a hostNetwork pod bound to the node (no scheduler) with one
-// container running testbin with args, and vol mounted at /data.
+// newPod returns a hostNetwork pod bound to the node by spec.nodeName (the
+// scheduler leaves it alone) with one container running testbin with args, and
+// vol mounted at /data.
 func (c *cluster) newPod(ns, name string, vol corev1.Volume, args []string) *corev1.Pod {
 	grace := int64(1)
 	no := false

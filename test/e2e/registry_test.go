@@ -16,12 +16,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // The shipped image in a real registry: make image's OCI index (linux/amd64,
@@ -217,55 +213,6 @@ func (r *registry) push(t *testing.T, img shippedImage, repo, tag string) string
 		t.Fatalf("push %s: %q does not name make image's digest %s", full, out, img.digest)
 	}
 	return full
-}
-
-// createDaemonSetPod does what the DaemonSet controller (kube-controller-manager,
-// which this cluster does not run) does for the node: one pod from the
-// DaemonSet's current template, bound to the node, owned by the DaemonSet; then
-// each edit changes it before it is created.
-func (c *cluster) createDaemonSetPod(t *testing.T, ns, name string, edits ...func(*corev1.Pod)) *corev1.Pod {
-	t.Helper()
-	d, err := c.cs.AppsV1().DaemonSets(ns).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
-		t.Fatalf("DaemonSet %s: selector %v does not match its template's labels %v (%v)", d.Name, d.Spec.Selector, d.Spec.Template.Labels, err)
-	}
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: d.Namespace, GenerateName: d.Name + "-",
-			Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations,
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))},
-		},
-		Spec: *d.Spec.Template.Spec.DeepCopy(),
-	}
-	p.Spec.NodeName = nodeName
-	for _, edit := range edits {
-		edit(p)
-	}
-	return c.createPod(t, p)
-}
-
-// ensureRootCA does what kube-controller-manager's root-CA publisher does: the
-// kube-root-ca.crt ConfigMap in ns, which every service-account token volume
-// includes. It reports whether it created it.
-func (c *cluster) ensureRootCA(ctx context.Context, ns string) (bool, error) {
-	caPEM, err := os.ReadFile(c.pki.CAFile)
-	if err != nil {
-		return false, err
-	}
-	_, err = c.cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": string(caPEM)},
-	}, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		return true, nil
-	case apierrors.IsAlreadyExists(err):
-		return false, nil
-	}
-	return false, err
 }
 
 // waitPodReady waits for the pod's Ready condition.

@@ -111,11 +111,6 @@ func TestStartupTaint(t *testing.T) {
 	if !hasTaint(t, c, b.name) {
 		t.Fatalf("node %s registered without the taint %s", b.name, startupKey)
 	}
-	sched, err := c.startScheduler(ctx)
-	t.Cleanup(func() { sched.stop(10 * time.Second) })
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	// The driver's identity: its pod on the node (bound service account token).
 	idPod := c.newPod("kube-system", "ephemera-scratch-node-t", memoryEmptyDir("d"), nil)

@@ -4,9 +4,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -117,50 +115,11 @@ func (c *cluster) deletePodsIn(ctx context.Context, ns string, d time.Duration) 
 	})
 }
 
-// startScheduler starts kube-scheduler with the admin kubeconfig, no leader
-// election and its secure port on a free port of 127.0.0.1, and waits until its
-// /readyz answers 200 (always allowed without credentials).
-func (c *cluster) startScheduler(ctx context.Context) (*proc, error) {
-	bin := filepath.Join(c.binDir, "kube-scheduler")
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("kube-scheduler missing in %s (built by build-k8s.sh since TestTwoNodes; an older EPHEMERA_E2E_K8S_BIN lacks it): %w", c.binDir, err)
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.startProc("kube-scheduler", bin, []string{
-		"--kubeconfig=" + filepath.Join(c.root, "admin.kubeconfig"),
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
-		"--cert-dir=" + filepath.Join(c.root, "pki", "scheduler-certs"),
-		"--profiling=false",
-		"--v=2",
-	}, nil)
-	if err != nil {
-		return nil, err
-	}
-	// Its serving certificate is self-signed (generated at start).
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kube-scheduler /readyz", func() (bool, error) {
-		if p.exited() {
-			return false, stop(fmt.Errorf("kube-scheduler exited, see %s", p.logPath))
-		}
-		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/readyz", port))
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200, nil
-	})
-	return p, err
-}
-
 // scheduledPod is c.newPod for the scheduler: no spec.nodeName, the label
 // app=<app>, and a toleration of node.kubernetes.io/not-ready. The
 // TaintNodesByCondition admission plugin puts that taint on every new Node, and
-// only the node lifecycle controller (no controller-manager here) would remove it
-// once the node is Ready, which a node without CNI never is.
+// the node lifecycle controller removes it only once the node is Ready, some
+// seconds after it registers: the pods need not wait for that.
 func (c *cluster) scheduledPod(name, app string, vol corev1.Volume) *corev1.Pod {
 	p := c.newPod(twoNodesNS, name, vol, steps(st("write", "/data/f", "4096"), st("pause")))
 	p.Spec.NodeName = ""
@@ -212,7 +171,7 @@ func TestTwoNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Node B, its driver and the scheduler; torn down in reverse order, and all
+	// Node B and its driver; torn down in reverse order, and all
 	// pods of the test deleted first while both kubelets and drivers run.
 	b, err := c.newNode(secondNodeName, filepath.Join(c.root, "nodes", "b"), "-b")
 	if err != nil {
@@ -235,12 +194,7 @@ func TestTwoNodes(t *testing.T) {
 	if err := drvB.start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sched, err := c.startScheduler(ctx)
-	t.Cleanup(func() { sched.stop(10 * time.Second) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("second node, its driver and kube-scheduler up in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("second node and its driver up in %v", time.Since(start).Round(time.Millisecond))
 
 	// Node B is the harness's node without pod cgroups: content in
 	// memory-backed volumes is charged to the driver there, at the volume's

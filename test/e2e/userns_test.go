@@ -40,8 +40,8 @@ const (
 	usernsFSGroup = 3000
 )
 
-// podSubnet is the pod network of TestUserNamespaces (the bridge has no
-// address on the host: no route on the node points into it).
+// podSubnet is the pod network of every containerd node (writePodNetwork; the
+// bridge has no address on the host: no route on the node points into it).
 const podSubnet = "10.250.0.0/24"
 
 // podBridge is the Linux bridge of the pod network of the run root (at most
@@ -63,23 +63,25 @@ func removePodBridge(root string) {
 	}
 }
 
-// startPodNetwork gives the node's containerd a pod network: Debian's
-// containernetworking-plugins (bridge, host-local, loopback; install-deps.sh)
-// linked into its CNI bin dir and a bridge network in its conf dir, which the
-// CRI plugin picks up while it runs (it watches the dir). The other scenarios'
-// pods use hostNetwork and never reach CNI. The returned func removes the
-// network; call it only once the network's pods are gone (their sandboxes'
-// teardown needs the configuration).
-func (n *node) startPodNetwork(t *testing.T) func() {
-	t.Helper()
+// writePodNetwork gives the node's containerd a pod network, before it starts:
+// Debian's containernetworking-plugins (bridge, host-local, loopback;
+// install-deps.sh) linked into its CNI bin dir and a bridge network in its conf
+// dir. Without one the CRI plugin reports NetworkReady false, the kubelet the
+// node not Ready, and the node lifecycle controller taints it (see
+// controlplane_test.go). Only TestUserNamespaces' pods use it (the API server
+// refuses hostNetwork with hostUsers: false); the others use hostNetwork. The
+// nodes of a run share the bridge (podBridge); their host-local ranges are
+// their own, so two nodes' pods on it could get one address: only the first
+// node runs pods off the host network.
+func (n *node) writePodNetwork() error {
 	d := filepath.Join(n.dir, "containerd")
 	for _, p := range []string{"bridge", "host-local", "loopback"} {
 		src := filepath.Join("/usr/lib/cni", p)
 		if _, err := os.Stat(src); err != nil {
-			t.Fatalf("CNI plugin %s: %v (Debian's containernetworking-plugins: run test/e2e/install-deps.sh)", p, err)
+			return fmt.Errorf("CNI plugin %s: %w (Debian's containernetworking-plugins: run test/e2e/install-deps.sh)", p, err)
 		}
 		if err := os.Symlink(src, filepath.Join(d, "cni-bin", p)); err != nil && !os.IsExist(err) {
-			t.Fatal(err)
+			return err
 		}
 	}
 	conf := filepath.Join(d, "cni-conf", "10-ephemera-e2e.conflist")
@@ -96,13 +98,7 @@ func (n *node) startPodNetwork(t *testing.T) func() {
   }]
 }
 `, podBridge(n.c.root), podSubnet, filepath.Join(d, "cni-ipam"))
-	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		_ = os.Remove(conf)
-		removePodBridge(n.c.root)
-	}
+	return os.WriteFile(conf, []byte(body), 0o644)
 }
 
 // usernsVolume is an inline volume of usernsDriverName.
@@ -119,7 +115,7 @@ func usernsVolume(name string, readOnly bool, attrs map[string]string) corev1.Vo
 // TestUserNamespaces: pods with hostUsers: false (their own user namespace,
 // the kubelet's default mapping of 65536 IDs per pod) on containerd 2, through
 // the RuntimeClass runc-userns (runc >= 1.2, build-runc.sh), with a pod
-// network (startPodNetwork: the API server refuses hostNetwork with
+// network (writePodNetwork: the API server refuses hostNetwork with
 // hostUsers: false while the alpha gate UserNamespacesHostNetworkSupport is
 // off). One pod per backend (tmpfs, loop, dir, and the tokenfile plugin as a
 // content provider) and per security context (root in the pod, no fsGroup;
@@ -143,8 +139,7 @@ func TestUserNamespaces(t *testing.T) {
 
 	// Cleanups run last-registered first: the pods go first (registered as
 	// they are created), then the driver's records are checked, the driver and
-	// the plugin stop, and the network goes last.
-	t.Cleanup(c.startPodNetwork(t))
+	// the plugin stop.
 
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: usernsHandler}, Handler: usernsHandler}
 	if _, err := c.cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
