@@ -164,7 +164,9 @@ func (f *Filler) writeAsPod(ctx context.Context, v *api.Volume, r *os.Root, file
 		}
 		return errkind.Errorf(errkind.ErrInternal, "finding the memory cgroup of pod %s: %v", v.Pod.UID, err)
 	}
+	wrote := false // the write swapped (or tried to swap) new files in
 	opts.WriteFiles = func(ctx context.Context, dir *os.File, files map[string]api.File, gid int) error {
+		wrote = true
 		pf := make(map[string]podcgroup.File, len(files))
 		var n int64
 		for name, file := range files {
@@ -189,7 +191,7 @@ func (f *Filler) writeAsPod(ctx context.Context, v *api.Volume, r *os.Root, file
 		return err
 	}
 	err = content.WriteRoot(ctx, r, files, opts)
-	if f.cfg.Held.Holds(v.ID) && (err == nil || errors.Is(err, content.ErrReplaced)) {
+	if wrote && f.cfg.Held.Holds(v.ID) && (err == nil || errors.Is(err, content.ErrReplaced)) {
 		f.cfg.Held.Release(v.ID)
 		if save {
 			if serr := f.cfg.SaveHeld(context.WithoutCancel(ctx), v, 0); serr != nil {

@@ -137,3 +137,42 @@ func TestContentOverThePodsLimit(t *testing.T) {
 		t.Errorf("a volume without its pod's UID: %v, want InvalidArgument naming podInfoOnMount", err)
 	}
 }
+
+// A volume an earlier run wrote in volume-size mode keeps its reservation in
+// pod-cgroup mode until a write has replaced its files (those pages are the
+// driver's until then), and none after.
+func TestHeldUntilReplacedByThePod(t *testing.T) {
+	root := podcgrouptest.New(t)
+	root.Pod(t, testUID, 64<<20)
+	pods, _, _, err := OpenCharging(PodCgroupConfig{Mode: PodCgroupsRequired, Mount: podcgrouptest.Mount, Root: root.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, bound := tmpfs(t, "size=4m,nr_inodes=64")
+	cp := &provider{files: big(1<<20, 'a')}
+	p := Providers{Content: cp, Backends: map[string]Backend{"b": backend{x: struct{}{}}}}
+	var r refreshes
+	f, l := newFiller(t, p, &mounter{}, 64<<20, &r)
+	f.cfg.SaveHeld = func(context.Context, *api.Volume, int64) error { return nil }
+	v := &api.Volume{ID: "v1", Backend: "b", TargetPath: mem, Pod: api.Pod{UID: testUID}}
+	if err := f.Fill(t.Context(), v); err != nil { // volume-size, as an earlier run
+		t.Fatal(err)
+	}
+	if n := l.Held.InUse(); n != bound {
+		t.Fatalf("held %d after a volume-size write, want %d", n, bound)
+	}
+	f.cfg.PodCgroups, f.cfg.PodCgroupWait = pods, time.Second
+	if err := f.Refresh(t.Context(), v); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Held.InUse(); n != bound {
+		t.Errorf("held %d after a refresh that swapped nothing, want the earlier run's %d", n, bound)
+	}
+	cp.files = big(1<<20, 'b')
+	if err := f.Refresh(t.Context(), v); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Held.InUse(); n != 0 {
+		t.Errorf("held %d after the pod's writer replaced the files, want 0", n)
+	}
+}
