@@ -51,8 +51,9 @@ type Options struct {
 	// Admit, when set, is called once the files are known to differ from
 	// the current content, before anything is written: an error stops the
 	// Write with it, the previous content in place. A Write that swaps
-	// nothing never calls it. The framework reserves the memory the new
-	// files will take here (Charge).
+	// nothing never calls it. The framework reserves here, from its
+	// content capacity, what the volume may hold where the driver pays for
+	// its memory (no pod cgroups).
 	Admit func() error
 	// WriteFiles, when set, writes the new files in Write's place: the
 	// framework's writer in the pod's memory cgroup

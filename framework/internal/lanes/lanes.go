@@ -3,7 +3,6 @@ package lanes
 import (
 	"context"
 	"errors"
-	"os"
 	"slices"
 	"sync"
 
@@ -172,8 +171,7 @@ func (b *Budget) InUse() int64 {
 // content budget is: with several providers, each has capacity/(2×providers)
 // to itself and holds at most half of it.
 type Held struct {
-	size int64 // Volumes.ContentCapacity; NoContentCapacity: no bound
-	page int64
+	size int64           // Volumes.ContentCapacity; NoContentCapacity: no bound
 	pool *admission.Pool // nil without a bound
 
 	mu   sync.Mutex
@@ -195,7 +193,7 @@ func (v heldVolume) release() {
 
 // newHeld builds the accounting of capacity between the content parties.
 func newHeld(capacity int64, providers []string) (*Held, error) {
-	h := &Held{size: capacity, page: int64(os.Getpagesize()), vols: map[string]heldVolume{}}
+	h := &Held{size: capacity, vols: map[string]heldVolume{}}
 	if h.size == NoContentCapacity {
 		return h, nil
 	}
@@ -312,9 +310,6 @@ func (h *Held) InUse() int64 {
 	defer h.mu.Unlock()
 	return h.held
 }
-
-// Page is the page size Held charges content in.
-func (h *Held) Page() int64 { return h.page }
 
 // Size is the content capacity (NoContentCapacity: no bound).
 func (h *Held) Size() int64 { return h.size }
