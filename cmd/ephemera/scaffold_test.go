@@ -16,7 +16,9 @@ import (
 // drivertest test mounts (a tmpfs, an ext4 on a loop device, a tmpfs for a
 // plugin in its own process) and must pass, not skip. It shares the build
 // and module caches of the caller's environment (GOFLAGS gets -mod=mod, the
-// tags are the Makefile's, EPHEMERA_GOTAGS); -short skips it.
+// tags are the Makefile's, EPHEMERA_GOTAGS, and the flags its vet and
+// static builds use, CGO_ENABLED=0 and -trimpath, so that the SDK's packages
+// come from the build cache make vet filled); -short skips it.
 func TestScaffoldBuilds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds three modules")
@@ -26,7 +28,7 @@ func TestScaffoldBuilds(t *testing.T) {
 		t.Skipf("no go command: %v", err)
 	}
 	root := checkout(t)
-	env := append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"))
+	env := append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod -trimpath"), "CGO_ENABLED=0")
 	var tags []string
 	if tg := os.Getenv("EPHEMERA_GOTAGS"); tg != "" {
 		tags = []string{"-tags", tg}
