@@ -7,7 +7,10 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
+
+	"golang.org/x/mod/module"
 )
 
 func main() {
@@ -15,12 +18,19 @@ func main() {
 }
 
 // buildVersion is the SDK version this command was built from: the main
-// module's version, "(devel)" when built in a checkout.
+// module's version, "(devel)" when built in a checkout (also when the go
+// command stamped a pseudo-version from the checkout's commit, which no proxy
+// need serve).
 func buildVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		return bi.Main.Version
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
 	}
-	return ""
+	v := bi.Main.Version
+	if module.IsPseudoVersion(v) && slices.ContainsFunc(bi.Settings, func(s debug.BuildSetting) bool { return s.Key == "vcs.revision" }) {
+		return "(devel) " + v
+	}
+	return v
 }
 
 const usageText = `ephemera is the Ephemera SDK's command line.

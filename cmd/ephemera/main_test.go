@@ -111,6 +111,7 @@ func TestNewRefuses(t *testing.T) {
 	}{
 		{"devel without -sdk", "(devel)", []string{"example.com/whoami", dir}, []string{"built from a checkout", "-sdk VERSION", "-replace DIR"}},
 		{"dirty build", "v0.3.1-0.20261207120000-abcdefabcdef+dirty", []string{"example.com/whoami", dir}, []string{"built from a checkout"}},
+		{"checkout's commit", "(devel) v0.3.1-0.20261207120000-abcdefabcdef", []string{"example.com/whoami", dir}, []string{"built from a checkout"}},
 		{"bad module path", "v0.3.0", []string{"example.com/who ami", dir}, []string{`malformed module path "example.com/who ami"`, "invalid char ' '"}},
 		{"module without a dot", "v0.3.0", []string{"whoami", dir}, []string{`"whoami"`, "missing dot in first path element"}},
 		{"inside the SDK", "v0.3.0", []string{"github.com/ephemera-csi/ephemera/drivers/x", dir}, []string{"inside the SDK's own module"}},

@@ -68,7 +68,7 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // develVersion reports whether v names no version a proxy serves: a build
 // in a checkout ("(devel)", or a pseudo-version of a modified tree).
 func develVersion(v string) bool {
-	return v == "" || v == "(devel)" || strings.Contains(v, "+dirty")
+	return v == "" || strings.HasPrefix(v, "(devel)") || strings.Contains(v, "+dirty")
 }
 
 // resolve checks the configuration and fills in the defaults; every problem
