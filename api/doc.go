@@ -18,7 +18,9 @@
 //   - [Secrets] (the nodePublishSecretRef data) and [Tokens] (the service
 //     account tokens the kubelet requested) print, log and marshal redacted.
 //   - [VolumeList] and [VolumeInfo] are the driver's GET /volumes; [CSIDriver]
-//     is what a driver checks of its CSIDriver object.
+//     is what a driver checks of its CSIDriver object, and [ValidateDriverName]
+//     the names such an object can have (framework.New and the scaffold,
+//     cmd/ephemera, check with it).
 //   - The Key constants are the kubelet's well-known volume_context keys, the
 //     Param constants the framework's own attributes.
 //

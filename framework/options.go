@@ -37,7 +37,9 @@ import (
 //   - Observability: logs, metrics, /volumes, events and API checks.
 type Options struct {
 	// DriverName is the CSI driver name, which must match the CSIDriver object
-	// (for example "scratch.csi.ephemera.dev"). Required.
+	// (for example "scratch.csi.ephemera.dev"). Required: a name the API
+	// server takes for a CSIDriver, at most 63 lower-case letters, digits,
+	// '-' and '.' (api.ValidateDriverName).
 	DriverName string
 	// Backends maps backend names to implementations. Required: at least one.
 	Backends map[string]Backend

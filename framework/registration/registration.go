@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
 	"github.com/ephemera-csi/ephemera/framework/internal/unixsock"
 )
@@ -42,11 +42,6 @@ const (
 	// socketMode is the mode of the registration socket (ignored on Windows).
 	socketMode = 0o600
 )
-
-// driverNameRE is the format of a CSI driver name from the CSI spec
-// (GetPluginInfoResponse.name): at most 63 characters, alphanumerics, '-' and
-// '.', beginning and ending with an alphanumeric.
-var driverNameRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9.-]{0,61}[a-zA-Z0-9])?$`)
 
 // Options configures a Registrar.
 type Options struct {
@@ -85,8 +80,8 @@ func (o *Options) validate() error {
 	if o.DriverName == "" {
 		return errors.New("registration: DriverName is required")
 	}
-	if !driverNameRE.MatchString(o.DriverName) {
-		return fmt.Errorf("registration: DriverName %q is not a valid CSI driver name: it must be at most 63 characters of alphanumerics, '-' and '.', beginning and ending with an alphanumeric", o.DriverName)
+	if err := api.ValidateDriverName(o.DriverName); err != nil {
+		return fmt.Errorf("registration: DriverName %w", err)
 	}
 	if o.Endpoint == "" {
 		return errors.New("registration: Endpoint is required")

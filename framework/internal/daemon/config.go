@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/words"
 )
 
@@ -27,8 +28,8 @@ func (c *Config) Check() []error {
 	var errs []error
 	if c.DriverName == "" {
 		errs = append(errs, errors.New("DriverName is required"))
-	} else if err := checkDriverName(c.DriverName); err != nil {
-		errs = append(errs, err)
+	} else if err := api.ValidateDriverName(c.DriverName); err != nil {
+		errs = append(errs, fmt.Errorf("DriverName %w", err))
 	}
 	if c.Node.ID == "" {
 		errs = append(errs, errors.New("Node.ID is required (normally the node name, e.g. from the downward API spec.nodeName)"))
@@ -66,22 +67,6 @@ func GoMemoryLimit(containerLimit int64) int64 {
 // GoReserve is what GoMemoryLimit leaves at least: the binary's pages,
 // state.db's, what Go does not allocate.
 const GoReserve = 32 << 20
-
-// checkDriverName applies the CSI rule: at most 63 characters, alphanumerics,
-// '-', '_' and '.', beginning and ending with an alphanumeric.
-func checkDriverName(n string) error {
-	bad := len(n) > 63
-	for i, r := range n {
-		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
-		if !alnum && (i == 0 || i == len(n)-1 || !strings.ContainsRune("-_.", r)) {
-			bad = true
-		}
-	}
-	if bad {
-		return fmt.Errorf("DriverName %q must be at most 63 characters of [A-Za-z0-9._-], starting and ending with a letter or digit", n)
-	}
-	return nil
-}
 
 // SocketPath extracts the socket path from a "unix://" endpoint
 // (Options.Node.Endpoint).
