@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -195,6 +196,10 @@ func (c *cluster) buildCurrent(ctx context.Context) (driverRelease, error) {
 		if _, err := os.Stat(layout + ".digest"); err == nil {
 			rel.img = shippedImage{layout: layout}
 			rel.bin = ""
+			// make image names the index by the version its binaries got.
+			if rel.version, err = layoutVersion(layout); err != nil {
+				return rel, err
+			}
 		}
 	}
 	if rel.img.layout == "" {
@@ -210,6 +215,27 @@ func (c *cluster) buildCurrent(ctx context.Context) (driverRelease, error) {
 	}
 	c.step("the working tree's release built ("+rel.version+")", t0)
 	return rel, rel.readDigest()
+}
+
+// layoutVersion is the version make image gave an OCI layout's index (the
+// annotation org.opencontainers.image.ref.name in its index.json).
+func layoutVersion(layout string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(layout, "index.json"))
+	if err != nil {
+		return "", err
+	}
+	var idx struct {
+		Manifests []struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return "", fmt.Errorf("%s/index.json: %w", layout, err)
+	}
+	if len(idx.Manifests) != 1 || idx.Manifests[0].Annotations["org.opencontainers.image.ref.name"] == "" {
+		return "", fmt.Errorf("%s/index.json: want one index named by org.opencontainers.image.ref.name", layout)
+	}
+	return idx.Manifests[0].Annotations["org.opencontainers.image.ref.name"], nil
 }
 
 func (r *driverRelease) readDigest() error {
