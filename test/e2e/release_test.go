@@ -35,7 +35,6 @@ const releaseTarget = "kustomize-linux-embedded-registrar"
 type driverRelease struct {
 	commit    string       // full hash; "" for the working tree
 	version   string       // what the binary's version subcommand prints first
-	bin       string       // the linux/amd64 binary
 	img       shippedImage // the OCI layout and its index digest
 	manifests string       // releaseTarget rendered by that commit's test/manifests
 }
@@ -122,7 +121,6 @@ func (c *cluster) buildUpgradeFrom(ctx context.Context) (driverRelease, error) {
 	dir := filepath.Join(cache, fmt.Sprintf("upgrade-from-%s-%s", commit[:12], runtime.Version()))
 	rel := driverRelease{
 		commit: commit, version: commit[:7],
-		bin:       filepath.Join(dir, "ephemera-scratch"),
 		img:       shippedImage{layout: filepath.Join(dir, "image")},
 		manifests: filepath.Join(dir, "manifests", releaseTarget+".yaml"),
 	}
@@ -191,11 +189,10 @@ func (c *cluster) buildCurrent(ctx context.Context) (driverRelease, error) {
 	}
 	t0 := time.Now()
 	out := filepath.Join(c.root, "release-current")
-	rel := driverRelease{version: strings.TrimSpace(version), bin: filepath.Join(out, "ephemera-scratch")}
+	rel := driverRelease{version: strings.TrimSpace(version)}
 	if layout := os.Getenv("EPHEMERA_E2E_IMAGE_LAYOUT"); layout != "" {
 		if _, err := os.Stat(layout + ".digest"); err == nil {
 			rel.img = shippedImage{layout: layout}
-			rel.bin = ""
 			// make image names the index by the version its binaries got.
 			if rel.version, err = layoutVersion(layout); err != nil {
 				return rel, err
