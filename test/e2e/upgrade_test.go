@@ -3,8 +3,11 @@
 package e2e
 
 import (
+	"archive/tar"
 	"context"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,6 +52,7 @@ var upgradeVolumes = []struct {
 // this tree's) to this tree's, and rolls it back, as an operator does: the
 // shipped manifests (deploy/overlays/linux-embedded-registrar, each release's
 // own, rendered by its own test/manifests) applied with the release's image,
+// the release's index imported into the node's containerd (importRelease),
 // the DaemonSet controller replacing the node plugin's pod under the
 // manifests' RollingUpdate (maxUnavailable 10%, maxSurge 0), while pods of a
 // Deployment keep inline volumes of every backend (tmpfs, loop ext4, dir, a
@@ -70,7 +74,9 @@ var upgradeVolumes = []struct {
 // registration directory: never two registration sockets of the driver.
 func TestDriverUpgradeRollback(t *testing.T) {
 	c := clu
-	reg := requireRegistry(t)
+	if c.runtime != runtimeContainerd {
+		t.Skip("runs the shipped image: EPHEMERA_E2E_RUNTIME=containerd")
+	}
 	drv := requireDriver(t)
 	ctx := context.Background()
 	tAll := time.Now()
@@ -78,9 +84,9 @@ func TestDriverUpgradeRollback(t *testing.T) {
 	from := upgradeFromImage(t)
 	cur := currentImage(t)
 	t0 := time.Now()
-	repo := reg.push(t, from.img, "ephemera/upgrade", "from")
-	reg.push(t, cur.img, "ephemera/upgrade", "current")
-	c.step("both releases pushed to "+reg.host, t0)
+	fromRef := c.importRelease(t, from)
+	curRef := c.importRelease(t, cur)
+	c.step("both releases' indexes imported into containerd", t0)
 
 	stateRoot := filepath.Join(exampleStateRoot(c.root), "upgrade")
 	if err := os.MkdirAll(stateRoot, 0o700); err != nil {
@@ -91,8 +97,8 @@ func TestDriverUpgradeRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldDep := c.releaseDeployment(t, "from "+from.version, from, stateRoot, repo+"@"+from.img.digest, port)
-	newDep := c.releaseDeployment(t, "current "+cur.version, cur, stateRoot, repo+"@"+cur.img.digest, port)
+	oldDep := c.releaseDeployment(t, "from "+from.version, from, stateRoot, fromRef, port)
+	newDep := c.releaseDeployment(t, "current "+cur.version, cur, stateRoot, curRef, port)
 	ns, dsName := oldDep.ds.GetNamespace(), oldDep.ds.GetName()
 	if newDep.ds.GetNamespace() != ns || newDep.ds.GetName() != dsName {
 		t.Fatalf("the releases' DaemonSets differ: %s/%s and %s/%s", ns, dsName, newDep.ds.GetNamespace(), newDep.ds.GetName())
@@ -205,9 +211,85 @@ func TestDriverUpgradeRollback(t *testing.T) {
 	c.step("TestDriverUpgradeRollback (with both releases' images, "+time.Since(t0).Round(time.Second).String()+" after they were built)", tAll)
 }
 
+// importRelease imports a release's index into the node's containerd as an
+// operator without a registry does (docs/operations.md, "Installing a
+// release": ctr -n k8s.io images import --all-platforms), as
+// ephemera.local/e2e/upgrade:<version> and, with --digests, under its digest,
+// and returns the reference a DaemonSet names it by, <name>:<version>@<digest>
+// (IfNotPresent: the kubelet finds it on the node and never pulls). Not through
+// the e2e registry: an index the kubelet pulled once is no longer a preloaded
+// image to it (KubeletEnsureSecretPulledImages), and the working tree's index
+// is the one TestShippedImageMigration later starts from its release archive
+// without a pull.
+func (c *cluster) importRelease(t *testing.T, rel driverRelease) string {
+	t.Helper()
+	ctx := context.Background()
+	const base = "ephemera.local/e2e/upgrade"
+	archive := filepath.Join(c.root, "upgrade-"+rel.version+".oci.tar")
+	if err := tarDir(rel.img.layout, archive); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(archive)
+	names := []string{base + ":" + rel.version, base + "@" + rel.img.digest}
+	t.Cleanup(func() { _, _ = c.node.ctr(context.Background(), append([]string{"images", "rm"}, names...)...) })
+	if out, err := c.node.ctr(ctx, "images", "import", "--all-platforms", "--digests", "--base-name", base, archive); err != nil {
+		t.Fatalf("ctr images import %s: %v\n%s", archive, err, out)
+	}
+	ls, err := c.node.ctr(ctx, "images", "ls", "-q")
+	if err != nil {
+		t.Fatalf("ctr images ls: %v\n%s", err, ls)
+	}
+	for _, n := range names {
+		if !slices.Contains(strings.Fields(ls), n) {
+			t.Fatalf("containerd lacks %s after the import of %s's index:\n%s", n, rel.version, ls)
+		}
+	}
+	return names[0] + "@" + rel.img.digest
+}
+
+// tarDir writes the files below dir into a tar archive at out, named relative
+// to dir (an OCI layout directory becomes an OCI archive).
+func tarDir(dir, out string) error {
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(f)
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: rel, Mode: 0o644, Size: info.Size(), Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		src, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		_, err = io.Copy(tw, src)
+		return err
+	})
+	if cerr := tw.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // releaseDeployment reads a release's rendered manifests and makes them fit
 // this node as forThisNode does (the kubelet root, the state root, the metrics
-// port, the image by digest from the e2e registry) and lets pods choose the dir
+// port, the image as importRelease named it) and lets pods choose the dir
 // backend too (--backends=tmpfs,loop,dir: the manifests serve tmpfs and loop).
 func (c *cluster) releaseDeployment(t *testing.T, name string, rel driverRelease, stateRoot, image string, port int) deployment {
 	t.Helper()
@@ -281,6 +363,7 @@ func (c *cluster) waitNodePlugin(t *testing.T, p *corev1.Pod, rel driverRelease,
 	if got := p.Status.ContainerStatuses[0].ImageID; !strings.HasSuffix(got, rel.img.digest) {
 		t.Errorf("the node plugin runs image %q, want %s's %s", got, rel.version, rel.img.digest)
 	}
+	c.wantNoPull(t, p)
 	err := waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+driverName, func() (bool, error) {
 		if c.registrations() <= before {
 			return false, nil
