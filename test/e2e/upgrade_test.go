@@ -214,8 +214,7 @@ func TestDriverUpgradeRollback(t *testing.T) {
 // importRelease imports a release's index into the node's containerd as an
 // operator without a registry does (docs/operations.md, "Installing a
 // release": ctr -n k8s.io images import --all-platforms), as
-// ephemera.local/e2e/upgrade:<version> and, with --digests, under its digest,
-// and returns the reference a DaemonSet names it by, <name>:<version>@<digest>
+// ephemera.local/e2e/upgrade:<version> and tagged with its digest, and returns the reference a DaemonSet names it by, <name>:<version>@<digest>
 // (IfNotPresent: the kubelet finds it on the node and never pulls). Not through
 // the e2e registry: an index the kubelet pulled once is no longer a preloaded
 // image to it (KubeletEnsureSecretPulledImages), and the working tree's index
@@ -232,8 +231,14 @@ func (c *cluster) importRelease(t *testing.T, rel driverRelease) string {
 	defer os.Remove(archive)
 	names := []string{base + ":" + rel.version, base + "@" + rel.img.digest}
 	t.Cleanup(func() { _, _ = c.node.ctr(context.Background(), append([]string{"images", "rm"}, names...)...) })
-	if out, err := c.node.ctr(ctx, "images", "import", "--all-platforms", "--digests", "--base-name", base, archive); err != nil {
+	if out, err := c.node.ctr(ctx, "images", "import", "--all-platforms", "--base-name", base, archive); err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", archive, err, out)
+	}
+	// The name the kubelet's <name>:<tag>@<digest> is looked up by (the
+	// release archive of make release carries it; this layout names only the
+	// version).
+	if out, err := c.node.ctr(ctx, "images", "tag", "--force", names[0], names[1]); err != nil {
+		t.Fatalf("ctr images tag %s %s: %v\n%s", names[0], names[1], err, out)
 	}
 	ls, err := c.node.ctr(ctx, "images", "ls", "-q")
 	if err != nil {
