@@ -83,6 +83,7 @@ func TestDriverUpgradeRollback(t *testing.T) {
 
 	from := upgradeFromImage(t)
 	cur := currentImage(t)
+	t.Logf("upgrade from %s (commit %s, index %s) to %s (index %s)", from.version, from.commit, from.img.digest, cur.version, cur.img.digest)
 	t0 := time.Now()
 	fromRef := c.importRelease(t, from)
 	curRef := c.importRelease(t, cur)
