@@ -209,7 +209,7 @@ func TestDriverUpgradeRollback(t *testing.T) {
 		}
 		c.step("apps and DaemonSet deleted: no mount, loop device, directory or record left", t3)
 	})
-	c.step("TestDriverUpgradeRollback (with both releases' images, "+time.Since(t0).Round(time.Second).String()+" after they were built)", tAll)
+	c.step("TestDriverUpgradeRollback (of it from the import of both releases on: "+time.Since(t0).Round(100*time.Millisecond).String()+")", tAll)
 }
 
 // importRelease imports a release's index into the node's containerd as an
