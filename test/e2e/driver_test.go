@@ -371,6 +371,12 @@ func (d *driver) scrapeMetrics(ctx context.Context) (scrape, error) {
 	if err != nil {
 		return nil, err
 	}
+	return scrapeAt(ctx, addr)
+}
+
+// scrapeAt reads and parses /metrics at addr (host:port), e.g. a node plugin
+// pod's on the host network.
+func scrapeAt(ctx context.Context, addr string) (scrape, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
