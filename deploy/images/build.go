@@ -82,7 +82,8 @@ type buildConfig struct {
 	Offline         bool // never fetch a Packages index: the pins must hold the closure
 	Suites          []suite
 	Keyring         string
-	Mirror          string
+	Mirror          string // the .debs of bookworm and bookworm-updates
+	SecurityMirror  string // the .debs of bookworm-security (pool/updates/)
 	Cache           string
 	Client          *http.Client
 	Version         string
@@ -93,6 +94,15 @@ type buildConfig struct {
 	Archive         string // if set, the layout also as a tar (docker load / ctr import / skopeo oci-archive:)
 	Log             io.Writer
 	tempBinOut      bool // BinOut is a temporary directory, removed after the build
+}
+
+// mirrorOf is the mirror a pinned .deb is fetched from: the security archive's pool
+// is pool/updates/, which the main archive does not have.
+func (c *buildConfig) mirrorOf(p pin) string {
+	if strings.HasPrefix(p.Filename, "pool/updates/") && c.SecurityMirror != "" {
+		return c.SecurityMirror
+	}
+	return c.Mirror
 }
 
 func (c *buildConfig) linuxBinary() string   { return "usr/local/bin/" + c.Name }
@@ -281,7 +291,7 @@ func (c *buildConfig) linuxImage(p v1.Platform, bin string, closure []pin) (v1.I
 		if d, ok := debs[pn.Package]; ok {
 			return d, nil
 		}
-		data, err := fetchDeb(c.Client, c.Mirror, c.Cache, pn)
+		data, err := fetchDeb(c.Client, c.mirrorOf(pn), c.Cache, pn)
 		if err != nil {
 			if errors.Is(err, errGone) {
 				return nil, fmt.Errorf("%w\nDebian's mirror drops superseded versions: refresh the pins (`images pins`, for the scratch driver `make image-pins`) and commit them", err)

@@ -126,3 +126,14 @@ func TestParseBuildFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestMirrorOf: a bookworm-security .deb (pool/updates/) comes from the security mirror.
+func TestMirrorOf(t *testing.T) {
+	c := &buildConfig{Mirror: "http://m/debian", SecurityMirror: "http://m/debian-security"}
+	if got := c.mirrorOf(pin{Filename: "pool/updates/main/x/xz-utils/liblzma5_5.4.1-1+deb12u2_amd64.deb"}); got != c.SecurityMirror {
+		t.Errorf("security .deb from %s", got)
+	}
+	if got := c.mirrorOf(pin{Filename: "pool/main/g/glibc/libc6_2.36-9+deb12u14_amd64.deb"}); got != c.Mirror {
+		t.Errorf("main .deb from %s", got)
+	}
+}

@@ -147,7 +147,7 @@ func parseBuildFlags(args []string, onError flag.ErrorHandling) (*buildConfig, s
 	pins := fs.String("pins", "", "the pins file of the Debian packages (default DIR/debian.pins; written when it lacks a package of the closure)")
 	offline := fs.Bool("offline", false, "never fetch a Packages index: fail if -pins lacks a package of the closure")
 	mirror := fs.String("mirror", "http://deb.debian.org/debian", "the Debian mirror the pinned .debs (pool/ below it) and the bookworm and bookworm-updates indexes are fetched from")
-	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "the Debian security mirror (bookworm-security)")
+	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "the Debian security mirror: bookworm-security's index and .debs (pool/updates/)")
 	keyring := fs.String("keyring", debianKeyring, "the keyring gpgv checks InRelease against")
 	cache := fs.String("cache", defaultCache(), "the directory of fetched .debs")
 	out := fs.String("out", "", "the OCI layout directory to write (made anew; the SBOMs go to DIR.sbom/) (required)")
@@ -200,7 +200,7 @@ func parseBuildFlags(args []string, onError flag.ErrorHandling) (*buildConfig, s
 		Name: *name, Description: *description, Licenses: *licenses,
 		Dir: *dir, Main: *mainPkg, Tags: *tags, Ldflags: *ldflags, BinOut: *binOut, Binaries: bins,
 		Packages: splitList(*packages), Files: splitList(*files),
-		Offline: *offline, Keyring: *keyring, Mirror: *mirror, Cache: *cache, Client: httpClient,
+		Offline: *offline, Keyring: *keyring, Mirror: *mirror, SecurityMirror: *security, Cache: *cache, Client: httpClient,
 		Suites:  debianSuites(*mirror, *security),
 		Version: *version, Revision: *revision, Source: *source, Epoch: time.Unix(secs, 0).UTC(), Out: *out, Archive: *archive,
 	}

@@ -80,7 +80,7 @@ func makeSBOM(c *buildConfig, p v1.Platform, bin string, debs []pin) ([]byte, er
 			Supplier: &cdx.OrganizationalEntity{Name: "Debian"},
 			Hashes:   &[]cdx.Hash{{Algorithm: cdx.HashAlgoSHA256, Value: d.SHA256}},
 			ExternalReferences: &[]cdx.ExternalReference{{
-				Type: cdx.ERTypeDistribution, URL: strings.TrimSuffix(c.Mirror, "/") + "/" + d.Filename,
+				Type: cdx.ERTypeDistribution, URL: strings.TrimSuffix(c.mirrorOf(d), "/") + "/" + d.Filename,
 			}},
 		})
 		debRefs = append(debRefs, ref)
