@@ -320,7 +320,7 @@ IMAGE_DESCRIPTION = Ephemera scratch driver: ephemeral inline CSI volumes (tmpfs
 IMAGE_FLAGS       = -dir $(CURDIR) -main ./drivers/scratch -name ephemera-scratch -platforms linux/amd64,linux/arm64,windows/amd64 \
                     -packages $(IMAGE_PACKAGES) -files $(IMAGE_FILES) -tags '$(taglist)' -ldflags '$(SHIP_LDFLAGS)' -bin-out $(CURDIR)/$(BIN)/image \
                     -description '$(IMAGE_DESCRIPTION)' -licenses Apache-2.0 \
-                    -pins debian.pins -offline -mirror $(DEBIAN_MIRROR) -cache $(IMAGE_CACHE)/debs \
+                    -pins debian.pins -offline -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR) -cache $(IMAGE_CACHE)/debs \
                     -version $(VERSION) -revision $(COMMIT) -source $(IMAGE_SOURCE) -source-date-epoch $(SOURCE_DATE_EPOCH)
 
 ## build-static: the scratch driver as a static, stripped Linux binary (CGO_ENABLED=0) for the image
