@@ -309,9 +309,18 @@ IMAGE_SOURCE     ?= https://github.com/ephemera-csi/ephemera
 DEBIAN_MIRROR    ?= http://deb.debian.org/debian
 DEBIAN_SECURITY_MIRROR ?= http://deb.debian.org/debian-security
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
-IMAGE_BINS        = -bin linux/amd64=$(CURDIR)/$(BIN)/ephemera-scratch -bin linux/arm64=$(CURDIR)/$(BIN)/linux-arm64/ephemera-scratch \
-                    -bin windows/amd64=$(CURDIR)/$(BIN)/ephemera-scratch.exe
-IMAGE_FLAGS       = -pins debian.pins -mirror $(DEBIAN_MIRROR) -cache $(IMAGE_CACHE)/debs $(IMAGE_BINS) \
+# The scratch driver is one caller of deploy/images' build, the command authors run for their own
+# driver (docs/authors.md, "The image"): it builds the driver for each platform itself and resolves
+# the closure of IMAGE_PACKAGES from debian.pins (-offline: the committed pins hold it; make
+# image-pins refreshes them). The image carries IMAGE_FILES of those packages and the libraries
+# their programs load.
+IMAGE_PACKAGES    = e2fsprogs,xfsprogs
+IMAGE_FILES       = /sbin/mke2fs,/sbin/mkfs.ext4,/sbin/debugfs,/etc/mke2fs.conf,/sbin/mkfs.xfs
+IMAGE_DESCRIPTION = Ephemera scratch driver: ephemeral inline CSI volumes (tmpfs, loop, dir; vhdx on Windows). Runs as root (Linux) or NT AUTHORITY\SYSTEM (Windows HostProcess): the node plugin mounts.
+IMAGE_FLAGS       = -dir $(CURDIR) -main ./drivers/scratch -name ephemera-scratch -platforms linux/amd64,linux/arm64,windows/amd64 \
+                    -packages $(IMAGE_PACKAGES) -files $(IMAGE_FILES) -tags '$(taglist)' -ldflags '$(SHIP_LDFLAGS)' -bin-out $(CURDIR)/$(BIN)/image \
+                    -description '$(IMAGE_DESCRIPTION)' -licenses Apache-2.0 \
+                    -pins debian.pins -offline -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR) -cache $(IMAGE_CACHE)/debs \
                     -version $(VERSION) -revision $(COMMIT) -source $(IMAGE_SOURCE) -source-date-epoch $(SOURCE_DATE_EPOCH)
 
 ## build-static: the scratch driver as a static, stripped Linux binary (CGO_ENABLED=0) for the image
@@ -349,9 +358,11 @@ build-static-arm64:
 
 ## image: the image index of the scratch driver as an OCI layout in _output/image (linux/amd64, linux/arm64,
 ## windows/amd64 HostProcess; a CycloneDX SBOM per platform in the index and in _output/image.sbom/), no container
-## engine; prints the index digest (also in _output/image.digest). Push it with any OCI tool, e.g.
+## engine: deploy/images' build, the command driver authors run (docs/authors.md, "The image"), which builds the
+## driver itself (binaries in _output/bin/image/) and resolves the Debian closure from debian.pins; prints the index
+## digest (also in _output/image.digest). Push it with any OCI tool, e.g.
 ## `skopeo copy --all oci:_output/image:$(VERSION) docker://REGISTRY/ephemera-scratch:$(VERSION)`
-image: build-static build-static-arm64 build-windows
+image:
 	@rm -f $(IMAGE_OUT).digest $(IMAGE_OUT).failed
 	cd deploy/images && $(GOSTATIC) run -trimpath . build $(IMAGE_FLAGS) -out $(CURDIR)/$(IMAGE_OUT) -digest-file $(CURDIR)/$(IMAGE_OUT).digest
 
@@ -367,17 +378,18 @@ image-push:
 image-beside:
 	@$(MAKE) --no-print-directory image || { touch $(IMAGE_OUT).failed; exit 1; }
 
-## image-pins: refresh deploy/images/debian.pins to the newest bookworm packages (run it when make image says a
-## pinned .deb is gone from the mirror, then commit the file)
+## image-pins: refresh deploy/images/debian.pins to the newest bookworm packages of the closure of IMAGE_PACKAGES
+## (run it when make image says a pinned .deb is gone from the mirror, then commit the file)
 image-pins:
-	cd deploy/images && $(GO) run . pins -pins debian.pins -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR)
+	cd deploy/images && $(GO) run . pins -pins debian.pins -packages $(IMAGE_PACKAGES) -mirror $(DEBIAN_MIRROR) -security-mirror $(DEBIAN_SECURITY_MIRROR)
 
 ## image-check: make image, then deploy/images' tests against it: every ELF's DT_NEEDED resolves inside its layer,
 ## the layers' drivers are the builds' (sha256), annotations, user and SBOMs, and a second build from the same inputs
 ## gives the same index digest; and every COPY source of the authors' template deploy/images/Dockerfile.driver and
 ## of examples/plugin-node/Dockerfile exists (no container engine needed)
+image-check: export EPHEMERA_IMAGE_BUILD_FLAGS = $(IMAGE_FLAGS)
 image-check: $(if $(IMAGE_PREBUILT),,image)
-	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) EPHEMERA_IMAGE_BUILD_FLAGS='$(IMAGE_FLAGS)' \
+	cd deploy/images && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && EPHEMERA_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) \
 	  $(GOSTATIC) test -trimpath -count=1 ./...
 	deploy/images/check-copy-sources.sh deploy/images/Dockerfile.driver $(NODE_EXAMPLE)/Dockerfile
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path"
@@ -22,7 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// The platforms of the index, in its order.
+// The platforms an index can hold, in its order.
 var platforms = []v1.Platform{
 	{OS: "linux", Architecture: "amd64"},
 	{OS: "linux", Architecture: "arm64"},
@@ -31,43 +32,29 @@ var platforms = []v1.Platform{
 
 func platformString(p v1.Platform) string { return p.OS + "/" + p.Architecture }
 
-// A debPackage is one Debian package of the Linux images and what of it they carry:
-// the named files of a tool package, or the shared libraries of a library package
-// (everything below lib/, lib64/ and usr/lib/ but glibc's gconv modules). Every package's copyright file comes too.
+// A debPackage is what the image carries of one Debian package: the named Files, or
+// with All every file but documentation (a package of -packages), or else its shared
+// libraries (a package one of those needs: everything below lib/, lib64/ and
+// usr/lib/ but glibc's gconv modules). Every package's copyright file comes too.
 type debPackage struct {
 	Name  string
 	Files []string
+	All   bool
 }
 
-// The packages for what drivers/loop execs: mkfs.ext4 and debugfs (e2fsprogs, with
-// /etc/mke2fs.conf, which mke2fs reads), mkfs.xfs (xfsprogs), and the libraries their
-// DT_NEEDED name (TestShippedLayout checks that each one resolves inside the layer).
-var debPackages = []debPackage{
-	{Name: "e2fsprogs", Files: []string{"sbin/mke2fs", "sbin/mkfs.ext4", "sbin/debugfs", "etc/mke2fs.conf"}},
-	{Name: "xfsprogs", Files: []string{"sbin/mkfs.xfs"}},
-	{Name: "libblkid1"},
-	{Name: "libc6"},
-	{Name: "libcom-err2"},
-	{Name: "libext2fs2"},
-	{Name: "libinih1"},
-	{Name: "libss2"},
-	{Name: "liburcu8"},
-	{Name: "libuuid1"},
-}
-
-func debPackageNames() []string {
-	var names []string
-	for _, p := range debPackages {
-		names = append(names, p.Name)
+func (dp debPackage) keeps(name string) bool {
+	switch {
+	case dp.Files != nil:
+		return contains(dp.Files, name)
+	case dp.All:
+		return !isDoc(name)
 	}
-	return names
+	return isLib(name)
 }
 
 const (
-	linuxBinary   = "usr/local/bin/ephemera-scratch"
-	windowsBinary = "ephemera-scratch.exe"
-	linuxPath     = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	windowsPath   = `PATH=C:\Windows\system32;C:\Windows;C:\WINDOWS\System32\WindowsPowerShell\v1.0\;`
+	linuxPath   = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	windowsPath = `PATH=C:\Windows\system32;C:\Windows;C:\WINDOWS\System32\WindowsPowerShell\v1.0\;`
 
 	// The SBOM artifact: OCI 1.1's artifactType and empty config.
 	sbomArtifactType = "application/vnd.cyclonedx+json"
@@ -77,17 +64,49 @@ const (
 )
 
 type buildConfig struct {
-	Pins     []pin
-	Mirror   string
-	Cache    string
-	Client   *http.Client
-	Binaries map[string]string // platform ("linux/amd64") to the driver binary
-	Version  string
-	Revision string
-	Source   string
-	Epoch    time.Time
-	Out      string // the OCI layout directory, made anew
+	Name        string // the driver: its binary's and its image's name
+	Description string // org.opencontainers.image.description
+	Licenses    string // org.opencontainers.image.licenses (none if empty)
+	// The driver's build: go build -trimpath of Main (a package of the module in Dir)
+	// with CGO_ENABLED=0, Tags and Ldflags, for each platform, into BinOut.
+	Dir, Main, Tags, Ldflags, BinOut string
+	Binaries                         map[string]string // platform ("linux/amd64") to a driver binary built already (-bin)
+	// The platforms of the index; a windows one in OptionalWindows is left out, said
+	// so, when the driver does not build for Windows.
+	Platforms       []v1.Platform
+	OptionalWindows bool
+	Packages        []string // the Debian packages the driver needs (their closure is resolved)
+	Files           []string // if set, the files of Packages the image carries (else all but documentation)
+	Pins            []pin
+	PinsFile        string
+	Offline         bool // never fetch a Packages index: the pins must hold the closure
+	Suites          []suite
+	Keyring         string
+	Mirror          string // the .debs of bookworm and bookworm-updates
+	SecurityMirror  string // the .debs of bookworm-security (pool/updates/)
+	Cache           string
+	Client          *http.Client
+	Version         string
+	Revision        string
+	Source          string
+	Epoch           time.Time
+	Out             string // the OCI layout directory, made anew
+	Archive         string // if set, the layout also as a tar (docker load / ctr import / skopeo oci-archive:)
+	Log             io.Writer
+	tempBinOut      bool // BinOut is a temporary directory, removed after the build
 }
+
+// mirrorOf is the mirror a pinned .deb is fetched from: the security archive's pool
+// is pool/updates/, which the main archive does not have.
+func (c *buildConfig) mirrorOf(p pin) string {
+	if strings.HasPrefix(p.Filename, "pool/updates/") && c.SecurityMirror != "" {
+		return c.SecurityMirror
+	}
+	return c.Mirror
+}
+
+func (c *buildConfig) linuxBinary() string   { return "usr/local/bin/" + c.Name }
+func (c *buildConfig) windowsBinary() string { return c.Name + ".exe" }
 
 type platformResult struct {
 	Platform string
@@ -102,41 +121,56 @@ type buildResult struct {
 }
 
 func (c *buildConfig) annotations() map[string]string {
-	return map[string]string{
-		"org.opencontainers.image.title":       "ephemera-scratch",
-		"org.opencontainers.image.description": "Ephemera scratch driver: ephemeral inline CSI volumes (tmpfs, loop, dir; vhdx on Windows). Runs as root (Linux) or NT AUTHORITY\\SYSTEM (Windows HostProcess): the node plugin mounts.",
+	a := map[string]string{
+		"org.opencontainers.image.title":       c.Name,
+		"org.opencontainers.image.description": c.Description,
 		"org.opencontainers.image.source":      c.Source,
 		"org.opencontainers.image.revision":    c.Revision,
 		"org.opencontainers.image.version":     c.Version,
 		"org.opencontainers.image.created":     c.Epoch.UTC().Format(time.RFC3339),
-		"org.opencontainers.image.licenses":    "Apache-2.0",
+		"org.opencontainers.image.licenses":    c.Licenses,
 	}
+	for k, v := range a {
+		if v == "" {
+			delete(a, k)
+		}
+	}
+	return a
 }
 
-// build writes the image index (three platform images and an SBOM artifact for each)
-// as an OCI layout in c.Out.
+// build writes the image index (an image and an SBOM artifact for each platform) as
+// an OCI layout in c.Out: it builds the driver for each platform (or takes the
+// binaries of -bin) and resolves the Debian packages' closure from the pins.
 func build(c *buildConfig) (*buildResult, error) {
 	if c.Epoch.IsZero() {
 		return nil, errors.New("no SOURCE_DATE_EPOCH: the images' timestamps are the commit's")
 	}
-	if c.Revision == "" || c.Version == "" || c.Source == "" {
-		return nil, errors.New("the revision, version and source annotations are required")
+	if c.Revision == "" || c.Version == "" || c.Name == "" {
+		return nil, errors.New("the name, revision and version are required")
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	bins, plats, err := c.binaries()
+	if err != nil {
+		return nil, err
+	}
+	closures, err := c.closures(plats)
+	if err != nil {
+		return nil, err
 	}
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	res := &buildResult{}
 	var adds []mutate.IndexAddendum
-	for _, p := range platforms {
-		bin := c.Binaries[platformString(p)]
-		if bin == "" {
-			return nil, fmt.Errorf("no driver binary for %s", platformString(p))
-		}
+	for _, p := range plats {
+		bin := bins[platformString(p)]
 		var img v1.Image
 		var debs []pin
 		var err error
 		if p.OS == "windows" {
 			img, err = c.windowsImage(p, bin)
 		} else {
-			img, debs, err = c.linuxImage(p, bin)
+			img, debs, err = c.linuxImage(p, bin, closures[p.Architecture])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", platformString(p), err)
@@ -197,6 +231,11 @@ func build(c *buildConfig) (*buildResult, error) {
 	})); err != nil {
 		return nil, err
 	}
+	if c.Archive != "" {
+		if err := writeArchive(c.Out, c.Archive, c.Epoch); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
 }
 
@@ -243,35 +282,45 @@ func (c *buildConfig) appendLayers(trees []*tree, comments []string) (v1.Image, 
 
 // linuxImage: one layer of Debian files (the distroless way: the files of the pinned
 // .debs, no package manager, dpkg's status.d for scanners) and one of the driver.
-func (c *buildConfig) linuxImage(p v1.Platform, bin string) (v1.Image, []pin, error) {
+// closure is the pins of the packages' closure (roots first); selectPackages picks
+// what of it the image carries.
+func (c *buildConfig) linuxImage(p v1.Platform, bin string, closure []pin) (v1.Image, []pin, error) {
 	base := newTree()
-	var used []pin
-	for _, dp := range debPackages {
-		pn, ok := findPin(c.Pins, p.Architecture, dp.Name)
-		if !ok {
-			return nil, nil, fmt.Errorf("no pin for %s (%s): make image-pins", dp.Name, p.Architecture)
+	debs := map[string]*deb{}
+	load := func(pn pin) (*deb, error) {
+		if d, ok := debs[pn.Package]; ok {
+			return d, nil
 		}
-		data, err := fetchDeb(c.Client, c.Mirror, c.Cache, pn)
+		data, err := fetchDeb(c.Client, c.mirrorOf(pn), c.Cache, pn)
 		if err != nil {
 			if errors.Is(err, errGone) {
-				return nil, nil, fmt.Errorf("%w\nDebian's mirror drops superseded versions: refresh the pins with `make image-pins` and commit deploy/images/debian.pins", err)
+				return nil, fmt.Errorf("%w\nDebian's mirror drops superseded versions: refresh the pins (`images pins`, for the scratch driver `make image-pins`) and commit them", err)
 			}
-			return nil, nil, err
+			return nil, err
 		}
 		d, err := parseDeb(data)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", pn.Filename, err)
+			return nil, fmt.Errorf("%s: %w", pn.Filename, err)
 		}
 		if got := controlField(d.Control, "Version"); got != pn.Version {
-			return nil, nil, fmt.Errorf("%s: its control file says version %q, the pin %q", pn.Filename, got, pn.Version)
+			return nil, fmt.Errorf("%s: its control file says version %q, the pin %q", pn.Filename, got, pn.Version)
 		}
-		if err := addDeb(base, dp, d); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", pn.Filename, err)
+		debs[pn.Package] = d
+		return d, nil
+	}
+	sel, err := selectPackages(p.Architecture, c.Packages, c.Files, closure, load)
+	if err != nil {
+		return nil, nil, err
+	}
+	var used []pin
+	for _, s := range sel {
+		if err := addDeb(base, s.Spec, s.Deb); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", s.Pin.Filename, err)
 		}
-		if err := base.file("var/lib/dpkg/status.d/"+dp.Name, 0o644, []byte(statusStanza(d.Control))); err != nil {
+		if err := base.file("var/lib/dpkg/status.d/"+s.Pin.Package, 0o644, []byte(statusStanza(s.Deb.Control))); err != nil {
 			return nil, nil, err
 		}
-		used = append(used, pn)
+		used = append(used, s.Pin)
 	}
 	for _, f := range []struct {
 		name string
@@ -295,7 +344,7 @@ func (c *buildConfig) linuxImage(p v1.Platform, bin string) (v1.Image, []pin, er
 		return nil, nil, err
 	}
 	top := newTree()
-	if err := top.file(linuxBinary, 0o755, drv); err != nil {
+	if err := top.file(c.linuxBinary(), 0o755, drv); err != nil {
 		return nil, nil, err
 	}
 	var names []string
@@ -304,12 +353,12 @@ func (c *buildConfig) linuxImage(p v1.Platform, bin string) (v1.Image, []pin, er
 	}
 	img, err := c.appendLayers([]*tree{base, top}, []string{
 		"Debian bookworm " + p.Architecture + " files of " + strings.Join(names, " "),
-		"/" + linuxBinary,
+		"/" + c.linuxBinary(),
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	img, err = c.config(p, img, []string{"/" + linuxBinary}, linuxPath, "root (uid 0): the node plugin mounts; docs/security.md")
+	img, err = c.config(p, img, []string{"/" + c.linuxBinary()}, linuxPath, "root (uid 0): the node plugin mounts; docs/security.md")
 	return img, used, err
 }
 
@@ -359,7 +408,7 @@ func addDeb(t *tree, dp debPackage, d *deb) error {
 			return err
 		}
 	}
-	if dp.Files != nil {
+	if dp.Files != nil && !dp.All {
 		for _, f := range dp.Files {
 			e, ok := byName[f]
 			if !ok {
@@ -373,24 +422,15 @@ func addDeb(t *tree, dp debPackage, d *deb) error {
 	}
 	n := 0
 	for _, e := range d.Entries {
-		if e.Type == tar.TypeDir {
+		if e.Type == tar.TypeDir || e.Name == copyright || !dp.keeps(e.Name) {
 			continue
 		}
-		if strings.Contains(e.Name, "/gconv/") {
-			// glibc's iconv modules (7 MB): nothing in the image converts charsets.
-			continue
+		if err := keep(e); err != nil {
+			return err
 		}
-		for _, dir := range []string{"lib/", "lib64/", "usr/lib/"} {
-			if strings.HasPrefix(e.Name, dir) {
-				if err := keep(e); err != nil {
-					return err
-				}
-				n++
-				break
-			}
-		}
+		n++
 	}
-	if n == 0 {
+	if n == 0 && !dp.All {
 		return fmt.Errorf("package %s has no file below lib/, lib64/ or usr/lib/", dp.Name)
 	}
 	return nil
@@ -403,14 +443,15 @@ func addDeb(t *tree, dp debPackage, d *deb) error {
 // hives, which Windows Server 2025 wants (docs/operations.md, "The image").
 var hiveFiles = []string{"DEFAULT", "SAM", "SECURITY", "SOFTWARE", "SYSTEM"}
 
+// windowsLicense is the text of Files/License.txt, the driver's name filled in.
 const windowsLicense = `This layer holds no Windows files. A HostProcess container runs on the host's
-filesystem; its image only carries the driver (Files/ephemera-scratch.exe), found below
-%CONTAINER_SANDBOX_MOUNT_POINT%. Ephemera is licensed under the Apache License 2.0.
+filesystem; its image only carries the driver (Files/%s), found below
+%%CONTAINER_SANDBOX_MOUNT_POINT%%. Ephemera is licensed under the Apache License 2.0.
 `
 
 func (c *buildConfig) windowsImage(p v1.Platform, bin string) (v1.Image, error) {
 	base := newTree()
-	if err := base.file("Files/License.txt", 0o644, []byte(windowsLicense)); err != nil {
+	if err := base.file("Files/License.txt", 0o644, []byte(fmt.Sprintf(windowsLicense, c.windowsBinary()))); err != nil {
 		return nil, err
 	}
 	for _, h := range hiveFiles {
@@ -423,17 +464,17 @@ func (c *buildConfig) windowsImage(p v1.Platform, bin string) (v1.Image, error) 
 		return nil, err
 	}
 	top := newTree()
-	if err := top.file("Files/"+windowsBinary, 0o755, drv); err != nil {
+	if err := top.file("Files/"+c.windowsBinary(), 0o755, drv); err != nil {
 		return nil, err
 	}
 	img, err := c.appendLayers([]*tree{base, top}, []string{
 		"HostProcess base layer (no Windows files; os.version unset: any Windows build)",
-		windowsBinary,
+		c.windowsBinary(),
 	})
 	if err != nil {
 		return nil, err
 	}
-	return c.config(p, img, []string{windowsBinary}, windowsPath, `the pod's runAsUserName (NT AUTHORITY\SYSTEM in deploy/): a HostProcess container runs as a host account`)
+	return c.config(p, img, []string{c.windowsBinary()}, windowsPath, `the pod's runAsUserName (NT AUTHORITY\SYSTEM in deploy/): a HostProcess container runs as a host account`)
 }
 
 // describedImage is an image with the descriptor its index entry gets.

@@ -30,13 +30,20 @@ type pin struct {
 	SHA256   string
 	Size     int64
 	Filename string
+	// Deps are the packages this one needs (Pre-Depends and Depends, resolved to
+	// real packages; Essential ones left out): what lets a build find a package's
+	// closure in the pins alone. Nil for a line of the six-field format.
+	Deps []string
 }
 
-const pinsHeader = `# The Debian bookworm packages of the scratch driver's Linux images, one line per
-# architecture and package: arch package version sha256 size pool-file.
-# Written by ` + "`make image-pins`" + ` (the newest version in bookworm, bookworm-updates and
-# bookworm-security, read from InRelease files checked with gpgv against
-# debian-archive-keyring); ` + "`make image`" + ` fetches each .deb once into its cache and
+const pinsHeader = `# The Debian bookworm packages of a driver's Linux images, one line per
+# architecture and package: arch package version sha256 size pool-file deps, deps
+# being the packages it needs (Pre-Depends and Depends resolved; "-" for none), so
+# that a build finds the closure of its -packages here, without the network.
+# Written by ` + "`images pins`" + ` (` + "`make image-pins`" + `: the newest version in bookworm,
+# bookworm-updates and bookworm-security, read from InRelease files checked with gpgv
+# against debian-archive-keyring), or by ` + "`images build`" + ` when it resolves a package
+# not pinned yet; ` + "`images build`" + ` fetches each .deb once into its cache and
 # refuses one whose sha256 differs. Debian's mirror drops superseded versions: when a
 # pinned one is gone, ` + "`make image`" + ` says so; ` + "`make image-pins`" + ` and a commit of
 # this file bring the pins current (docs/operations.md, "The image").
@@ -54,8 +61,8 @@ func readPins(file string) ([]pin, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 6 {
-			return nil, fmt.Errorf("%s:%d: want 6 fields (arch package version sha256 size pool-file), have %d", file, i+1, len(f))
+		if len(f) != 6 && len(f) != 7 {
+			return nil, fmt.Errorf("%s:%d: want 7 fields (arch package version sha256 size pool-file deps), have %d", file, i+1, len(f))
 		}
 		size, err := strconv.ParseInt(f[4], 10, 64)
 		if err != nil || size <= 0 {
@@ -67,12 +74,20 @@ func readPins(file string) ([]pin, error) {
 		if _, err := hex.DecodeString(f[3]); err != nil {
 			return nil, fmt.Errorf("%s:%d: sha256 %q is not 64 hex digits", file, i+1, f[3])
 		}
-		pins = append(pins, pin{Arch: f[0], Package: f[1], Version: f[2], SHA256: f[3], Size: size, Filename: f[5]})
+		p := pin{Arch: f[0], Package: f[1], Version: f[2], SHA256: f[3], Size: size, Filename: f[5]}
+		if len(f) == 7 {
+			p.Deps = []string{}
+			if f[6] != "-" {
+				p.Deps = strings.Split(f[6], ",")
+			}
+		}
+		pins = append(pins, p)
 	}
 	return pins, nil
 }
 
 func writePins(file string, pins []pin) error {
+	pins = append([]pin(nil), pins...) // sorted here, the caller's order kept
 	sort.Slice(pins, func(i, j int) bool {
 		if pins[i].Arch != pins[j].Arch {
 			return pins[i].Arch < pins[j].Arch
@@ -82,7 +97,15 @@ func writePins(file string, pins []pin) error {
 	var b strings.Builder
 	b.WriteString(pinsHeader)
 	for _, p := range pins {
-		fmt.Fprintf(&b, "%s %s %s %s %d %s\n", p.Arch, p.Package, p.Version, p.SHA256, p.Size, p.Filename)
+		fmt.Fprintf(&b, "%s %s %s %s %d %s", p.Arch, p.Package, p.Version, p.SHA256, p.Size, p.Filename)
+		if p.Deps != nil {
+			deps := "-"
+			if len(p.Deps) > 0 {
+				deps = strings.Join(p.Deps, ",")
+			}
+			fmt.Fprintf(&b, " %s", deps)
+		}
+		b.WriteString("\n")
 	}
 	return os.WriteFile(file, []byte(b.String()), 0o644)
 }

@@ -25,49 +25,37 @@ type suite struct {
 // The keyring of Debian's archive signing keys (package debian-archive-keyring).
 const debianKeyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
-// refreshPins reads the Packages index of each suite and architecture (each index's
+// resolvePins reads the Packages index of each suite and architecture (each index's
 // sha256 from the suite's InRelease, whose signature gpgv checks) and pins the newest
-// version of every wanted package.
-func refreshPins(client *http.Client, suites []suite, arches, packages []string, keyring string) ([]pin, error) {
-	best := map[string]pin{} // arch/package
-	for _, s := range suites {
-		release, err := verifiedRelease(client, s, keyring)
-		if err != nil {
-			return nil, err
-		}
-		for _, arch := range arches {
+// version of every package of the roots' closure (debIndex.closure).
+func resolvePins(client *http.Client, suites []suite, arches, roots []string, keyring string) ([]pin, error) {
+	var pins []pin
+	releases := map[string]string{}
+	for _, arch := range arches {
+		x := newDebIndex(arch)
+		for _, s := range suites {
+			release, ok := releases[s.mirror+"/"+s.name]
+			if !ok {
+				var err error
+				release, err = verifiedRelease(client, s, keyring)
+				if err != nil {
+					return nil, err
+				}
+				releases[s.mirror+"/"+s.name] = release
+			}
 			index, url, err := packagesIndex(client, s, release, arch)
 			if err != nil {
 				return nil, err
 			}
-			err = eachStanza(index, func(st map[string]string) {
-				name := st["Package"]
-				for _, want := range packages {
-					if name != want || st["Architecture"] != arch {
-						continue
-					}
-					size, _ := strconv.ParseInt(st["Size"], 10, 64)
-					p := pin{Arch: arch, Package: name, Version: st["Version"], SHA256: st["SHA256"], Size: size, Filename: st["Filename"]}
-					key := arch + "/" + name
-					if old, ok := best[key]; !ok || compareVersions(p.Version, old.Version) > 0 {
-						best[key] = p
-					}
-				}
-			})
-			if err != nil {
+			if err := eachStanza(index, x.add); err != nil {
 				return nil, fmt.Errorf("%s: %w", url, err)
 			}
 		}
-	}
-	var pins []pin
-	for _, arch := range arches {
-		for _, name := range packages {
-			p, ok := best[arch+"/"+name]
-			if !ok {
-				return nil, fmt.Errorf("package %s (%s) is in none of the suites", name, arch)
-			}
-			pins = append(pins, p)
+		c, err := x.closure(roots)
+		if err != nil {
+			return nil, err
 		}
+		pins = append(pins, c...)
 	}
 	return pins, nil
 }

@@ -41,7 +41,7 @@ func makeSBOM(c *buildConfig, p v1.Platform, bin string, debs []pin) ([]byte, er
 		return nil, fmt.Errorf("%s: built for %s/%s, not %s", bin, goos, goarch, platformString(p))
 	}
 
-	root := "pkg:oci/ephemera-scratch@" + url.PathEscape(c.Version) + "?platform=" + url.QueryEscape(platformString(p))
+	root := "pkg:oci/" + url.PathEscape(c.Name) + "@" + url.PathEscape(c.Version) + "?platform=" + url.QueryEscape(platformString(p))
 	mainRef := goPURL(info.Main.Path, c.Version)
 	comps := []cdx.Component{{
 		BOMRef:     mainRef,
@@ -50,10 +50,10 @@ func makeSBOM(c *buildConfig, p v1.Platform, bin string, debs []pin) ([]byte, er
 		Version:    c.Version,
 		PackageURL: mainRef,
 		Properties: &[]cdx.Property{{Name: "golang:module:version", Value: info.Main.Version}, {Name: "vcs:revision", Value: c.Revision}},
-		ExternalReferences: &[]cdx.ExternalReference{{
-			Type: cdx.ERTypeVCS, URL: c.Source,
-		}},
 	}}
+	if c.Source != "" {
+		comps[0].ExternalReferences = &[]cdx.ExternalReference{{Type: cdx.ERTypeVCS, URL: c.Source}}
+	}
 	stdRef := goPURL("stdlib", info.GoVersion)
 	comps = append(comps, cdx.Component{
 		BOMRef: stdRef, Type: cdx.ComponentTypeLibrary, Name: "stdlib", Version: info.GoVersion, PackageURL: stdRef,
@@ -80,7 +80,7 @@ func makeSBOM(c *buildConfig, p v1.Platform, bin string, debs []pin) ([]byte, er
 			Supplier: &cdx.OrganizationalEntity{Name: "Debian"},
 			Hashes:   &[]cdx.Hash{{Algorithm: cdx.HashAlgoSHA256, Value: d.SHA256}},
 			ExternalReferences: &[]cdx.ExternalReference{{
-				Type: cdx.ERTypeDistribution, URL: strings.TrimSuffix(c.Mirror, "/") + "/" + d.Filename,
+				Type: cdx.ERTypeDistribution, URL: strings.TrimSuffix(c.mirrorOf(d), "/") + "/" + d.Filename,
 			}},
 		})
 		debRefs = append(debRefs, ref)
@@ -97,10 +97,10 @@ func makeSBOM(c *buildConfig, p v1.Platform, bin string, debs []pin) ([]byte, er
 		Component: &cdx.Component{
 			BOMRef:      root,
 			Type:        cdx.ComponentTypeContainer,
-			Name:        "ephemera-scratch",
+			Name:        c.Name,
 			Version:     c.Version,
 			PackageURL:  root,
-			Description: "the " + platformString(p) + " image of the Ephemera scratch driver",
+			Description: "the " + platformString(p) + " image of " + c.Name,
 		},
 		Properties: &props,
 	}

@@ -29,7 +29,11 @@ func shipped(t *testing.T) (v1.ImageIndex, *buildConfig) {
 	if dir == "" {
 		t.Skip("EPHEMERA_IMAGE_LAYOUT unset: make image-check runs this against make image's output")
 	}
-	c, _, err := parseBuildFlags(strings.Fields(os.Getenv("EPHEMERA_IMAGE_BUILD_FLAGS")+" -out "+t.TempDir()+"/oci"), 0)
+	args, err := shellWords(os.Getenv("EPHEMERA_IMAGE_BUILD_FLAGS"))
+	if err != nil {
+		t.Fatalf("EPHEMERA_IMAGE_BUILD_FLAGS: %v", err)
+	}
+	c, _, err := parseBuildFlags(append(args, "-out", t.TempDir()+"/oci"), 0)
 	if err != nil {
 		t.Fatalf("EPHEMERA_IMAGE_BUILD_FLAGS: %v", err)
 	}
@@ -53,6 +57,42 @@ func shipped(t *testing.T) (v1.ImageIndex, *buildConfig) {
 		t.Fatal(err)
 	}
 	return idx, c
+}
+
+// shellWords splits make's IMAGE_FLAGS as the shell does: words apart at blanks,
+// single and double quotes kept together (without escapes inside; make image's
+// values need none).
+func shellWords(s string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	in, quote := false, byte(0)
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case quote != 0 && ch == quote:
+			quote = 0
+		case quote != 0:
+			cur.WriteByte(ch)
+		case ch == '\'' || ch == '"':
+			quote, in = ch, true
+		case ch == ' ' || ch == '\t' || ch == '\n':
+			if in {
+				words = append(words, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteByte(ch)
+			in = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unterminated %c quote in %q", quote, s)
+	}
+	if in {
+		words = append(words, cur.String())
+	}
+	return words, nil
 }
 
 // layerFiles reads one layer into path -> entry (symlinks and files).
@@ -114,14 +154,6 @@ func resolve(files map[string]debEntry, name string) (debEntry, bool) {
 		}
 	}
 	return debEntry{}, false
-}
-
-var triplets = map[string]struct {
-	dir     string
-	machine elf.Machine
-}{
-	"amd64": {"x86_64-linux-gnu", elf.EM_X86_64},
-	"arm64": {"aarch64-linux-gnu", elf.EM_AARCH64},
 }
 
 // checkELFs: every ELF of the layer is of the platform's machine, and its interpreter
@@ -215,8 +247,8 @@ func TestShippedLayout(t *testing.T) {
 			t.Errorf("index annotation %s = %q, want %q", k, im.Annotations[k], v)
 		}
 	}
-	if len(im.Manifests) != 2*len(platforms) {
-		t.Fatalf("%d manifests in the index, want %d (an image and an SBOM per platform)", len(im.Manifests), 2*len(platforms))
+	if len(im.Manifests) != 2*len(c.Platforms) {
+		t.Fatalf("%d manifests in the index, want %d (an image and an SBOM per platform)", len(im.Manifests), 2*len(c.Platforms))
 	}
 	images := map[string]v1.Descriptor{}
 	sboms := map[string]v1.Descriptor{}
@@ -236,7 +268,7 @@ func TestShippedLayout(t *testing.T) {
 		}
 		images[platformString(*d.Platform)] = d
 	}
-	for _, p := range platforms {
+	for _, p := range c.Platforms {
 		ps := platformString(p)
 		t.Run(strings.ReplaceAll(ps, "/", "-"), func(t *testing.T) {
 			d, ok := images[ps]
@@ -278,6 +310,10 @@ func TestShippedLayout(t *testing.T) {
 			}
 			base, top := layerFiles(t, layers[0]), layerFiles(t, layers[1])
 			bin := c.Binaries[ps]
+			if bin == "" {
+				bin = c.binaryPath(p) // make image's -bin-out
+			}
+			windowsBinary, linuxBinary := c.windowsBinary(), c.linuxBinary()
 			if p.OS == "windows" {
 				if cf.Config.User != "" || len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != windowsBinary {
 					t.Errorf("config user %q entrypoint %v", cf.Config.User, cf.Config.Entrypoint)
@@ -365,10 +401,13 @@ func checkSBOM(t *testing.T, idx v1.ImageIndex, d, subject v1.Descriptor, c *bui
 		}
 	}
 	if p.OS == "linux" {
-		for _, dp := range debPackages {
-			pn, _ := findPin(c.Pins, p.Architecture, dp.Name)
-			if have[dp.Name] != pn.Version {
-				t.Errorf("SBOM: Debian package %s version %q, the pin %q", dp.Name, have[dp.Name], pn.Version)
+		closure, missing := pinnedClosure(c.Pins, p.Architecture, c.Packages)
+		if len(missing) > 0 {
+			t.Fatalf("the pins lack %v", missing)
+		}
+		for _, pn := range closure[:len(c.Packages)] {
+			if have[pn.Package] != pn.Version {
+				t.Errorf("SBOM: Debian package %s version %q, the pin %q", pn.Package, have[pn.Package], pn.Version)
 			}
 		}
 	}
@@ -471,7 +510,7 @@ func TestShippedToolsRun(t *testing.T) {
 		{"/sbin/mkfs.ext4", "-F", "-q", "/ext4.img"},
 		{"/sbin/debugfs", "-R", "stats", "/ext4.img"},
 		{"/sbin/mkfs.xfs", "-f", "-q", "/xfs.img"},
-		{"/" + linuxBinary, "version"},
+		{"/" + c.linuxBinary(), "version"},
 	} {
 		cmd := exec.Command("chroot", append([]string{root}, args...)...)
 		cmd.Env = []string{linuxPath}

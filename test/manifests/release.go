@@ -507,22 +507,32 @@ func (r *Release) writePlugins() error {
 
 // ---- the module proxy
 
+// ImagesModule is the image builder's module (deploy/images, nested in the
+// repository): released with the module's version, tagged deploy/images/VERSION as Go
+// finds a nested module's versions, so that an author runs
+// go run github.com/ephemera-csi/ephemera/deploy/images@VERSION build ... (docs/authors.md,
+// "The image").
+const ImagesModule = Module + "/deploy/images"
+
+// imagesModuleDir is ImagesModule's directory in the repository.
+const imagesModuleDir = "deploy/images"
+
 // ModuleProxyDir is the directory of the module's .info, .mod and .zip below the
 // file-based proxy (GOPROXY=file://OUT/goproxy).
-func ModuleProxyDir(proxy string) string {
-	return filepath.Join(proxy, filepath.FromSlash(Module), "@v")
+func ModuleProxyDir(proxy string) string { return ModulePathProxyDir(proxy, Module) }
+
+// ModulePathProxyDir is the directory of a module path's @v files below the proxy.
+func ModulePathProxyDir(proxy, path string) string {
+	return filepath.Join(proxy, filepath.FromSlash(path), "@v")
 }
 
-// writeModuleProxy writes the module at Revision as a GOPROXY protocol directory:
-// @v/list, VERSION.info, VERSION.mod (go.mod at Revision) and VERSION.zip (the
-// module zip format, golang.org/x/mod/zip: what `go mod download` would fetch from
-// a VCS, nested modules such as examples/ and test/manifests left out).
+// writeModuleProxy writes the module and ImagesModule at Revision as a GOPROXY
+// protocol directory: for each, @v/list, VERSION.info, VERSION.mod (go.mod at
+// Revision) and VERSION.zip (the module zip format, golang.org/x/mod/zip: what `go mod
+// download` would fetch from a VCS, nested modules such as examples/ and
+// test/manifests left out of the module's). Their dependencies are not in it: authors
+// add the module cache or proxy.golang.org after it (GOPROXY=file://.../goproxy,https://proxy.golang.org).
 func (r *Release) writeModuleProxy() error {
-	v := r.ModuleVersion()
-	dir := ModuleProxyDir(filepath.Join(r.Out, ProxyDir))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	archive, err := gitOutput(r.Root, "-c", "core.autocrlf=input", "-c", "core.eol=lf", "archive", "--format=zip", r.Revision)
 	if err != nil {
 		return err
@@ -531,14 +541,28 @@ func (r *Release) writeModuleProxy() error {
 	if err != nil {
 		return err
 	}
+	if err := r.writeModule(zr, Module, ""); err != nil {
+		return err
+	}
+	return r.writeModule(zr, ImagesModule, imagesModuleDir+"/")
+}
+
+// writeModule writes one module of the archive, the files below prefix, as path.
+func (r *Release) writeModule(zr *zip.Reader, path, prefix string) error {
+	v := r.ModuleVersion()
+	dir := ModulePathProxyDir(filepath.Join(r.Out, ProxyDir), path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	var files []modzip.File
 	var gomod []byte
 	for _, f := range zr.File {
-		if strings.HasSuffix(f.Name, "/") {
+		name, ok := strings.CutPrefix(f.Name, prefix)
+		if strings.HasSuffix(f.Name, "/") || !ok {
 			continue
 		}
-		files = append(files, gitFile{f})
-		if f.Name == "go.mod" {
+		files = append(files, gitFile{f, name})
+		if name == "go.mod" {
 			rc, err := f.Open()
 			if err != nil {
 				return err
@@ -551,17 +575,21 @@ func (r *Release) writeModuleProxy() error {
 		}
 	}
 	if gomod == nil {
-		return fmt.Errorf("no go.mod at %s", r.Revision)
+		return fmt.Errorf("no %sgo.mod at %s", prefix, r.Revision)
 	}
 	var zbuf bytes.Buffer
-	if err := modzip.Create(&zbuf, module.Version{Path: Module, Version: v}, files); err != nil {
-		return err
+	if err := modzip.Create(&zbuf, module.Version{Path: path, Version: v}, files); err != nil {
+		return fmt.Errorf("%s@%s: %w", path, v, err)
+	}
+	origin := map[string]string{"VCS": "git", "Hash": r.Revision}
+	if prefix != "" {
+		origin["Subdir"] = strings.TrimSuffix(prefix, "/")
 	}
 	info, err := json.Marshal(struct {
 		Version string
 		Time    string
 		Origin  map[string]string `json:",omitempty"`
-	}{v, r.Epoch.UTC().Format(time.RFC3339), map[string]string{"VCS": "git", "Hash": r.Revision}})
+	}{v, r.Epoch.UTC().Format(time.RFC3339), origin})
 	if err != nil {
 		return err
 	}
@@ -575,9 +603,13 @@ func (r *Release) writeModuleProxy() error {
 	return nil
 }
 
-type gitFile struct{ f *zip.File }
+// gitFile is a file of git's archive, named relative to its module's root.
+type gitFile struct {
+	f    *zip.File
+	name string
+}
 
-func (g gitFile) Path() string                 { return g.f.Name }
+func (g gitFile) Path() string                 { return g.name }
 func (g gitFile) Lstat() (os.FileInfo, error)  { return g.f.FileInfo(), nil }
 func (g gitFile) Open() (io.ReadCloser, error) { return g.f.Open() }
 
@@ -610,9 +642,9 @@ func (r *Release) writeNotes(digest string) error {
 	var s strings.Builder
 	fmt.Fprintf(&s, "# Ephemera %s\n\n", r.Version)
 	fmt.Fprintf(&s, "Image index `%s:%s@%s` (linux/amd64, linux/arm64, windows/amd64 HostProcess, an SBOM each) in `%s`; "+
-		"chart `%s`; manifests in `%s/`; the Go module %s@%s in `%s/` (GOPROXY=file://...); checksums in `%s`. "+
+		"chart `%s`; manifests in `%s/`; the Go modules %s and %s (the image builder) at %s in `%s/` (GOPROXY=file://...); checksums in `%s`. "+
 		"Installing: docs/operations.md, \"Installing a release\".\n\n",
-		r.ImageRepo, r.Version, digest, r.ImageArchive(), r.ChartArchive(), ManifestsDir, Module, r.ModuleVersion(), ProxyDir, SumsFile)
+		r.ImageRepo, r.Version, digest, r.ImageArchive(), r.ChartArchive(), ManifestsDir, Module, ImagesModule, r.ModuleVersion(), ProxyDir, SumsFile)
 	fmt.Fprintf(&s, "## Changes (docs/changelog.md, %s)\n\n%s\n", from, strings.TrimSpace(section))
 	return os.WriteFile(filepath.Join(r.Out, NotesFile), []byte(s.String()), 0o644)
 }

@@ -246,7 +246,7 @@ func TestReleaseVersions(t *testing.T) {
 }
 
 // TestAuthorBuildsAgainstRelease is docs/authors.md's "Building against a
-// release": examples/hello, its replace directive dropped and the release's
+// release" and "The image": examples/hello, its replace directive dropped and the release's
 // version required, builds with the release's file-based module proxy
 // (GOPROXY=file://.../goproxy, GONOSUMDB for the module). The other modules come
 // from the module cache's download directory, itself a file proxy, into an
@@ -301,6 +301,12 @@ func TestAuthorBuildsAgainstRelease(t *testing.T) {
 		t.Helper()
 		cmd := exec.Command("go", args...)
 		cmd.Dir, cmd.Env = mod, env
+		if args[0] == "run" {
+			// go run MODULE@VERSION checks its dependencies against the checksum
+			// database, not the module's go.sum: no sum.golang.org here (an author's
+			// machine has it), so the test turns the database off for it.
+			cmd.Env = append(cmd.Env[:len(cmd.Env):len(cmd.Env)], "GOSUMDB=off")
+		}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -315,5 +321,31 @@ func TestAuthorBuildsAgainstRelease(t *testing.T) {
 	sum, _ := os.ReadFile(filepath.Join(mod, "go.sum"))
 	if !strings.Contains(string(sum), Module+" "+version+" h1:") {
 		t.Errorf("go.sum has no hash of %s@%s", Module, version)
+	}
+
+	// docs/authors.md's "The image": the release's image builder (the nested module
+	// deploy/images, from the proxy) builds the example's image from its module. No
+	// -packages: no Debian index or .deb, nothing from the network.
+	out := filepath.Join(t.TempDir(), "image")
+	got := run("run", ImagesModule+"@"+version, "build", "-main", ".", "-name", "hello", "-platforms", "linux/amd64",
+		"-out", out, "-archive", out+".tar", "-version", version, "-revision", "0123abc", "-source-date-epoch", "1700000000")
+	if !strings.Contains(got, "image index sha256:") {
+		t.Errorf("the release's builder said:\n%s", got)
+	}
+	idx, err := os.ReadFile(filepath.Join(out, "index.json"))
+	var index struct {
+		Manifests []struct{ Annotations map[string]string }
+	}
+	if err == nil {
+		err = json.Unmarshal(idx, &index)
+	}
+	if err != nil || len(index.Manifests) != 1 || index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != version {
+		t.Errorf("the layout's index.json (%v):\n%s", err, idx)
+	}
+	if st, err := os.Stat(out + ".tar"); err != nil || st.Size() == 0 {
+		t.Errorf("no OCI archive: %v", err)
+	}
+	if got := strings.TrimSpace(run("list", "-m", "-f", "{{.Version}}", ImagesModule+"@"+version)); got != version {
+		t.Errorf("%s resolves to %s from the release's proxy, want %s", ImagesModule, got, version)
 	}
 }
