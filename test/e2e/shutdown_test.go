@@ -19,6 +19,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ephemera-csi/ephemera/test/e2e/logind"
@@ -498,6 +499,7 @@ func TestGracefulNodeShutdown(t *testing.T) {
 	t3 := time.Now()
 	cancelShutdown(t, s)
 	since := time.Now()
+	regBefore := registrations()
 	if err := s.restartKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -507,26 +509,15 @@ func TestGracefulNodeShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The DaemonSet controller replaces the driver's failed pod.
-	var newDrv *corev1.Pod
-	err = waitFor(ctx, 90*time.Second, 200*time.Millisecond, "a new driver pod running on "+s.name, func() (bool, error) {
-		pods, err := c.cs.CoreV1().Pods(ds.GetNamespace()).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + s.name})
-		if err != nil {
-			return false, err
-		}
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if p.UID != drvPod.UID && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && strings.HasPrefix(p.Name, ds.GetName()) {
-				newDrv = p
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.waitDriverRegistered(t, 0, registrations, newDrv)
+	newDrv := s.newDriverPod(t, ds, drvPod)
+	s.waitDriverRegistered(t, regBefore, registrations, newDrv)
 	c.step("node back: shutdown cancelled, kubelet restarted, new driver pod registered", t3)
+
+	if os.Getenv("EPHEMERA_E2E_SHUTDOWN_CONTROL") == "1" {
+		t.Run("driver at priority 0", func(t *testing.T) {
+			newDrv = s.driverAtPriorityZero(t, ds, newDrv, registrations)
+		})
+	}
 
 	// It works: a new pod's volume is published; then every pod is deleted
 	// and nothing is left.
@@ -610,4 +601,125 @@ func driverContainerIn(spec map[string]any) map[string]any {
 		}
 	}
 	return map[string]any{}
+}
+
+// newDriverPod waits for a pod of the DaemonSet ds on the node, Running, other
+// than old (the DaemonSet controller's replacement), and returns it.
+func (s *shutdownNode) newDriverPod(t *testing.T, ds *unstructured.Unstructured, old *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	var pod *corev1.Pod
+	err := waitFor(ctx, 90*time.Second, 200*time.Millisecond, "a new driver pod running on "+s.name, func() (bool, error) {
+		pods, err := s.c.cs.CoreV1().Pods(ds.GetNamespace()).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + s.name})
+		if err != nil {
+			return false, err
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.UID != old.UID && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && strings.HasPrefix(p.Name, ds.GetName()) {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// setDriverPriorityClass sets (or, with "", removes) the priorityClassName of
+// the DaemonSet's pod template; the rollout replaces the node's driver pod.
+func (c *cluster) setDriverPriorityClass(t *testing.T, ds *unstructured.Unstructured, class string) {
+	t.Helper()
+	v := "null"
+	if class != "" {
+		v = fmt.Sprintf("%q", class)
+	}
+	patch := `{"spec":{"template":{"spec":{"priorityClassName":` + v + `}}}}`
+	if _, err := c.cs.AppsV1().DaemonSets(ds.GetNamespace()).Patch(context.Background(), ds.GetName(), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// driverAtPriorityZero is the control of TestGracefulNodeShutdown
+// (EPHEMERA_E2E_SHUTDOWN_CONTROL=1, about a minute more): the same shutdown
+// with the driver's priorityClassName removed, as a chart installed with
+// priorityClassName="" has it. The driver is then in the workloads' group,
+// killed with them: their unpublishes find no driver, the kubelet waits the
+// group's whole grace period for unmounts that cannot happen and releases its
+// lock with the volumes still mounted (what kubernetes/kubernetes#115148's
+// reporters saw). Then the class is restored, the node comes back and the
+// kubelet unpublishes them through the new driver. Returns the driver pod
+// running at the end.
+func (s *shutdownNode) driverAtPriorityZero(t *testing.T, ds *unstructured.Unstructured, drv *corev1.Pod, registrations func() int) *corev1.Pod {
+	c := s.c
+	ctx := context.Background()
+	before := registrations()
+	c.setDriverPriorityClass(t, ds, "")
+	restored := false
+	defer func() {
+		if !restored {
+			c.setDriverPriorityClass(t, ds, "system-node-critical")
+		}
+	}()
+	drv = s.newDriverPod(t, ds, drv)
+	s.waitDriverRegistered(t, before, registrations, drv)
+	if drv.Spec.Priority == nil || *drv.Spec.Priority != 0 {
+		t.Fatalf("the driver's pod without a priority class has priority %v, want 0", drv.Spec.Priority)
+	}
+	var targets []string
+	for i := range 2 {
+		vol := tmpfsVolume("v", "8Mi")
+		p := c.newPod(shutdownNS, fmt.Sprintf("control-%d", i), vol, steps(st("write", "/data/f", "4096"), st("pause")))
+		p.Spec.NodeName = s.name
+		p = c.waitRunning(t, c.createPod(t, p), runningTimeout)
+		targets = append(targets, filepath.Join(s.kubeletRoot, "pods", string(p.UID), "volumes", "kubernetes.io~csi", vol.Name, "mount"))
+	}
+	_, pid := s.containerPID(t, drv)
+	watch := watchOrder(targets, pid)
+	res := gracefulShutdown(t, s)
+	watch.stop()
+	var still []string
+	for _, tg := range targets {
+		if len(mountsAt(tg)) > 0 {
+			still = append(still, tg)
+		}
+	}
+	t.Logf("CONTROL the kubelet released its lock %v after the announcement; the driver's process exited %v after it; %d of %d workload volumes still mounted at the release",
+		res.Done.Sub(res.Announced).Round(time.Millisecond), watch.driverExit.Sub(res.Announced).Round(time.Millisecond), len(still), len(targets))
+	if len(still) == 0 {
+		t.Errorf("with the driver at priority 0 every volume was unmounted before the release: the control shows nothing (the kubelet's order is not what the scenario proves)")
+	}
+	if watch.driverExit.IsZero() || watch.driverExit.After(res.Done) {
+		t.Errorf("the driver's process exited at %v, want before the release at %v", watch.driverExit, res.Done)
+	}
+	if n := strings.Count(readFile(s.kubelet.logPath), "not found in the list of registered CSI drivers"); n == 0 {
+		t.Errorf("the kubelet's log has no failed unmount for want of the driver")
+	}
+
+	// Back: the class restored, the shutdown called off, the kubelet restarted;
+	// the new driver unpublishes what was left.
+	c.setDriverPriorityClass(t, ds, "system-node-critical")
+	restored = true
+	cancelShutdown(t, s)
+	before = registrations()
+	if err := s.restartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	drv = s.newDriverPod(t, ds, drv)
+	s.waitDriverRegistered(t, before, registrations, drv)
+	err := waitFor(ctx, 90*time.Second, 200*time.Millisecond, "the left volumes unmounted", func() (bool, error) {
+		for _, tg := range targets {
+			if len(mountsAt(tg)) > 0 {
+				return false, fmt.Errorf("%s still mounted", tg)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	return drv
 }
