@@ -213,27 +213,31 @@ type orderWatch struct {
 
 func watchOrder(targets []string, driverPID int) *orderWatch {
 	w := &orderWatch{stopc: make(chan struct{}), done: make(chan struct{}), unmounted: map[string]time.Time{}}
+	sample := func() {
+		now := time.Now()
+		if ms, err := readMountInfo(); err == nil {
+			for _, tg := range targets {
+				if _, seen := w.unmounted[tg]; seen {
+					continue
+				}
+				if !slices.ContainsFunc(ms, func(m mountInfo) bool { return m.MountPoint == tg }) {
+					w.unmounted[tg] = now
+				}
+			}
+		}
+		if w.driverExit.IsZero() && !processRunning(driverPID) {
+			w.driverExit = now
+		}
+	}
 	go func() {
 		defer close(w.done)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			now := time.Now()
-			if ms, err := readMountInfo(); err == nil {
-				for _, tg := range targets {
-					if _, seen := w.unmounted[tg]; seen {
-						continue
-					}
-					if !slices.ContainsFunc(ms, func(m mountInfo) bool { return m.MountPoint == tg }) {
-						w.unmounted[tg] = now
-					}
-				}
-			}
-			if w.driverExit.IsZero() && !processRunning(driverPID) {
-				w.driverExit = now
-			}
+			sample()
 			select {
 			case <-w.stopc:
+				sample() // what changed since the last tick, at the latest now
 				return
 			case <-tick.C:
 			}
