@@ -529,6 +529,9 @@ func TestGracefulNodeShutdown(t *testing.T) {
 	p := c.newPod(shutdownNS, "after", vol, steps(st("write", "/data/f", "4096"), st("pause")))
 	p.Spec.NodeName = s.name
 	p = c.waitRunning(t, c.createPod(t, p), runningTimeout)
+	if tg := filepath.Join(s.kubeletRoot, "pods", string(p.UID), "volumes", "kubernetes.io~csi", vol.Name, "mount"); len(mountsAt(tg)) != 1 {
+		t.Errorf("pod %s after the node came back: %d mounts at %s, want 1", p.Name, len(mountsAt(tg)), tg)
+	}
 	if err := c.deletePodsIn(ctx, shutdownNS, goneTimeout); err != nil {
 		t.Fatal(err)
 	}
