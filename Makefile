@@ -156,6 +156,9 @@ E2E_MANYPODS_ROUNDS ?= 1
 # 1: TestFullNode also starts 110 emptyDir and 110 inline pods without faults first, for the
 # time-to-all-Running ratio (about three minutes more).
 E2E_FULLNODE_COMPARE ?=
+# 1: TestGracefulNodeShutdown also runs its control, the same shutdown with the driver at priority 0
+# (its volumes stay mounted; about 20 s more).
+E2E_SHUTDOWN_CONTROL ?=
 
 # K8S_VERSION: the Kubernetes release of e2e (and of make test's e2e step). The default is the one
 # test/e2e/k8s/go.mod pins (v1.37.2); each other supported minor has test/e2e/k8s/v1.MINOR.mod (+ .sum), which
@@ -185,7 +188,7 @@ e2e: build-static $(if $(filter beside,$(E2E_IMAGE)),,image)
 	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_RUNC_BIN:-}" ]; then .ci/step build-runc bash -c 'test/e2e/build-runc.sh >/dev/null'; fi
 	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  EPHEMERA_E2E_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) $(if $(filter beside,$(E2E_IMAGE)),EPHEMERA_E2E_IMAGE_WAIT=30m) \
-	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
+	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) EPHEMERA_E2E_SHUTDOWN_CONTROL=$(E2E_SHUTDOWN_CONTROL) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
 
 # Linters, pinned; built into $(OUT)/tools on first use.
 TOOLS          := $(CURDIR)/$(OUT)/tools

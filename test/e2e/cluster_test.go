@@ -106,7 +106,13 @@ type node struct {
 	kubeletArgs                     []string
 	// extraKubeletArgs go after the harness's kubelet flags (set before
 	// startKubelet; TestStartupTaint: --register-with-taints).
-	extraKubeletArgs        []string
+	extraKubeletArgs []string
+	// extraKubeletConfig is appended to the KubeletConfiguration (fields the
+	// harness does not set; TestGracefulNodeShutdown: the shutdown grace
+	// periods), kubeletEnv to the kubelet's environment; set both before
+	// startKubelet.
+	extraKubeletConfig      string
+	kubeletEnv              []string
 	kubeletRoot, podLogsDir string
 	criEndpoint             string
 	// podCgroups is the kubelet's cgroupsPerQOS: true (newNode's default, as on
@@ -774,7 +780,7 @@ maxPods: 200
 kubeAPIQPS: 100
 kubeAPIBurst: 200
 registerNode: true
-`, n.kubeletPort, n.kubeletHealthzPort, n.criEndpoint, n.cgroupConfig(), n.podLogsDir, filepath.Join(n.dir, "volume-plugins"))
+`, n.kubeletPort, n.kubeletHealthzPort, n.criEndpoint, n.cgroupConfig(), n.podLogsDir, filepath.Join(n.dir, "volume-plugins")) + n.extraKubeletConfig
 }
 
 // cgroupConfig is the node's pod cgroup settings of its KubeletConfiguration
@@ -821,7 +827,7 @@ func (n *node) startKubelet(ctx context.Context) error {
 func (n *node) runKubelet(ctx context.Context, first bool) error {
 	c := n.c
 	var err error
-	n.kubelet, err = c.startProc("kubelet"+n.suffix, filepath.Join(c.binDir, "kubelet"), n.kubeletArgs, nil)
+	n.kubelet, err = c.startProc("kubelet"+n.suffix, filepath.Join(c.binDir, "kubelet"), n.kubeletArgs, n.kubeletEnv)
 	if err != nil {
 		return err
 	}

@@ -6,19 +6,20 @@
 # verify regenerates the plugin protocol's Go), and for the user-namespace
 # scenarios (TestUserNamespaces) what build-runc.sh needs to build runc >= 1.2
 # (gcc, pkg-config, libseccomp-dev) and their pod network's CNI plugins
-# (containernetworking-plugins: bridge, host-local, loopback). Idempotent: does
-# nothing when all are present.
+# (containernetworking-plugins: bridge, host-local, loopback), and dbus-daemon for
+# the private system bus of the graceful node shutdown scenario (TestGracefulNodeShutdown,
+# test/e2e/logind). Idempotent: does nothing when all are present.
 set -euo pipefail
 missing=()
 for pair in containerd:containerd runc:runc ctr:containerd docker-registry:docker-registry mkfs.ext4:e2fsprogs \
-	mkfs.xfs:xfsprogs losetup:util-linux protoc:protobuf-compiler gcc:gcc pkg-config:pkg-config; do
+	mkfs.xfs:xfsprogs losetup:util-linux protoc:protobuf-compiler gcc:gcc pkg-config:pkg-config dbus-daemon:dbus-daemon; do
 	command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 for pair in /usr/include/seccomp.h:libseccomp-dev /usr/lib/cni/bridge:containernetworking-plugins; do
 	[[ -e "${pair%%:*}" ]] || missing+=("${pair#*:}")
 done
 if [[ ${#missing[@]} == 0 ]]; then
-	echo "install-deps: containerd $(containerd --version | awk '{print $3}'), $(runc --version | head -1), docker-registry, mkfs, losetup, protoc, gcc, libseccomp-dev and the CNI plugins already installed" >&2
+	echo "install-deps: containerd $(containerd --version | awk '{print $3}'), $(runc --version | head -1), docker-registry, mkfs, losetup, protoc, gcc, libseccomp-dev, the CNI plugins and dbus-daemon already installed" >&2
 	exit 0
 fi
 sudo=""

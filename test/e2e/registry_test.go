@@ -256,12 +256,19 @@ func (c *cluster) waitImagePullBackOff(t *testing.T, p *corev1.Pod, d time.Durat
 // A --kubelet-cgroup-root in the args gets the node's cgroupRoot
 // (withKubeletCgroupRoot).
 func (c *cluster) forThisNode(ds *unstructured.Unstructured, stateRoot, image string, metricsPort int) error {
+	return c.node.forNode(ds, stateRoot, image, metricsPort)
+}
+
+// forNode is forThisNode for the node n (its kubelet root and cgroupRoot; the
+// caller pins the DaemonSet to n with a nodeSelector).
+func (n *node) forNode(ds *unstructured.Unstructured, stateRoot, image string, metricsPort int) error {
+	c := n.c
 	spec, ok, err := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
 	if err != nil || !ok {
 		return fmt.Errorf("DaemonSet %s: no pod template (%v)", ds.GetName(), err)
 	}
 	if stateRoot != "" {
-		repl := strings.NewReplacer("/var/lib/kubelet", c.kubeletRoot, "/var/lib/ephemera", stateRoot,
+		repl := strings.NewReplacer("/var/lib/kubelet", n.kubeletRoot, "/var/lib/ephemera", stateRoot,
 			":9809", fmt.Sprintf(":%d", metricsPort))
 		spec = replaceStrings(spec, repl).(map[string]any)
 	}
@@ -295,17 +302,17 @@ func (c *cluster) forThisNode(ds *unstructured.Unstructured, stateRoot, image st
 	if err := unstructured.SetNestedMap(ds.Object, spec, "spec", "template", "spec"); err != nil {
 		return err
 	}
-	return c.withKubeletCgroupRoot(ds)
+	return n.withKubeletCgroupRoot(ds)
 }
 
 // withKubeletCgroupRoot sets the value of every --kubelet-cgroup-root flag in
-// the args of a rendered DaemonSet's containers to the first node's
+// the args of a rendered DaemonSet's containers to the node's
 // cgroupRoot, as an operator sets it to the kubelet's --cgroup-root: the
 // manifests say "/", the default, where no kubelet of the harness keeps its
 // pods (see "Pod cgroups" in README.md). A DaemonSet without the flag is
 // left as it is.
-func (c *cluster) withKubeletCgroupRoot(ds *unstructured.Unstructured) error {
-	if !c.podCgroups {
+func (n *node) withKubeletCgroupRoot(ds *unstructured.Unstructured) error {
+	if !n.podCgroups {
 		return nil
 	}
 	containers, _, err := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
@@ -318,9 +325,9 @@ func (c *cluster) withKubeletCgroupRoot(ds *unstructured.Unstructured) error {
 		for i, a := range args {
 			s, _ := a.(string)
 			if strings.HasPrefix(s, "--kubelet-cgroup-root=") {
-				args[i] = "--kubelet-cgroup-root=" + c.cgroupRoot
+				args[i] = "--kubelet-cgroup-root=" + n.cgroupRoot
 			} else if s == "--kubelet-cgroup-root" && i+1 < len(args) {
-				args[i+1] = c.cgroupRoot
+				args[i+1] = n.cgroupRoot
 			}
 		}
 	}
