@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -157,7 +156,8 @@ func TestScaffoldedDriver(t *testing.T) {
 // module and the image builder's (deploy/images) at one pseudo-version, as a
 // release's goproxy/ serves them: each zipped from the files git knows in the
 // working tree (tracked, and untracked but not ignored), nested modules left
-// out, as `go mod download` of a tag would fetch them. It returns the version and
+// out, as `go mod download` of a tag would fetch them (test/manifests' Release
+// makes a release's the same way, from a commit's files). It returns the version and
 // the environment an author's commands run in: that proxy, then the module
 // cache's download directory (itself a file proxy; make test has filled it), no
 // checksum database (the proxy's zips are this tree's), the local toolchain.
@@ -173,35 +173,17 @@ func (c *cluster) sdkProxy(t *testing.T, dir string) (string, []string) {
 		t.Fatalf("git ls-files: %v", err)
 	}
 	var all []string
-	nested := map[string]bool{} // directories of the nested modules
 	for _, f := range strings.Split(string(files), "\x00") {
-		if f == "" {
-			continue
-		}
-		if _, err := os.Lstat(filepath.Join(c.repoRoot, f)); err != nil {
-			continue // deleted in the working tree
-		}
-		all = append(all, f)
-		if path.Base(f) == "go.mod" && f != "go.mod" {
-			nested[path.Dir(f)] = true
+		if _, err := os.Lstat(filepath.Join(c.repoRoot, f)); f != "" && err == nil { // not deleted in the working tree
+			all = append(all, f)
 		}
 	}
-	// owner is the directory of the module a file belongs to: the deepest module
-	// directory above it ("" for the root module).
-	owner := func(f string) string {
-		o := ""
-		for d := range nested {
-			if strings.HasPrefix(f, d+"/") && len(d) > len(o) {
-				o = d
-			}
-		}
-		return o
-	}
-	for _, m := range []struct{ path, dir string }{{sdkModule, ""}, {builderModule, "deploy/images"}} {
+	for _, m := range []struct{ path, dir string }{{sdkModule, ""}, {builderModule, "deploy/images/"}} {
+		// modzip leaves out the files of nested modules (directories with a go.mod).
 		var zf []modzip.File
 		for _, f := range all {
-			if owner(f) == m.dir {
-				zf = append(zf, treeFile{root: c.repoRoot, path: f, rel: strings.TrimPrefix(f, m.dir+"/")})
+			if rel, ok := strings.CutPrefix(f, m.dir); ok {
+				zf = append(zf, treeFile{root: c.repoRoot, path: f, rel: rel})
 			}
 		}
 		at := filepath.Join(dir, filepath.FromSlash(m.path), "@v")
