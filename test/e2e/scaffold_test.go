@@ -77,7 +77,8 @@ func TestScaffoldedDriver(t *testing.T) {
 
 	// make image: the scaffold's Makefile runs the SDK's builder at go.mod's version.
 	t2 := time.Now()
-	mk := exec.CommandContext(ctx, "make", "image", "PLATFORMS=linux/amd64")
+	// VERSION as `make release VERSION=...` sets it: the tag deploy/values.yaml names.
+	mk := exec.CommandContext(ctx, "make", "image", "PLATFORMS=linux/amd64", "VERSION="+tagInVal)
 	mk.Dir = mod
 	mk.Env = env
 	out, err := mk.CombinedOutput()
@@ -88,7 +89,7 @@ func TestScaffoldedDriver(t *testing.T) {
 	if len(archives) != 1 {
 		t.Fatalf("make image wrote %d archives (%v), want one\n%s", len(archives), archives, out)
 	}
-	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", "--base-name", repo, archives[0]); err != nil {
+	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", archives[0]); err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", archives[0], err, out)
 	}
 	image := repo + ":" + tagInVal
