@@ -75,7 +75,9 @@ func TestScaffoldedDriver(t *testing.T) {
 	}
 	c.step("ephemera new example.com/"+name, t1)
 
-	// make image: the scaffold's Makefile runs the SDK's builder at go.mod's version.
+	// make image: the scaffold's Makefile runs the SDK's builder at go.mod's
+	// version. Its archive tags the index VERSION (org.opencontainers.image.ref.name);
+	// ctr names it REPO:VERSION with --base-name.
 	t2 := time.Now()
 	// VERSION as `make release VERSION=...` sets it: the tag deploy/values.yaml names.
 	mk := exec.CommandContext(ctx, "make", "image", "PLATFORMS=linux/amd64", "VERSION="+tagInVal)
@@ -89,7 +91,7 @@ func TestScaffoldedDriver(t *testing.T) {
 	if len(archives) != 1 {
 		t.Fatalf("make image wrote %d archives (%v), want one\n%s", len(archives), archives, out)
 	}
-	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", archives[0]); err != nil {
+	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", "--base-name", repo, archives[0]); err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", archives[0], err, out)
 	}
 	image := repo + ":" + tagInVal
