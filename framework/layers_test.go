@@ -30,6 +30,7 @@ var layers = map[string]int{
 	"framework/internal/unixsock":                0,
 	"framework/internal/winpath":                 0,
 	"framework/internal/words":                   0,
+	"drivers/scratch/internal/buildinfo":         0,
 	"api":                                        1,
 	"framework/store":                            2,
 	"framework/content":                          2,

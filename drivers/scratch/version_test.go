@@ -10,19 +10,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/buildinfo"
 	"github.com/ephemera-csi/ephemera/framework/store/boltstore"
 )
 
 func TestPrintVersion(t *testing.T) {
 	var out bytes.Buffer
-	printVersion(&out, buildInfo{Version: "v1.2.3", Commit: "abc123-dirty", BuildTime: "2026-01-02T03:04:05Z", GoVersion: "go1.26.8", Platform: "linux/amd64"})
+	printVersion(&out, buildinfo.Info{Version: "v1.2.3", Commit: "abc123-dirty", BuildTime: "2026-01-02T03:04:05Z", GoVersion: "go1.26.8", Platform: "linux/amd64"})
 	want := "ephemera-scratch v1.2.3\ngit commit: abc123-dirty\ncommit time: 2026-01-02T03:04:05Z\ngo: go1.26.8 linux/amd64\n" +
 		fmt.Sprintf("state file: schema %d, records version 1\n", boltstore.SchemaVersion)
 	if out.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
 	}
 	out.Reset()
-	printVersion(&out, buildInfo{Version: "dev", GoVersion: "go1.26.8", Platform: "linux/amd64"})
+	printVersion(&out, buildinfo.Info{Version: "dev", GoVersion: "go1.26.8", Platform: "linux/amd64"})
 	if !strings.Contains(out.String(), "git commit: unknown") || strings.Contains(out.String(), "commit time") {
 		t.Errorf("without VCS information:\n%s", out.String())
 	}

@@ -110,32 +110,7 @@ func TestExampleFromChart(t *testing.T) {
 
 	// The chart, rendered for this node.
 	t1 := time.Now()
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stateRoot := exampleStateRoot(c.root)
-	over := map[string]any{
-		"kubeletRoot": c.kubeletRoot,
-		"stateRoot":   stateRoot,
-		// No node-driver-registrar image offline: the driver registers itself.
-		"registrar": map[string]any{"mode": "embedded"},
-		"image":     map[string]any{"pullPolicy": "Never"},
-		// Host network (below): a port of its own, not 9809 of every node.
-		"metrics":      map[string]any{"port": port},
-		"nodeSelector": map[string]any{"kubernetes.io/hostname": nodeName},
-		"logLevel":     4,
-	}
-	if c.podCgroups {
-		// The kubelet's cgroupRoot, as an operator sets it for a kubelet
-		// whose --cgroup-root is not "/".
-		over["podCgroups"] = map[string]any{"kubeletCgroupRoot": c.cgroupRoot}
-	}
-	vb, _ := json.Marshal(over)
-	valuesFile := filepath.Join(dir, "values-e2e.yaml")
-	if err := os.WriteFile(valuesFile, vb, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	valuesFile, stateRoot := c.chartValuesForNode(t, dir)
 	if b, err := c.render("-out", dir, "-target", helloTarget, "-values", valuesFile).CombinedOutput(); err != nil {
 		t.Fatalf("render %s: %v\n%s", helloTarget, err, b)
 	}
@@ -143,84 +118,24 @@ func TestExampleFromChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ds *unstructured.Unstructured
-	for _, o := range objs {
-		if o.GetKind() == "DaemonSet" {
-			ds = o
-		}
-	}
-	if ds == nil {
-		t.Fatalf("%s: no DaemonSet among %d objects", helloTarget, len(objs))
-	}
-	// The kubelet's probes reach only host-network pods here (writePodNetwork).
-	if err := unstructured.SetNestedField(ds.Object, true, "spec", "template", "spec", "hostNetwork"); err != nil {
-		t.Fatal(err)
-	}
 	c.step(fmt.Sprintf("chart rendered for hello (%d objects)", len(objs)), t1)
 
-	// Cleanup in dependency order, also when the test fails midway: the app pod
-	// while hello still runs (its unpublish needs the driver), then the DaemonSet
-	// and its pod (the garbage collector's), then the objects and the state.
-	a := c.newApplier(t)
-	var appPod *corev1.Pod
-	t.Cleanup(func() {
-		if appPod != nil {
-			c.deletePod(t, appPod, goneTimeout)
-		}
-		c.deleteDaemonSet(t, ds.GetNamespace(), ds.GetName(), goneTimeout)
-		for i := len(objs) - 1; i >= 0; i-- {
-			if err := a.delete(ctx, objs[i]); err != nil {
-				t.Errorf("delete %s: %v", describe(objs[i]), err)
-			}
-		}
-		if err := os.RemoveAll(stateRoot); err != nil {
-			t.Error(err)
-		}
-	})
-
-	// Apply for real.
 	t2 := time.Now()
-	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ")
-	for _, o := range objs {
-		if err := a.apply(ctx, o, false); err != nil {
-			t.Fatalf("apply %s: %v", describe(o), err)
-		}
-	}
-	drvPod := c.daemonSetPod(t, ds.GetNamespace(), ds.GetName(), nodeName)
-	drvPod = c.waitRunning(t, drvPod, runningTimeout)
-	err = waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+helloDriver+" and CSINode lists it", func() (bool, error) {
-		if countInFile(c.kubelet.logPath, "Register new plugin with name: "+helloDriver+" ") <= before {
-			return false, nil
-		}
-		return csiNodeLists(ctx, c, helloDriver)
-	})
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(drvPod))
-	}
-	// The kubelet's readiness probe reaches the chart's /readyz on the metrics port.
-	c.waitPodReady(t, drvPod, 30*time.Second)
-	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
-		t.Errorf("CSINode no longer lists %s next to %s", driverName, helloDriver)
-	}
+	var appPod *corev1.Pod
+	d := c.deployChartDriver(t, helloDriver, objs, stateRoot, func() *corev1.Pod { return appPod })
+	drvPod := d.pod
 	c.step("hello applied, its pod Running, Ready and registered", t2)
 
 	// examples/hello/pod.yaml with the harness's image: testbin reads what the
 	// pod's command cats, then waits.
 	t3 := time.Now()
-	if err := c.ensureNamespace(ctx, helloPodNS); err != nil {
-		t.Fatal(err)
-	}
 	var admission struct {
 		Admission struct{ NamespaceLabel struct{ Key, Value string } }
 	}
 	if err := decodeFile(filepath.Join(c.repoRoot, helloDir, "values.yaml"), &admission); err != nil {
 		t.Fatal(err)
 	}
-	lbl := admission.Admission.NamespaceLabel
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, lbl.Key, lbl.Value)
-	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, helloPodNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.allowInline(t, helloPodNS, admission.Admission.NamespaceLabel.Key, admission.Admission.NamespaceLabel.Value)
 	var p corev1.Pod
 	if err := decodeFile(filepath.Join(c.repoRoot, helloDir, "pod.yaml"), &p); err != nil {
 		t.Fatal(err)
@@ -230,17 +145,7 @@ func TestExampleFromChart(t *testing.T) {
 		t.Fatalf("%s/pod.yaml: want one container and one inline volume of %s", helloDir, helloDriver)
 	}
 	mnt := p.Spec.Containers[0].VolumeMounts[0].MountPath
-	grace, no := int64(1), false
-	p.Namespace = helloPodNS
-	p.Spec.NodeName = nodeName
-	p.Spec.HostNetwork = true
-	p.Spec.DNSPolicy = corev1.DNSDefault
-	p.Spec.EnableServiceLinks = &no
-	p.Spec.TerminationGracePeriodSeconds = &grace
-	ctn := &p.Spec.Containers[0]
-	ctn.Image, ctn.ImagePullPolicy = c.testImage, corev1.PullNever
-	ctn.Command = []string{"/testbin"}
-	ctn.Args = steps(st("read", mnt+"/namespace"), st("read", mnt+"/name"), st("pause"))
+	c.onThisNode(&p, helloPodNS, steps(st("read", mnt+"/namespace"), st("read", mnt+"/name"), st("pause")))
 	appPod = c.createPod(t, &p)
 	appPod = c.waitRunning(t, appPod, runningTimeout)
 	vol := appPod.Spec.Volumes[0]
@@ -265,53 +170,176 @@ func TestExampleFromChart(t *testing.T) {
 	}
 
 	// Delete the app pod: hello unpublishes (the kubelet deletes the object only
-	// after TearDown), and its mount and pod directory go.
+	// after TearDown), and its mount and pod directory go; then hello itself.
 	t4 := time.Now()
 	c.deletePod(t, appPod, goneTimeout)
 	c.cleanedUp(t, appPod, vol)
-	// Delete the DaemonSet: the garbage collector deletes its pod, the embedded
-	// registrar removes its socket, the kubelet deregisters hello; then the
-	// chart's other objects.
-	c.deleteDaemonSet(t, ds.GetNamespace(), ds.GetName(), goneTimeout)
-	err = waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+helloDriver, func() (bool, error) {
-		ok, err := csiNodeLists(ctx, c, helloDriver)
+	c.removeChartDriver(t, d, appPod)
+	appPod = nil
+	c.step("hello's pods and objects deleted, nothing left", t4)
+}
+
+// chartValuesForNode writes the values that make the generic chart's objects run
+// on this node into dir/values-e2e.yaml (applied over a driver's own values): the
+// node's kubelet root, a state root of its own, the embedded registrar (no
+// node-driver-registrar image offline), images never pulled, a free metrics port
+// (host network), this node only. It returns the file and the state root (below
+// the run root's, which cleanupRoot removes after a crashed run).
+func (c *cluster) chartValuesForNode(t *testing.T, dir string) (valuesFile, stateRoot string) {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateRoot = filepath.Join(exampleStateRoot(c.root), filepath.Base(dir))
+	over := map[string]any{
+		"kubeletRoot": c.kubeletRoot,
+		"stateRoot":   stateRoot,
+		"registrar":   map[string]any{"mode": "embedded"},
+		"image":       map[string]any{"pullPolicy": "Never"},
+		// Host network (deployChartDriver): a port of its own, not 9809 of every node.
+		"metrics":      map[string]any{"port": port},
+		"nodeSelector": map[string]any{"kubernetes.io/hostname": nodeName},
+		"logLevel":     4,
+	}
+	if c.podCgroups {
+		// The kubelet's cgroupRoot, as an operator sets it for a kubelet
+		// whose --cgroup-root is not "/".
+		over["podCgroups"] = map[string]any{"kubeletCgroupRoot": c.cgroupRoot}
+	}
+	vb, _ := json.Marshal(over)
+	valuesFile = filepath.Join(dir, "values-e2e.yaml")
+	if err := os.WriteFile(valuesFile, vb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return valuesFile, stateRoot
+}
+
+// chartDriver is a driver the generic chart deployed on the node.
+type chartDriver struct {
+	name      string                       // its CSI driver name
+	objs      []*unstructured.Unstructured // the chart's objects, applied
+	ds        *unstructured.Unstructured   // its node-plugin DaemonSet
+	pod       *corev1.Pod                  // the DaemonSet's pod on the node
+	stateRoot string
+}
+
+// deployChartDriver applies a driver's rendered chart objects for real (the
+// DaemonSet controller makes its pod, kube-scheduler binds it) and waits until
+// its pod runs, is Ready and the kubelet registered the driver (CSINode lists
+// it). The node's pod network is not reachable from the host (its bridge has no
+// address there), so the template gets hostNetwork: true, the one change to the
+// objects, for the kubelet's readiness probe. Cleanup, also when the test fails
+// midway, goes in dependency order: the app pod appPod returns while the driver
+// still runs (its unpublish needs the driver), then the DaemonSet and its pod,
+// then the objects and the state.
+func (c *cluster) deployChartDriver(t *testing.T, name string, objs []*unstructured.Unstructured, stateRoot string, appPod func() *corev1.Pod) *chartDriver {
+	t.Helper()
+	ctx := context.Background()
+	d := &chartDriver{name: name, objs: objs, stateRoot: stateRoot}
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			d.ds = o
+		}
+	}
+	if d.ds == nil {
+		t.Fatalf("%s: no DaemonSet among %d objects", name, len(objs))
+	}
+	if err := unstructured.SetNestedField(d.ds.Object, true, "spec", "template", "spec", "hostNetwork"); err != nil {
+		t.Fatal(err)
+	}
+	a := c.newApplier(t)
+	t.Cleanup(func() {
+		if p := appPod(); p != nil {
+			c.deletePod(t, p, goneTimeout)
+		}
+		c.deleteDaemonSet(t, d.ds.GetNamespace(), d.ds.GetName(), goneTimeout)
+		for i := len(objs) - 1; i >= 0; i-- {
+			if err := a.delete(ctx, objs[i]); err != nil {
+				t.Errorf("delete %s: %v", describe(objs[i]), err)
+			}
+		}
+		if err := os.RemoveAll(stateRoot); err != nil {
+			t.Error(err)
+		}
+	})
+	before := countInFile(c.kubelet.logPath, "Register new plugin with name: "+name+" ")
+	for _, o := range objs {
+		if err := a.apply(ctx, o, false); err != nil {
+			t.Fatalf("apply %s: %v", describe(o), err)
+		}
+	}
+	d.pod = c.daemonSetPod(t, d.ds.GetNamespace(), d.ds.GetName(), nodeName)
+	d.pod = c.waitRunning(t, d.pod, runningTimeout)
+	err := waitFor(ctx, 60*time.Second, 100*time.Millisecond, "kubelet registered "+name+" and CSINode lists it", func() (bool, error) {
+		if countInFile(c.kubelet.logPath, "Register new plugin with name: "+name+" ") <= before {
+			return false, nil
+		}
+		return csiNodeLists(ctx, c, name)
+	})
+	if err != nil {
+		t.Fatalf("%v\nevents:\n%s", err, c.podEvents(d.pod))
+	}
+	// The kubelet's readiness probe reaches the chart's /readyz on the metrics port.
+	c.waitPodReady(t, d.pod, 30*time.Second)
+	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
+		t.Errorf("CSINode no longer lists %s next to %s", driverName, name)
+	}
+	return d
+}
+
+// removeChartDriver deletes a chart driver whose app pods (gone already) are
+// given: the DaemonSet (the garbage collector deletes its pod, the embedded
+// registrar removes its socket, the kubelet deregisters the driver), then the
+// chart's other objects; and checks that nothing of it is left below the
+// kubelet root: no mount of its pod or of the app pods, no pod directory (the
+// kubelet removes it at housekeeping), no socket, and that the harness's
+// driver is still registered.
+func (c *cluster) removeChartDriver(t *testing.T, d *chartDriver, appPods ...*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	c.deleteDaemonSet(t, d.ds.GetNamespace(), d.ds.GetName(), goneTimeout)
+	err := waitFor(ctx, 30*time.Second, 100*time.Millisecond, "CSINode without "+d.name, func() (bool, error) {
+		ok, err := csiNodeLists(ctx, c, d.name)
 		return !ok, err
 	})
 	if err != nil {
 		t.Error(err)
 	}
-	for i := len(objs) - 1; i >= 0; i-- {
-		if err := a.delete(ctx, objs[i]); err != nil {
-			t.Errorf("delete %s: %v", describe(objs[i]), err)
+	a := c.newApplier(t)
+	for i := len(d.objs) - 1; i >= 0; i-- {
+		if err := a.delete(ctx, d.objs[i]); err != nil {
+			t.Errorf("delete %s: %v", describe(d.objs[i]), err)
 		}
 	}
-	if _, err := c.cs.StorageV1().CSIDrivers().Get(ctx, helloDriver, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("CSIDriver %s: get says %v after delete, want NotFound", helloDriver, err)
+	if _, err := c.cs.StorageV1().CSIDrivers().Get(ctx, d.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("CSIDriver %s: get says %v after delete, want NotFound", d.name, err)
 	}
-
-	// Nothing of hello is left below the kubelet root: no mount of either pod, no
-	// pod directory (the kubelet removes it at housekeeping), no socket.
-	podDirs := []string{
-		filepath.Join(c.kubeletRoot, "pods", string(appPod.UID)),
-		filepath.Join(c.kubeletRoot, "pods", string(drvPod.UID)),
+	uids := []string{string(d.pod.UID)}
+	for _, p := range appPods {
+		uids = append(uids, string(p.UID))
 	}
-	pluginDir := filepath.Join(c.kubeletRoot, "plugins", helloDriver)
-	err = waitFor(ctx, 30*time.Second, 200*time.Millisecond, "nothing of hello left below "+c.kubeletRoot, func() (bool, error) {
+	pluginDir := filepath.Join(c.kubeletRoot, "plugins", d.name)
+	err = waitFor(ctx, 30*time.Second, 200*time.Millisecond, "nothing of "+d.name+" left below "+c.kubeletRoot, func() (bool, error) {
 		for _, m := range mountsUnder(c.kubeletRoot) {
-			if strings.Contains(m.MountPoint, string(appPod.UID)) || strings.Contains(m.MountPoint, string(drvPod.UID)) ||
-				strings.Contains(m.MountPoint, helloDriver) {
+			if strings.Contains(m.MountPoint, d.name) {
 				return false, fmt.Errorf("mount left: %s (%s)", m.MountPoint, m.FSType)
 			}
+			for _, uid := range uids {
+				if strings.Contains(m.MountPoint, uid) {
+					return false, fmt.Errorf("mount left: %s (%s)", m.MountPoint, m.FSType)
+				}
+			}
 		}
-		for _, d := range podDirs {
-			if _, err := os.Lstat(d); err == nil {
-				return false, fmt.Errorf("pod directory %s left", d)
+		for _, uid := range uids {
+			if _, err := os.Lstat(filepath.Join(c.kubeletRoot, "pods", uid)); err == nil {
+				return false, fmt.Errorf("pod directory %s left", filepath.Join(c.kubeletRoot, "pods", uid))
 			}
 		}
 		if ents, _ := os.ReadDir(pluginDir); len(ents) > 0 {
 			return false, fmt.Errorf("%s not empty: %s", pluginDir, ents[0].Name())
 		}
-		reg, _ := filepath.Glob(filepath.Join(c.kubeletRoot, "plugins_registry", helloDriver+"*"))
+		reg, _ := filepath.Glob(filepath.Join(c.kubeletRoot, "plugins_registry", d.name+"*"))
 		if len(reg) > 0 {
 			return false, fmt.Errorf("registration socket left: %v", reg)
 		}
@@ -320,11 +348,41 @@ func TestExampleFromChart(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
-	appPod = nil
-	c.step("hello's pods and objects deleted, nothing left", t4)
 	if ok, _ := csiNodeLists(ctx, c, driverName); !ok {
-		t.Errorf("CSINode no longer lists %s after hello left", driverName)
+		t.Errorf("CSINode no longer lists %s after %s left", driverName, d.name)
 	}
+}
+
+// allowInline makes namespace ns (created when missing) one whose pods the
+// admission policy lets use a chart driver inline: its namespace label.
+func (c *cluster) allowInline(t *testing.T, ns, key, value string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.ensureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, key, value)
+	if _, err := c.cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// onThisNode makes a pod of an example's pod.yaml run here, in namespace ns: bound
+// to the node, host network (the node's pod network is not reachable), a short
+// grace period, and its one container the harness's image running testbin with
+// args instead of the example's command.
+func (c *cluster) onThisNode(p *corev1.Pod, ns string, args []string) {
+	grace, no := int64(1), false
+	p.Namespace = ns
+	p.Spec.NodeName = nodeName
+	p.Spec.HostNetwork = true
+	p.Spec.DNSPolicy = corev1.DNSDefault
+	p.Spec.EnableServiceLinks = &no
+	p.Spec.TerminationGracePeriodSeconds = &grace
+	ctn := &p.Spec.Containers[0]
+	ctn.Image, ctn.ImagePullPolicy = c.testImage, corev1.PullNever
+	ctn.Command = []string{"/testbin"}
+	ctn.Args = args
 }
 
 // csiNodeLists reports whether the node's CSINode object lists the driver name.

@@ -116,8 +116,10 @@ func driverContainer(t *testing.T, r rendered) Object {
 	return nil
 }
 
-// TestImageDigest: a digest renders repository@sha256:... in Helm (tag ignored)
-// and through kustomize's images transformer; a malformed digest is refused.
+// TestImageDigest: a digest renders repository:tag@sha256:... in Helm with a tag
+// set (the release's manifests' form; the digest is what runs), repository@sha256:...
+// without one, and through kustomize's images transformer; a malformed digest is
+// refused.
 func TestImageDigest(t *testing.T) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -135,19 +137,22 @@ func TestImageDigest(t *testing.T) {
 	s := string(b)
 	// The index make image builds carries the Windows HostProcess variant: the
 	// Windows DaemonSet runs the same digest as the Linux one.
-	if n := strings.Count(s, `image: "registry.example.com/scratch@`+digest+`"`); n != 2 {
-		t.Errorf("helm with image.digest and windows.enabled: the digest is the driver image of %d DaemonSets, want 2 (Linux and Windows)", n)
+	if n := strings.Count(s, `image: "registry.example.com/scratch:v9@`+digest+`"`); n != 2 {
+		t.Errorf("helm with image.tag, image.digest and windows.enabled: the digest is the driver image of %d DaemonSets, want 2 (Linux and Windows)", n)
 	}
-	for _, want := range []string{
-		`image: "registry.example.com/scratch@` + digest + `"`,
-		`image: "registry.k8s.io/sig-storage/csi-node-driver-registrar@` + digest + `"`,
-	} {
-		if !strings.Contains(s, want) {
-			t.Errorf("helm with image.digest: no %s", want)
-		}
+	if want := `image: "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.16.0@` + digest + `"`; !strings.Contains(s, want) {
+		t.Errorf("helm with registrar.image.digest: no %s", want)
 	}
-	if strings.Contains(s, ":v9") {
-		t.Errorf("helm with image.digest still renders the tag v9")
+	// Without a tag: repository@digest, not the appVersion's tag.
+	b, err = Helm(filepath.Join(root, Chart), map[string]any{
+		"image":   map[string]any{"repository": "registry.example.com/scratch", "digest": digest},
+		"windows": map[string]any{"enabled": true},
+	}, Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), `image: "registry.example.com/scratch@`+digest+`"`); n != 2 {
+		t.Errorf("helm with image.digest only and windows.enabled: the digest is the driver image of %d DaemonSets, want 2 (Linux and Windows)", n)
 	}
 	for name, img := range map[string]map[string]any{
 		"short digest":     {"digest": "sha256:abc"},

@@ -89,22 +89,39 @@ var releaseVersion = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|
 // IsReleaseVersion reports whether v is vMAJOR.MINOR.PATCH[-PRERELEASE].
 func IsReleaseVersion(v string) bool { return releaseVersion.MatchString(v) && semver.IsValid(v) }
 
-// BundleTarget is one rendered manifest file of a release.
+// BundleTarget is one rendered manifest file of a release: a kustomization, or
+// the packaged chart with values over its defaults.
 type BundleTarget struct {
-	File      string // below ManifestsDir
-	Kustomize string // the kustomization, relative to the repository root
+	File       string         // below ManifestsDir
+	Kustomize  string         // the kustomization, relative to the repository root
+	HelmValues map[string]any // with Kustomize "": the packaged chart's profile
 }
 
-// BundleTargets are the overlays a release renders: the ones whose every image is
-// the release's index (the registrar sidecar's image is not in the archive: the
-// Linux bundle registers the driver itself, and clusters without a registry need
-// nothing else).
+// BundleTargets are what a release renders: the overlays and chart profiles whose
+// every image is the release's index (the registrar sidecar's image is not in the
+// archive: the Linux bundle registers the driver itself, and clusters without a
+// registry need nothing else). The chart's profiles are `helm template` of the
+// packaged chart, for an install without helm (docs/operations.md, "Installing a
+// release").
 func BundleTargets() []BundleTarget {
 	return []BundleTarget{
 		{File: "ephemera-scratch-linux.yaml", Kustomize: "deploy/overlays/linux-embedded-registrar"},
 		{File: "ephemera-scratch-windows-hostprocess.yaml", Kustomize: "deploy/overlays/windows-hostprocess"},
 		{File: "ephemera-admission.yaml", Kustomize: "deploy/admission"},
+		{File: "chart-linux.yaml", HelmValues: map[string]any{}},
+		{File: "chart-linux-windows-hostprocess.yaml", HelmValues: map[string]any{"windows": map[string]any{"enabled": true}}},
 	}
+}
+
+// BundleDocs are the documents a release carries as plain files, at their paths
+// in the repository, so that the links between them hold: what an operator and a
+// driver author read (RELEASE-NOTES.md points into them).
+var BundleDocs = []string{
+	"README.md",
+	"docs/operations.md",
+	"docs/security.md",
+	"docs/authors.md",
+	Chart + "/README.md",
 }
 
 // Build writes the release into r.Out and returns the index digest.
@@ -142,6 +159,9 @@ func (r *Release) Build() (string, error) {
 	}
 	if err := r.writeModuleProxy(); err != nil {
 		return "", fmt.Errorf("module proxy: %w", err)
+	}
+	if err := r.writeDocs(); err != nil {
+		return "", fmt.Errorf("docs: %w", err)
 	}
 	if err := r.writeNotes(digest); err != nil {
 		return "", fmt.Errorf("release notes: %w", err)
@@ -275,8 +295,8 @@ func (r *Release) ChartArchive() string {
 
 // writeChart packages the chart as `helm package --version V --app-version
 // Version` would (a gzipped tar of its files below ephemera-driver/, .helmignore
-// applied), its image.repository and image.digest defaulting to the release's
-// index, so that `helm install` of the archive runs the released image.
+// applied), its defaults the release's chartValues, so that `helm install` of the
+// archive runs the released image and nothing the archive does not hold.
 func (r *Release) writeChart(digest string) error {
 	ch, err := loader.Load(filepath.Join(r.Root, Chart))
 	if err != nil {
@@ -303,7 +323,7 @@ func (r *Release) writeChart(digest string) error {
 			body = meta
 		case "values.yaml":
 			seenValues = true
-			if body, err = setImageValues(body, r.ImageRepo, digest); err != nil {
+			if body, err = setValues(body, r.chartValues(digest)); err != nil {
 				return err
 			}
 		}
@@ -323,25 +343,41 @@ func (r *Release) writeChart(digest string) error {
 	return os.WriteFile(filepath.Join(r.Out, r.ChartArchive()), buf.Bytes(), 0o644)
 }
 
-// setImageValues sets image.repository and image.digest in the chart's values.yaml
-// text (its comments kept): the two keys of the top-level image: block.
-func setImageValues(values []byte, repo, digest string) ([]byte, error) {
+// chartValues are the packaged chart's defaults that differ from the
+// repository's: the release's index by version and digest (the manifests' form,
+// REPO:VERSION@DIGEST), and the driver registering itself, so that the chart's
+// defaults run nothing the archive does not hold (the registrar sidecar is the
+// documented alternative: registrar.mode=sidecar pulls its image).
+func (r *Release) chartValues(digest string) map[string]string {
+	return map[string]string{
+		"image.repository": r.ImageRepo,
+		"image.tag":        r.Version,
+		"image.digest":     digest,
+		"registrar.mode":   "embedded",
+	}
+}
+
+// setValues sets each block.key of set in the chart's values.yaml text (its
+// comments kept): the line "  key: ..." of the top-level "block:".
+func setValues(values []byte, set map[string]string) ([]byte, error) {
 	lines := strings.Split(string(values), "\n")
-	in, setRepo, setDigest := false, false, false
+	done := map[string]bool{}
+	block := ""
 	for i, l := range lines {
 		switch {
-		case l == "image:":
-			in = true
-		case in && l != "" && !strings.HasPrefix(l, " "):
-			in = false
-		case in && strings.HasPrefix(l, "  repository: "):
-			lines[i], setRepo = "  repository: "+repo, true
-		case in && strings.HasPrefix(l, "  digest: "):
-			lines[i], setDigest = "  digest: "+digest, true
+		case l != "" && !strings.HasPrefix(l, " ") && !strings.HasPrefix(l, "#"):
+			block = strings.TrimSuffix(l, ":")
+		case strings.HasPrefix(l, "  ") && !strings.HasPrefix(l, "   "):
+			key, _, ok := strings.Cut(strings.TrimPrefix(l, "  "), ": ")
+			if v, want := set[block+"."+key]; ok && want {
+				lines[i], done[block+"."+key] = "  "+key+": "+v, true
+			}
 		}
 	}
-	if !setRepo || !setDigest {
-		return nil, errors.New("values.yaml: no image.repository and image.digest lines to set")
+	for k := range set {
+		if !done[k] {
+			return nil, fmt.Errorf("values.yaml: no %s line to set", k)
+		}
 	}
 	return []byte(strings.Join(lines, "\n")), nil
 }
@@ -349,20 +385,53 @@ func setImageValues(values []byte, repo, digest string) ([]byte, error) {
 // ---- the kustomize bundle
 
 // writeBundle renders BundleTargets with the driver image set to the release's
-// index by version and digest (kustomize's images transformer on each overlay).
+// index by version and digest: kustomize's images transformer on each overlay,
+// the packaged chart's defaults for its profiles.
 func (r *Release) writeBundle(digest string) error {
 	dir := filepath.Join(r.Out, ManifestsDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	for _, t := range BundleTargets() {
-		b, err := KustomizeWithImage(filepath.Join(r.Root, t.Kustomize), PlaceholderImage, r.ImageRepo, r.Version, digest)
+		var (
+			b    []byte
+			err  error
+			from string
+		)
+		if t.Kustomize != "" {
+			b, err = KustomizeWithImage(filepath.Join(r.Root, t.Kustomize), PlaceholderImage, r.ImageRepo, r.Version, digest)
+			from = t.Kustomize + " (kustomize build)"
+		} else {
+			b, err = Helm(filepath.Join(r.Out, r.ChartArchive()), t.HelmValues, Namespace)
+			from = fmt.Sprintf("helm template ephemera-scratch %s --namespace %s", r.ChartArchive(), Namespace)
+			for _, k := range slices.Sorted(maps.Keys(t.HelmValues)) {
+				v, _ := json.Marshal(t.HelmValues[k])
+				from += fmt.Sprintf(" --set-json '%s=%s'", k, v)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.File, err)
+		}
+		head := fmt.Sprintf("# Ephemera %s: %s, the driver image %s:%s@%s.\n",
+			r.Version, from, r.ImageRepo, r.Version, digest)
+		if err := os.WriteFile(filepath.Join(dir, t.File), append([]byte(head), b...), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeDocs copies BundleDocs into Out.
+func (r *Release) writeDocs() error {
+	for _, d := range BundleDocs {
+		b, err := os.ReadFile(filepath.Join(r.Root, d))
 		if err != nil {
 			return err
 		}
-		head := fmt.Sprintf("# Ephemera %s: %s (kustomize build), the driver image %s:%s@%s.\n",
-			r.Version, t.Kustomize, r.ImageRepo, r.Version, digest)
-		if err := os.WriteFile(filepath.Join(dir, t.File), append([]byte(head), b...), 0o644); err != nil {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(r.Out, d)), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(r.Out, d), b, 0o644); err != nil {
 			return err
 		}
 	}

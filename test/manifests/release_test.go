@@ -140,6 +140,31 @@ func TestRelease(t *testing.T) {
 		t.Errorf("%s: %d bytes", r.ChartArchive(), len(b))
 	}
 
+	// The bundle stands alone: the docs its notes point at are in it, and the
+	// chart's profiles are rendered, the image in the manifests' one form and no
+	// registrar sidecar (its image is not in the archive).
+	if !strings.Contains(string(notes), `docs/operations.md, "Installing a release"`) {
+		t.Errorf("%s does not point at docs/operations.md", NotesFile)
+	}
+	for _, d := range BundleDocs {
+		if _, err := os.Stat(filepath.Join(r.Out, d)); err != nil {
+			t.Errorf("the bundle's docs: %v", err)
+		}
+	}
+	for _, f := range []string{"chart-linux.yaml", "chart-linux-windows-hostprocess.yaml"} {
+		b, err := os.ReadFile(filepath.Join(r.Out, ManifestsDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := string(b); !strings.Contains(s, `image: "registry.example.com/ephemera/scratch:v0.98.7@`+digest+`"`) ||
+			strings.Contains(s, "image: \"registry.k8s.io/") || strings.Contains(s, `image: "registry.example.com/ephemera/scratch@`) {
+			t.Errorf("%s: want the release's image as REPO:VERSION@DIGEST and no registrar sidecar:\n%s", f, s)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(r.Out, ManifestsDir, "chart-linux-windows-hostprocess.yaml")); !strings.Contains(string(b), "kubernetes.io/os: windows") {
+		t.Errorf("chart-linux-windows-hostprocess.yaml has no Windows DaemonSet")
+	}
+
 	// A bundle naming the linux/amd64 manifest instead of the index, a krew
 	// manifest with a wrong checksum, a file not in SHA256SUMS, an archive whose
 	// index.json names the index by its tag only.
@@ -172,6 +197,9 @@ func TestRelease(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(r.Out, "extra.txt"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Remove(filepath.Join(r.Out, "docs", "security.md")); err != nil {
+		t.Fatal(err)
+	}
 	_, err = CheckRelease(r.Out, want)
 	for _, w := range []string{
 		"ephemera-scratch-linux.yaml: DaemonSet ephemera-scratch-node container driver: image",
@@ -180,6 +208,7 @@ func TestRelease(t *testing.T) {
 		"extra.txt is not listed",
 		"krew/ephemera.yaml: linux/amd64: sha256 abab",
 		"the index is not also named registry.example.com/ephemera/scratch@" + digest,
+		"the bundle's docs: docs/security.md",
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("CheckRelease of a broken release: %v; want %q", err, w)

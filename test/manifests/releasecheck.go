@@ -293,11 +293,14 @@ func CheckRelease(dir string, want Expect) (*Archive, error) {
 		fail("manifests: %d containers, want the Linux and the Windows node plugin", images)
 	}
 
-	// The chart: its defaults run the release's index.
+	// The chart: its defaults run the release's index and nothing else, named as
+	// the manifests name it; the sidecar registrar, the documented alternative,
+	// pulls its own image.
 	chart := filepath.Join(dir, r.ChartArchive())
 	for name, vals := range map[string]map[string]any{
-		"defaults": {},
-		"registrar.mode=embedded, windows.enabled": {"registrar": map[string]any{"mode": "embedded"}, "windows": map[string]any{"enabled": true}},
+		"defaults":               {},
+		"windows.enabled":        {"windows": map[string]any{"enabled": true}},
+		"registrar.mode=sidecar": {"registrar": map[string]any{"mode": "sidecar"}},
 	} {
 		b, err := Helm(chart, vals, Namespace)
 		if err != nil {
@@ -317,12 +320,14 @@ func CheckRelease(dir string, want Expect) (*Archive, error) {
 		for _, o := range objs {
 			for _, c := range containers(o) {
 				ref, _ := c.Get("image").(string)
-				if strings.HasPrefix(ref, "registry.k8s.io/sig-storage/csi-node-driver-registrar") && name == "defaults" {
+				if strings.HasPrefix(ref, "registry.k8s.io/sig-storage/csi-node-driver-registrar:") && name == "registrar.mode=sidecar" {
 					continue // the sidecar mode's registrar: not ours
 				}
 				n++
 				if why := a.Resolves(ref); why != "" {
 					fail("%s (%s): %s %s container %s: image %q: %s", r.ChartArchive(), name, o.Kind(), o.Name(), c.Name2(), ref, why)
+				} else if !strings.HasPrefix(ref, want.ImageRepo+":"+want.Version+"@") {
+					fail("%s (%s): image %q does not name the version %s as the manifests do", r.ChartArchive(), name, ref, want.Version)
 				}
 			}
 		}
@@ -339,6 +344,11 @@ func CheckRelease(dir string, want Expect) (*Archive, error) {
 	}
 	if err := checkModuleProxy(dir, r, want); err != nil {
 		fail("%s: %v", ProxyDir, err)
+	}
+	for _, d := range BundleDocs {
+		if b, err := os.ReadFile(filepath.Join(dir, d)); err != nil || len(b) == 0 {
+			fail("the bundle's docs: %s: %v", d, err)
+		}
 	}
 	notes, err := os.ReadFile(filepath.Join(dir, NotesFile))
 	if err != nil || !bytes.HasPrefix(notes, []byte("# Ephemera "+want.Version+"\n")) || !bytes.Contains(notes, []byte(a.Index)) || !bytes.Contains(notes, []byte("\n### ")) {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log"
 	"maps"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -255,11 +257,34 @@ func Notes(chartDir string, values map[string]any) (string, error) {
 }
 
 // Lint is `helm lint chartDir` with values; it returns every message and an error
-// when one of them is an error (warnings and infos pass).
+// when one of them is an error (warnings and infos pass). A template's `fail`
+// (the chart refusing the values) is an error: helm's engine in lint mode only
+// logs it through the standard logger ("[INFO] Fail: ...") and renders on, so
+// a refusal would pass the lint and be printed a second time by the render.
 func Lint(chartDir string, values map[string]any) ([]string, error) {
+	var logged bytes.Buffer
+	lintLog.Lock()
+	w, flags, prefix := log.Writer(), log.Flags(), log.Prefix()
+	log.SetOutput(&logged)
+	log.SetFlags(0)
+	log.SetPrefix("")
 	l := lint.All(chartDir, values, Namespace, false)
+	log.SetOutput(w)
+	log.SetFlags(flags)
+	log.SetPrefix(prefix)
+	lintLog.Unlock()
 	var msgs []string
 	var errs []error
+	for line := range strings.Lines(logged.String()) {
+		line = strings.TrimSpace(line)
+		if refusal, ok := strings.CutPrefix(line, "[INFO] Fail: "); ok {
+			err := fmt.Errorf("the chart refuses these values: %s", refusal)
+			msgs = append(msgs, "[ERROR] templates: "+err.Error())
+			errs = append(errs, err)
+		} else if line != "" {
+			msgs = append(msgs, line)
+		}
+	}
 	for _, m := range l.Messages {
 		msgs = append(msgs, m.Error())
 		if m.Severity >= support.ErrorSev {
@@ -271,6 +296,9 @@ func Lint(chartDir string, values map[string]any) ([]string, error) {
 	}
 	return msgs, nil
 }
+
+// lintLog serializes Lint's use of the standard logger.
+var lintLog sync.Mutex
 
 // Object is one decoded manifest.
 type Object map[string]any

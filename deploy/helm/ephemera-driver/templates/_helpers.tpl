@@ -58,7 +58,9 @@ repository:tag.
 */}}
 {{- define "ephemera-driver.image" -}}
 {{- $img := index . 0 -}}
-{{- if $img.digest -}}
+{{- if and $img.digest $img.tag -}}
+{{- printf "%s:%s@%s" $img.repository $img.tag $img.digest -}}
+{{- else if $img.digest -}}
 {{- printf "%s@%s" $img.repository $img.digest -}}
 {{- else -}}
 {{- printf "%s:%s" $img.repository ($img.tag | default (index . 1)) -}}

@@ -2,6 +2,8 @@
 // scratch driver holds on the nodes of a cluster, from a workstation:
 //
 //	kubectl ephemera volumes [--node NODE] [-o table|wide|json]
+//	kubectl ephemera version
+//	kubectl ephemera help
 //
 // It finds the driver's pods (label app.kubernetes.io/name=ephemera-scratch in
 // kube-system, on NODE when given) and asks each for GET /volumes on its

@@ -17,11 +17,23 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/buildinfo"
 	"github.com/ephemera-csi/ephemera/drivers/scratch/internal/volumetable"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
+// help is what "kubectl ephemera help" (and -h, --help, no command) prints.
+const help = `kubectl ephemera: what the Ephemera scratch driver holds on a cluster's nodes.
+
+Commands:
+  volumes   List the volumes each node's driver holds (kubectl ephemera volumes -h)
+  version   Print this plugin's version, commit and Go version
+  help      Print this help
+
+`
+
+// usage is the volumes command's.
 const usage = `usage: kubectl ephemera volumes [flags]
 
 Lists the volumes the Ephemera scratch driver holds, per node, through the API
@@ -39,8 +51,20 @@ type nodeVolumes struct {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "volumes" {
-		fmt.Fprint(stderr, usage)
+	if len(args) == 0 {
+		fmt.Fprint(stderr, help)
+		return 2
+	}
+	switch args[0] {
+	case "volumes":
+	case "version", "--version", "-version":
+		buildinfo.Read(version, commit).Print(stdout, "kubectl-ephemera")
+		return 0
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, help)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], help)
 		return 2
 	}
 	fs := flag.NewFlagSet("kubectl ephemera volumes", flag.ContinueOnError)
@@ -73,6 +97,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = *kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: *kubeContext}).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		// client-go's own text names KUBERNETES_MASTER, which kubectl no longer reads.
+		fmt.Fprintf(stderr, "no kubeconfig: none at --kubeconfig, $KUBECONFIG or %s; point one of them at the cluster's (kubectl config view shows what kubectl uses)\n", clientcmd.RecommendedHomeFile)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kubeconfig: %v\n", err)
 		return 1

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/store"
 )
@@ -192,12 +194,59 @@ func TestVolumesEndpointOff(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
-	var errb bytes.Buffer
-	if code := run(nil, &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), "kubectl ephemera volumes") {
+	var out, errb bytes.Buffer
+	// No command: the command list, on stderr, exit 2.
+	if code := run(nil, &out, &errb); code != 2 || out.Len() != 0 || !strings.Contains(errb.String(), "Commands:\n  volumes") || !strings.Contains(errb.String(), "\n  version") {
 		t.Errorf("no command: %d %q", code, errb.String())
+	}
+	// Asked for: on stdout, exit 0.
+	for _, arg := range []string{"help", "-h", "--help"} {
+		out.Reset()
+		errb.Reset()
+		if code := run([]string{arg}, &out, &errb); code != 0 || errb.Len() != 0 || !strings.Contains(out.String(), "Commands:\n  volumes") {
+			t.Errorf("%s: %d %q %q", arg, code, out.String(), errb.String())
+		}
+	}
+	errb.Reset()
+	if code := run([]string{"volume"}, &bytes.Buffer{}, &errb); code != 2 || !strings.HasPrefix(errb.String(), `unknown command "volume"`) || !strings.Contains(errb.String(), "Commands:") {
+		t.Errorf("unknown command: %d %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"volumes", "-h"}, &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), "kubectl ephemera volumes") || !strings.Contains(errb.String(), "-concurrency") {
+		t.Errorf("volumes -h: %d %q", code, errb.String())
 	}
 	if code := run([]string{"volumes", "-o", "yaml"}, &bytes.Buffer{}, &errb); code != 2 {
 		t.Errorf("-o yaml: %d", code)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		var out, errb bytes.Buffer
+		if code := run([]string{arg}, &out, &errb); code != 0 || errb.Len() != 0 {
+			t.Fatalf("%s: %d %q", arg, code, errb.String())
+		}
+		if want := "kubectl-ephemera " + version + "\ngit commit: "; !strings.HasPrefix(out.String(), want) || !strings.Contains(out.String(), "\ngo: go") {
+			t.Errorf("%s:\n%s\nwant the prefix %q and the Go version", arg, out.String(), want)
+		}
+	}
+}
+
+// With no kubeconfig anywhere the plugin says so in its own words, not
+// client-go's KUBERNETES_MASTER text.
+func TestNoKubeconfig(t *testing.T) {
+	// client-go reads ~/.kube/config from $HOME as it was at start.
+	if _, err := os.Stat(clientcmd.RecommendedHomeFile); err == nil {
+		t.Skipf("%s exists", clientcmd.RecommendedHomeFile)
+	}
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	var errb bytes.Buffer
+	code := run([]string{"volumes"}, &bytes.Buffer{}, &errb)
+	if code != 1 || !strings.HasPrefix(errb.String(), "no kubeconfig: none at --kubeconfig, $KUBECONFIG or "+clientcmd.RecommendedHomeFile) ||
+		strings.Contains(errb.String(), "KUBERNETES_MASTER") {
+		t.Errorf("no kubeconfig: %d %q", code, errb.String())
 	}
 }
 

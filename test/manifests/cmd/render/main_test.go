@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"log"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,5 +113,35 @@ func TestChartSchemaErrorsOnce(t *testing.T) {
 	}
 	if !strings.Contains(all, bad) || stdout.Len() != 0 {
 		t.Errorf("the error does not name the values file, or something was rendered:\n%s", all)
+	}
+}
+
+// TestChartRefusalOnce: values the chart's templates refuse (a memory limit under
+// the plan) fail the render with the chart's own message printed once: helm's
+// lint mode only logs a `fail` ("[INFO] Fail: ..."), and the render then failed
+// with the same message again.
+func TestChartRefusalOnce(t *testing.T) {
+	root, err := manifests.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("resources:\n  limits:\n    memory: 100Mi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// What helm logs through the standard logger lands here, as on a terminal.
+	var logged bytes.Buffer
+	log.SetOutput(&logged)
+	defer log.SetOutput(os.Stderr)
+	var stdout, stderr bytes.Buffer
+	c := chartRender{dir: filepath.Join(root, manifests.Chart), release: "x", namespace: manifests.Namespace, valueFiles: []string{bad}}
+	err = c.run("-", &stdout, &stderr)
+	if err == nil {
+		t.Fatalf("a limit under the plan rendered:\n%s", stdout.Bytes())
+	}
+	all := logged.String() + stderr.String() + "render: " + err.Error() + "\n"
+	const refusal = "resources.limits.memory 100Mi does not hold the driver's memory plan, 299Mi"
+	if n := strings.Count(all, refusal); n != 1 || strings.Contains(all, "[INFO] Fail") || stdout.Len() != 0 {
+		t.Errorf("the refusal printed %d times (want once, as an error), or something was rendered:\n%s", n, all)
 	}
 }
