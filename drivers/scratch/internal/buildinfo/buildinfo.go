@@ -1,6 +1,3 @@
-// Package buildinfo reads and prints what a binary of the scratch driver's
-// (ephemera-scratch, kubectl-ephemera) was built from: the version the
-// Makefile's -ldflags set, the commit the Go toolchain stamped, the toolchain.
 package buildinfo
 
 import (
