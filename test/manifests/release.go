@@ -583,8 +583,24 @@ func (r *Release) writePlugins() error {
 // "The image").
 const ImagesModule = Module + "/deploy/images"
 
-// imagesModuleDir is ImagesModule's directory in the repository.
-const imagesModuleDir = "deploy/images"
+// RenderModule is this module (test/manifests), released beside the others for its
+// chart renderer, so that `helm template` of the chart runs without helm and without
+// a checkout: go run github.com/ephemera-csi/ephemera/test/manifests/cmd/render@VERSION
+// -chart ... (docs/authors.md, "Without helm").
+const RenderModule = Module + "/test/manifests"
+
+// NestedModule is a module nested in the repository that a release serves.
+type NestedModule struct {
+	Path, Dir string   // the module path; its directory in the repository
+	Files     []string // files the release's zip of it must hold
+}
+
+// NestedModules are the nested modules a release's goproxy/ carries, at the
+// module's version: what an author runs from a release.
+var NestedModules = []NestedModule{
+	{Path: ImagesModule, Dir: "deploy/images", Files: []string{"go.mod", "go.sum", "main.go", "build.go", "debian.pins"}},
+	{Path: RenderModule, Dir: "test/manifests", Files: []string{"go.mod", "go.sum", "render.go", "cmd/render/main.go"}},
+}
 
 // ModuleProxyDir is the directory of the module's .info, .mod and .zip below the
 // file-based proxy (GOPROXY=file://OUT/goproxy).
@@ -595,7 +611,7 @@ func ModulePathProxyDir(proxy, path string) string {
 	return filepath.Join(proxy, filepath.FromSlash(path), "@v")
 }
 
-// writeModuleProxy writes the module and ImagesModule at Revision as a GOPROXY
+// writeModuleProxy writes the module and NestedModules at Revision as a GOPROXY
 // protocol directory: for each, @v/list, VERSION.info, VERSION.mod (go.mod at
 // Revision) and VERSION.zip (the module zip format, golang.org/x/mod/zip: what `go mod
 // download` would fetch from a VCS, nested modules such as examples/ and
@@ -613,7 +629,12 @@ func (r *Release) writeModuleProxy() error {
 	if err := r.writeModule(zr, Module, ""); err != nil {
 		return err
 	}
-	return r.writeModule(zr, ImagesModule, imagesModuleDir+"/")
+	for _, m := range NestedModules {
+		if err := r.writeModule(zr, m.Path, m.Dir+"/"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeModule writes one module of the archive, the files below prefix, as path.
@@ -711,9 +732,9 @@ func (r *Release) writeNotes(digest string) error {
 	var s strings.Builder
 	fmt.Fprintf(&s, "# Ephemera %s\n\n", r.Version)
 	fmt.Fprintf(&s, "Image index `%s:%s@%s` (linux/amd64, linux/arm64, windows/amd64 HostProcess, an SBOM each) in `%s`; "+
-		"chart `%s`; manifests in `%s/`; the Go modules %s and %s (the image builder) at %s in `%s/` (GOPROXY=file://...); checksums in `%s`. "+
+		"chart `%s`; manifests in `%s/`; the Go modules %s, %s (the image builder) and %s (the chart's renderer) at %s in `%s/` (GOPROXY=file://...); checksums in `%s`. "+
 		"Installing: docs/operations.md, \"Installing a release\".\n\n",
-		r.ImageRepo, r.Version, digest, r.ImageArchive(), r.ChartArchive(), ManifestsDir, Module, ImagesModule, r.ModuleVersion(), ProxyDir, SumsFile)
+		r.ImageRepo, r.Version, digest, r.ImageArchive(), r.ChartArchive(), ManifestsDir, Module, ImagesModule, RenderModule, r.ModuleVersion(), ProxyDir, SumsFile)
 	fmt.Fprintf(&s, "## Changes (docs/changelog.md, %s)\n\n%s\n", from, strings.TrimSpace(section))
 	return os.WriteFile(filepath.Join(r.Out, NotesFile), []byte(s.String()), 0o644)
 }

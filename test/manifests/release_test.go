@@ -377,4 +377,17 @@ func TestAuthorBuildsAgainstRelease(t *testing.T) {
 	if got := strings.TrimSpace(run("list", "-m", "-f", "{{.Version}}", ImagesModule+"@"+version)); got != version {
 		t.Errorf("%s resolves to %s from the release's proxy, want %s", ImagesModule, got, version)
 	}
+
+	// docs/authors.md's "Without helm": the release's renderer (the nested module
+	// test/manifests, from the proxy) renders the chart of the module cache's copy
+	// of the release with the example's values.
+	chart := filepath.Join(strings.TrimSpace(run("list", "-m", "-f", "{{.Dir}}", Module)), Chart)
+	rendered := filepath.Join(t.TempDir(), "hello.yaml")
+	// -trimpath as make manifests builds it: Helm's packages are build cache hits
+	// although this module cache is another directory.
+	run("run", "-trimpath", RenderModule+"/cmd/render@"+version, "-chart", chart, "-release", "hello",
+		"-values", filepath.Join(root, "examples", "hello", "values.yaml"), "-out", rendered)
+	if b, err := os.ReadFile(rendered); err != nil || !strings.Contains(string(b), "kind: DaemonSet") || !strings.Contains(string(b), "hello.csi.ephemera.dev") {
+		t.Errorf("the release's renderer wrote (%v):\n%.2000s", err, b)
+	}
 }

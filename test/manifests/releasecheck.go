@@ -535,32 +535,39 @@ func checkModuleProxy(dir string, r *Release, want Expect) error {
 		}
 	}
 	for _, f := range cf.Valid {
-		if f = strings.TrimPrefix(f, prefix); strings.HasPrefix(f, "examples/hello/") || strings.HasPrefix(f, "test/manifests/") || strings.HasPrefix(f, imagesModuleDir+"/") {
+		f = strings.TrimPrefix(f, prefix)
+		nested := strings.HasPrefix(f, "examples/hello/")
+		for _, m := range NestedModules {
+			nested = nested || strings.HasPrefix(f, m.Dir+"/")
+		}
+		if nested {
 			errs = append(errs, fmt.Errorf("%s.zip holds %s of a nested module", v, f))
 			break
 		}
 	}
-	// The image builder's module, nested: its go.mod and files below deploy/images/.
-	at = ModulePathProxyDir(filepath.Join(dir, ProxyDir), ImagesModule)
-	mod, err = os.ReadFile(filepath.Join(at, v+".mod"))
-	wantMod, werr = gitOutput(want.Root, "show", want.Revision+":"+imagesModuleDir+"/go.mod")
-	if err != nil || werr != nil || !bytes.Equal(mod, wantMod) {
-		errs = append(errs, fmt.Errorf("%s@%s.mod is not %s/go.mod at %s (%v, %v)", ImagesModule, v, imagesModuleDir, want.Revision, err, werr))
-	}
-	if list, err := os.ReadFile(filepath.Join(at, "list")); err != nil || !slices.Contains(strings.Fields(string(list)), v) {
-		errs = append(errs, fmt.Errorf("%s: list does not name %s (%v)", ImagesModule, v, err))
-	}
-	cf, err = modzip.CheckZip(module.Version{Path: ImagesModule, Version: v}, filepath.Join(at, v+".zip"))
-	if err == nil {
-		err = cf.Err()
-	}
-	if err != nil {
-		errs = append(errs, fmt.Errorf("%s@%s.zip: %v", ImagesModule, v, err))
-	}
-	prefix = ImagesModule + "@" + v + "/"
-	for _, f := range []string{"go.mod", "go.sum", "main.go", "build.go", "debian.pins"} {
-		if !slices.Contains(cf.Valid, prefix+f) {
-			errs = append(errs, fmt.Errorf("%s@%s.zip: no %s", ImagesModule, v, f))
+	// The nested modules: each one's go.mod and files below its directory.
+	for _, m := range NestedModules {
+		at := ModulePathProxyDir(filepath.Join(dir, ProxyDir), m.Path)
+		mod, err := os.ReadFile(filepath.Join(at, v+".mod"))
+		wantMod, werr := gitOutput(want.Root, "show", want.Revision+":"+m.Dir+"/go.mod")
+		if err != nil || werr != nil || !bytes.Equal(mod, wantMod) {
+			errs = append(errs, fmt.Errorf("%s@%s.mod is not %s/go.mod at %s (%v, %v)", m.Path, v, m.Dir, want.Revision, err, werr))
+		}
+		if list, err := os.ReadFile(filepath.Join(at, "list")); err != nil || !slices.Contains(strings.Fields(string(list)), v) {
+			errs = append(errs, fmt.Errorf("%s: list does not name %s (%v)", m.Path, v, err))
+		}
+		cf, err := modzip.CheckZip(module.Version{Path: m.Path, Version: v}, filepath.Join(at, v+".zip"))
+		if err == nil {
+			err = cf.Err()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s@%s.zip: %v", m.Path, v, err))
+		}
+		prefix := m.Path + "@" + v + "/"
+		for _, f := range m.Files {
+			if !slices.Contains(cf.Valid, prefix+f) {
+				errs = append(errs, fmt.Errorf("%s@%s.zip: no %s", m.Path, v, f))
+			}
 		}
 	}
 	return errors.Join(errs...)
