@@ -294,8 +294,8 @@ bench-fleet:
 ## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
 ## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests
 manifests:
-	cd test/manifests && $(GO) mod tidy -diff && $(GOSTATIC) vet ./... && $(GOSTATIC) test -count=1 ./... && \
-	  $(GOSTATIC) run ./cmd/render -out $(CURDIR)/$(OUT)/manifests
+	cd test/manifests && $(GO) mod tidy -diff && $(GOSTATIC) vet -trimpath ./... && $(GOSTATIC) test -trimpath -count=1 ./... && \
+	  $(GOSTATIC) run -trimpath ./cmd/render -out $(CURDIR)/$(OUT)/manifests
 
 ## chart-readme: regenerate deploy/helm/ephemera-driver/README.md from the chart's values.yaml (every value
 ## and its comment), values.schema.json and Chart.yaml; make manifests fails when it is not current

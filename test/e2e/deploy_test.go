@@ -544,11 +544,11 @@ func (c *cluster) applyPolicy(t *testing.T, a *applier, policy []*unstructured.U
 }
 
 // render is test/manifests' renderer (go run ./cmd/render) with args. It builds
-// with CGO_ENABLED=0 as make manifests does, so that the renderer (Helm and
+// with CGO_ENABLED=0 and -trimpath as make manifests does, so that the renderer (Helm and
 // kustomize: a large graph) comes from the build cache make test filled instead
 // of being compiled again (52 s warm, minutes cold).
 func (c *cluster) render(args ...string) *exec.Cmd {
-	cmd := exec.Command("go", append([]string{"run", "./cmd/render"}, args...)...)
+	cmd := exec.Command("go", append([]string{"run", "-trimpath", "./cmd/render"}, args...)...)
 	cmd.Dir = filepath.Join(c.repoRoot, "test", "manifests")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	return cmd

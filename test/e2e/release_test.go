@@ -314,9 +314,10 @@ func buildRelease(ctx context.Context, src, out, version, commit, epoch string) 
 	return renderTarget(ctx, src, filepath.Join(out, "manifests"))
 }
 
-// renderTarget renders releaseTarget with src's test/manifests into dir.
+// renderTarget renders releaseTarget with src's test/manifests into dir (-trimpath:
+// Helm's packages are the build cache's make manifests filled, whatever src is).
 func renderTarget(ctx context.Context, src, dir string) error {
-	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/render", "-out", dir, "-target", releaseTarget)
+	cmd := exec.CommandContext(ctx, "go", "run", "-trimpath", "./cmd/render", "-out", dir, "-target", releaseTarget)
 	cmd.Dir = filepath.Join(src, "test", "manifests")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
