@@ -178,6 +178,12 @@ func TestDaemonSet(t *testing.T) {
 		if want := 1 + r.pluginDaemonSets(); len(dss) != want {
 			t.Fatalf("%s: %d DaemonSets, want %d", r.Name, len(dss), want)
 		}
+		// A plugin's DaemonSet rolls as the driver's (10%, one pod per node).
+		for _, pds := range dss {
+			if isPluginDaemonSet(pds) {
+				t.Run(r.Name+"/"+pds.Name(), func(t *testing.T) { checkRollout(t, pds) })
+			}
+		}
 		ds := r.driverDaemonSet(t)
 		if r.windows() {
 			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds); checkMemoryLimit(t, ds); checkMemoryPlan(t, ds, true) })
