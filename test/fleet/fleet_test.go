@@ -94,32 +94,9 @@ func TestFleet(t *testing.T) {
 	outage := envDur("EPHEMERA_FLEET_OUTAGE", 2*time.Minute)
 	began := time.Now()
 
-	s := startAPIServer(t, findBinaries(t, repo), nodes)
-	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode}
+	f := newFleet(t, repo, nodes, perNode)
+	s := f.s
 	ctx := t.Context()
-	// CoreDNS's read of namespaces, for the kube-system client that measures
-	// its latency.
-	if err := s.kubectl(ctx, "create", "clusterrole", "fleet-coredns", "--verb=list,watch", "--resource=namespaces"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.kubectl(ctx, "create", "clusterrolebinding", "fleet-coredns", "--clusterrole=fleet-coredns", "--serviceaccount=kube-system:coredns"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.kubectl(ctx, "apply", "-n", "kube-system",
-		"-f", filepath.Join(repo, "deploy/base/serviceaccount.yaml"), "-f", filepath.Join(repo, "deploy/base/rbac.yaml"),
-		"-f", filepath.Join(repo, "deploy/base/csidriver.yaml"), "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		ns := fmt.Sprintf("team-%d", i)
-		f.ns = append(f.ns, ns)
-		if _, err := f.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t0 := time.Now()
-	f.createPods(ctx)
-	t.Logf("created %d pods in %s", nodes*perNode, time.Since(t0).Round(time.Second))
 
 	var results []phaseResult
 	measure := func(name string, d time.Duration, during func()) phaseResult {
@@ -225,6 +202,39 @@ func TestFleet(t *testing.T) {
 			lw.values["pod list objects fetched"], nodes, nodes*perNode)
 	}
 	t.Logf("restart storm CPU seconds: watch-list %.2f, list then watch %.2f", wl.values["CPU seconds"], lw.values["CPU seconds"])
+}
+
+// newFleet starts the API server, applies the driver's RBAC, CSIDriver and
+// FlowSchema (deploy/base) and a kube-system client's role, and creates
+// perNode pods on each of nodes nodes in ten namespaces.
+func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
+	s := startAPIServer(t, findBinaries(t, repo), nodes)
+	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode}
+	ctx := t.Context()
+	// CoreDNS's read of namespaces, for the kube-system client that measures
+	// its latency.
+	if err := s.kubectl(ctx, "create", "clusterrole", "fleet-coredns", "--verb=list,watch", "--resource=namespaces"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.kubectl(ctx, "create", "clusterrolebinding", "fleet-coredns", "--clusterrole=fleet-coredns", "--serviceaccount=kube-system:coredns"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.kubectl(ctx, "apply", "-n", "kube-system",
+		"-f", filepath.Join(repo, "deploy/base/serviceaccount.yaml"), "-f", filepath.Join(repo, "deploy/base/rbac.yaml"),
+		"-f", filepath.Join(repo, "deploy/base/csidriver.yaml"), "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		ns := fmt.Sprintf("team-%d", i)
+		f.ns = append(f.ns, ns)
+		if _, err := f.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	f.createPods(ctx)
+	t.Logf("created %d pods in %s", nodes*perNode, time.Since(t0).Round(time.Second))
+	return f
 }
 
 func (f *fleet) snap() snapshot {
