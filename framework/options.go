@@ -599,8 +599,9 @@ type ObservabilityOptions struct {
 	CSIDriverCheckJitter time.Duration
 	// FleetSize, when set, returns how many drivers may start at once with
 	// this one: its DaemonSet's desiredNumberScheduled (kube.Client's
-	// DaemonSetSize). The startup check then asks it once and spreads its
-	// first read over a window that grows with the fleet, 25 ms per driver
+	// DaemonSetSize). The startup check then asks it once, after a random
+	// fraction of CSIDriverCheckJitter, and waits the same fraction of the
+	// rest of a window that grows with the fleet, 25 ms per driver
 	// (about 40 reads a second fleet-wide, at most five minutes), no shorter
 	// than CSIDriverCheckJitter: the same window as kube.PodsOptions.FleetSize
 	// gives the pod informer's first list. An error leaves

@@ -68,10 +68,12 @@ type PodsOptions struct {
 	StartJitter time.Duration
 	// FleetSize, when set, returns how many drivers may start at once with
 	// this one: its DaemonSet's desiredNumberScheduled (Client.DaemonSetSize).
-	// Run asks it once, before its first list, and then spreads that list over
-	// FleetStartJitter's window for the fleet, no shorter than StartJitter: a
-	// fleet-wide restart of 1,000 drivers lists over 25 s, 5,000 over about
-	// two minutes, at about 40 drivers a second. An error (RBAC, the API
+	// Run asks it once, after a random fraction of StartJitter (so that the
+	// fleet's reads of its size spread too), then waits the same fraction of
+	// the rest of the fleet's window (FleetStartJitter's, no shorter than
+	// StartJitter) before its first list: a fleet-wide restart of 1,000
+	// drivers lists over 25 s, 5,000 over about two minutes, at about 40
+	// drivers a second. An error (RBAC, the API
 	// server down), or no answer within 10 s, leaves StartJitter, logged.
 	// Ignored when StartJitter is negative. Defaults to nil: StartJitter.
 	FleetSize func(ctx context.Context) (int, error)
@@ -218,6 +220,7 @@ func (p *Pods) Run(ctx context.Context) error {
 		// fleet's window after. Every driver's list then falls uniformly in
 		// the fleet's window.
 		d := p.opts.delay(p.opts.StartJitter)
+		log.V(4).Info("Waiting before the first list of the node's pods (StartJitter)", logkeys.Duration, d)
 		if ctx.Err() != nil || d > 0 && !p.opts.sleep(ctx, d) {
 			return nil
 		}

@@ -20,8 +20,9 @@ type Startup struct {
 	Name   string        // the driver's name, the object's
 	Jitter time.Duration // Options.Observability.CSIDriverCheckJitter
 	// FleetSize, when set, returns how many drivers may start at once with
-	// this one (Options.Observability.FleetSize): the delay is then drawn
-	// from the fleet's window (spread.Window), no shorter than Jitter.
+	// this one (Options.Observability.FleetSize): Run asks it after a random
+	// fraction of Jitter and then waits the same fraction of the rest of the
+	// fleet's window (spread.Window, no shorter than Jitter).
 	FleetSize func(ctx context.Context) (int, error)
 	// Get reads the object, or returns an error wrapping api.ErrNotFound.
 	Get func(ctx context.Context, name string) (*api.CSIDriver, error)
