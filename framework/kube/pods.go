@@ -224,7 +224,7 @@ func (p *Pods) Run(ctx context.Context) error {
 		if ctx.Err() != nil || d > 0 && !p.opts.sleep(ctx, d) {
 			return nil
 		}
-		if window := p.window(ctx, log); window > p.opts.StartJitter {
+		if window := p.window(ctx); window > p.opts.StartJitter {
 			rest := time.Duration(float64(window-p.opts.StartJitter) * float64(d) / float64(p.opts.StartJitter))
 			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, d+rest, logkeys.Window, window)
 			if rest > 0 && !p.opts.sleep(ctx, rest) {
@@ -255,10 +255,11 @@ func (p *Pods) Run(ctx context.Context) error {
 
 // window is the longest delay before the first list: StartJitter, or the
 // fleet's window when FleetSize answers.
-func (p *Pods) window(ctx context.Context, log klog.Logger) time.Duration {
+func (p *Pods) window(ctx context.Context) time.Duration {
 	if p.opts.FleetSize == nil {
 		return p.opts.StartJitter
 	}
+	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
 	fctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
 	n, err := p.opts.FleetSize(fctx)
 	cancel()
