@@ -43,7 +43,7 @@ NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
 .PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-flakes test-root test-crash test-sanity test-examples e2e \
-        vet cross fmt verify bench bench-memory bench-fleet clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
+        vet cross fmt verify bench bench-memory bench-fleet bench-fleet-smoke clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
 
@@ -59,14 +59,15 @@ run: build
 	$(BIN)/walkthrough --driver $(BIN)/ephemera-scratch --work $(OUT)
 
 ## test: everything CI runs (static checks, unit + root tests with -race, crash, sanity, examples,
-## manifests, the image index built twice and checked, e2e). Each step prints its wall and CPU time (.ci/step), and
+## manifests, the image index built twice and checked, e2e, the fleet smoke test). Each step prints its wall and CPU time (.ci/step), and
 ## the list is repeated at the end (and kept in _output/test-times.txt). The Kubernetes binaries
 ## for e2e build in the background from the start, at the lowest CPU and I/O priority, so they
 ## take only what the steps leave idle; e2e raises the build to normal priority and waits for it
 ## (build-k8s.sh's lock). The steps of TEST_BESIDE_E2E only compile and analyse: they run beside
 ## e2e, which mostly waits on the kubelet and containerd, at the lowest priority too (their output
 ## goes to _output/beside-e2e.log, printed when e2e ends); make test waits for both.
-TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e
+# bench-fleet-smoke after e2e: it takes the kube-apiserver and etcd that e2e waited for (build-k8s.sh's lock).
+TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e bench-fleet-smoke
 # image-beside first: the e2e's TestShippedImageMigration (run last, t.Parallel) waits for its index. (build-static
 # runs as a step before, so that the e2e and image-beside find the driver binary built and do not both link it.)
 TEST_BESIDE_E2E := image-beside lint cross image-check release-check
@@ -289,7 +290,16 @@ bench-memory: build-static
 bench-fleet:
 	@mkdir -p $(OUT)
 	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$(CURDIR)/$(OUT)/bench-fleet.md \
-	  $(GO) test -tags fleet -count=1 -timeout 60m -run TestFleet -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
+	  $(GO) test -tags fleet -count=1 -timeout 60m -run '^TestFleet$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
+
+## bench-fleet-smoke: the fleet simulation's smoke test (a step of make test, after e2e, whose build of
+## kube-apiserver and etcd it takes): EPHEMERA_FLEET_NODES (default 20) nodes of 30 pods whose drivers all
+## restart at once, failing unless the restart's counts are exactly O(node): one LIST per driver by the
+## spec.nodeName index fetching its node's 30 pods, no watch-list initial events, one CSIDriver read, no 429
+## (about a minute with the API server's start)
+bench-fleet-smoke:
+	EPHEMERA_FLEET_SMOKE=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-20} \
+	  $(GO) test -tags fleet -count=1 -timeout 10m -run '^TestFleetSmoke$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
 ## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests

@@ -57,7 +57,8 @@ func CheckCSIDriver(name string, obj *api.CSIDriver) []CSIDriverProblem {
 }
 
 // csiDriverCheck is the startup check of the CSIDriver object: after a
-// random delay of up to Options.Observability.CSIDriverCheckJitter it reads
+// random delay of up to Options.Observability.CSIDriverCheckJitter (longer
+// for a large fleet: Options.Observability.FleetSize) it reads
 // it through Options.Observability.CSIDrivers (retrying transient errors
 // with jittered backoff for up to a minute), logs each problem as an error
 // with what to fix, exports ephemera_csidriver_misconfigured for every check
@@ -66,10 +67,11 @@ func CheckCSIDriver(name string, obj *api.CSIDriver) []CSIDriverProblem {
 // anyway.
 func (d *Driver) csiDriverCheck() *csidriver.Startup {
 	s := &csidriver.Startup{
-		Name:    d.opts.DriverName,
-		Jitter:  d.opts.Observability.CSIDriverCheckJitter,
-		Get:     d.opts.Observability.CSIDrivers.GetCSIDriver,
-		Observe: d.metrics.CSIDriverChecked,
+		Name:      d.opts.DriverName,
+		Jitter:    d.opts.Observability.CSIDriverCheckJitter,
+		FleetSize: d.opts.Observability.FleetSize,
+		Get:       d.opts.Observability.CSIDrivers.GetCSIDriver,
+		Observe:   d.metrics.CSIDriverChecked,
 	}
 	if sink, ok := d.opts.Observability.Events.(CSIDriverEventSink); ok {
 		s.Event = func(obj api.CSIDriver, message string) {

@@ -25,6 +25,7 @@ var layers = map[string]int{
 	"framework/internal/logkeys":                 0,
 	"framework/internal/metrics":                 0,
 	"framework/internal/podcgroup":               0,
+	"framework/internal/spread":                  0,
 	"framework/internal/podcgroup/podcgrouptest": 1,
 	"framework/internal/mounttest":               0,
 	"framework/internal/unixsock":                0,

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -596,6 +597,17 @@ type ObservabilityOptions struct {
 	// rollout, the API server back from an outage) spread their reads.
 	// Defaults to DefaultCSIDriverCheckJitter when zero; negative: none.
 	CSIDriverCheckJitter time.Duration
+	// FleetSize, when set, returns how many drivers may start at once with
+	// this one: its DaemonSet's desiredNumberScheduled (kube.Client's
+	// DaemonSetSize). The startup check then asks it once, after a random
+	// fraction of CSIDriverCheckJitter, and waits the same fraction of the
+	// rest of a window that grows with the fleet, 25 ms per driver
+	// (about 40 reads a second fleet-wide, at most five minutes), no shorter
+	// than CSIDriverCheckJitter: the same window as kube.PodsOptions.FleetSize
+	// gives the pod informer's first list. An error leaves
+	// CSIDriverCheckJitter (logged). Ignored when CSIDriverCheckJitter is
+	// negative. Defaults to nil: CSIDriverCheckJitter.
+	FleetSize func(ctx context.Context) (int, error)
 }
 
 // DefaultCSIDriverCheckJitter is ObservabilityOptions.CSIDriverCheckJitter's

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,6 +152,46 @@ type apiFlags struct {
 	// startupTaint is --startup-taint: the key of the taint to remove from the
 	// node once the kubelet has registered the driver ("": none).
 	startupTaint string
+	// fleetDaemonSet is --fleet-daemonset: [NAMESPACE/]NAME of the driver's
+	// DaemonSet, whose size spreads the start-up work ("": not read).
+	fleetDaemonSet string
+}
+
+// serviceAccountNamespace is where a pod's service account mount names its
+// namespace (the in-cluster client's token sits beside it).
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// fleetDaemonSet splits --fleet-daemonset into the DaemonSet's namespace and
+// name; without a namespace, the one nsFile names (the pod's own).
+func fleetDaemonSet(flagValue, nsFile string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(flagValue, "/")
+	if !ok {
+		name = namespace
+		b, err := os.ReadFile(nsFile)
+		if err != nil {
+			return "", "", fmt.Errorf("--fleet-daemonset=%s names no namespace, and the pod's own is unknown (give NAMESPACE/NAME): %w", flagValue, err)
+		}
+		namespace = strings.TrimSpace(string(b))
+	}
+	if namespace == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("--fleet-daemonset=%s: want NAME or NAMESPACE/NAME of the driver's DaemonSet", flagValue)
+	}
+	return namespace, name, nil
+}
+
+// onceSize asks get once, with the first caller's context, and gives every
+// caller (the pod informer, the CSIDriver check) that answer: one GET per
+// start.
+func onceSize(get func(ctx context.Context) (int, error)) func(ctx context.Context) (int, error) {
+	var (
+		once sync.Once
+		n    int
+		err  error
+	)
+	return func(ctx context.Context) (int, error) {
+		once.Do(func() { n, err = get(ctx) })
+		return n, err
+	}
 }
 
 // startupTaintEnv is --startup-taint's default: deploy/components/startup-taint
@@ -185,6 +226,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
 	fs.StringVar(&c.api.startupTaint, "startup-taint", os.Getenv(startupTaintEnv), "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Defaults to $EPHEMERA_STARTUP_TAINT; empty: none.")
+	fs.StringVar(&c.api.fleetDaemonSet, "fleet-daemonset", "", "The driver's DaemonSet, NAME (in the pod's namespace) or NAMESPACE/NAME: with --events or --gc-confirm-with-api the driver reads its size (status.desiredNumberScheduled, one GET from the API server's cache; needs get on daemonsets.apps) at every start and spreads the start-up work no caller waits for, the orphan GC's first pod list and the CSIDriver check, over a window that grows with it: 25 ms per node, at least 5s (10s for the check), at most 5m, so that a fleet-wide restart reaches the API server at about 40 drivers a second. Empty: the fixed windows.")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
 	// The Options fields the flags above set, besides BindFlags' own: the
 	// driver's messages name the flags (TestOperatorWords).
@@ -252,8 +294,17 @@ func (c *config) hostPaths() (hostPaths, error) {
 // driver runs them while it serves; and, with either, the client that reads
 // the CSIDriver object for the startup check (CSIDrivers).
 func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error {
+	var fleetSize func(ctx context.Context) (int, error)
+	if f.fleetDaemonSet != "" && (f.events || f.gcConfirm) {
+		ns, name, err := fleetDaemonSet(f.fleetDaemonSet, client.namespaceFile)
+		if err != nil {
+			return err
+		}
+		fleetSize = onceSize(func(ctx context.Context) (int, error) { return client.daemonSets.DaemonSetSize(ctx, ns, name) })
+	}
 	if f.events || f.gcConfirm {
 		opts.Observability.CSIDrivers = client.csiDrivers
+		opts.Observability.FleetSize = fleetSize
 	}
 	if f.events {
 		rec, err := events.New(events.Options{Client: client.events, DriverName: opts.DriverName, NodeName: opts.Node.ID})
@@ -264,7 +315,7 @@ func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error
 		opts.Runnables = append(opts.Runnables, rec)
 	}
 	if f.gcConfirm {
-		pods, err := kube.NewPods(kube.PodsOptions{Client: client.pods, NodeName: opts.Node.ID, Resync: 10 * time.Minute, SyncTimeout: time.Minute})
+		pods, err := kube.NewPods(kube.PodsOptions{Client: client.pods, NodeName: opts.Node.ID, Resync: 10 * time.Minute, SyncTimeout: time.Minute, FleetSize: fleetSize})
 		if err != nil {
 			return err
 		}
@@ -454,6 +505,11 @@ type apiClient struct {
 	pods       kube.PodsClient
 	csiDrivers framework.CSIDriverGetter
 	nodes      kube.NodesClient
+	daemonSets interface {
+		DaemonSetSize(ctx context.Context, namespace, name string) (int, error)
+	}
+	// namespaceFile names the pod's namespace (--fleet-daemonset=NAME).
+	namespaceFile string
 }
 
 // kubeClient talks to the API server (for --events and --gc-confirm-with-api)
@@ -476,7 +532,7 @@ func kubeClient(driverName, kubeconfig string) (apiClient, error) {
 	if err != nil {
 		return apiClient{}, err
 	}
-	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c, nodes: c}, nil
+	return apiClient{events: c.Events(), pods: c.Pods(), csiDrivers: c, nodes: c, daemonSets: c, namespaceFile: serviceAccountNamespace}, nil
 }
 
 // parseCapacity parses "tmpfs=4Gi,loop=200Gi": each backend once.

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"maps"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -28,7 +30,7 @@ func TestFlags(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	want := []string{
 		"backend", "backends", "capacity", "content-bytes-in-flight", "content-capacity", "content-timeout", "default-size", "dir-soft-size", "driver-name", "endpoint", "events",
-		"gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "in-flight-reserved-per-backend", "keep-binary-pages", "kubeconfig", "kubelet-cgroup-driver", "kubelet-cgroup-root", "kubelet-root", "log-format",
+		"fleet-daemonset", "gc-confirm-with-api", "gc-dry-run", "gc-interval", "gc-max-orphan-share", "in-flight-reserved-per-backend", "keep-binary-pages", "kubeconfig", "kubelet-cgroup-driver", "kubelet-cgroup-root", "kubelet-root", "log-format",
 		"loop-default-size", "loop-fstype", "loop-preallocate", "max-in-flight", "max-in-flight-per-backend", "max-volume-size", "max-volumes-per-node", "max-volumes-per-pod",
 		"memory-limit", "metrics-address", "mount-options", "nodeid", "operation-timeout", "orphan-grace-period", "plugin", "pod-cgroup-mount", "pod-cgroup-wait", "pod-cgroups", "provision-timeout", "register", "startup-taint", "state-dir", "state-recovery",
 		"stats-cache-ttl", "stats-max-depth", "stats-max-entries", "stats-max-linked-files", "stats-max-walks", "stats-timeout",
@@ -128,6 +130,34 @@ func TestAddComponents(t *testing.T) {
 	if n := len(clientset.Actions()); n != 0 {
 		t.Errorf("%d API calls before the driver runs, want none", n)
 	}
+
+	// --fleet-daemonset: the pod informer and the CSIDriver check share one
+	// read of the DaemonSet's size, made when they first ask.
+	sizes := &fakeDaemonSets{n: 1000}
+	client.daemonSets = sizes
+	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{events: true, gcConfirm: true, fleetDaemonSet: "kube-system/ephemera-scratch-node"}).addComponents(&opts, client); err != nil {
+		t.Fatal(err)
+	}
+	if opts.Observability.FleetSize == nil || len(sizes.asked) != 0 {
+		t.Fatalf("--fleet-daemonset: FleetSize %v, %d reads before the driver runs", opts.Observability.FleetSize != nil, len(sizes.asked))
+	}
+	for range 2 {
+		if n, err := opts.Observability.FleetSize(t.Context()); n != 1000 || err != nil {
+			t.Errorf("FleetSize = %d, %v, want 1000", n, err)
+		}
+	}
+	if !slices.Equal(sizes.asked, []string{"kube-system/ephemera-scratch-node"}) {
+		t.Errorf("DaemonSet reads %q, want one of kube-system/ephemera-scratch-node", sizes.asked)
+	}
+	// Without --events or --gc-confirm-with-api nothing spreads: not read.
+	opts = framework.Options{DriverName: DriverName, Node: framework.NodeOptions{ID: "node-1"}}
+	if err := (apiFlags{fleetDaemonSet: "kube-system/x"}).addComponents(&opts, client); err != nil || opts.Observability.FleetSize != nil {
+		t.Errorf("--fleet-daemonset alone: %v, FleetSize set %v", err, opts.Observability.FleetSize != nil)
+	}
+	if err := (apiFlags{events: true, fleetDaemonSet: "a/b/c"}).addComponents(&opts, client); err == nil || !strings.Contains(err.Error(), "--fleet-daemonset") {
+		t.Errorf("--fleet-daemonset=a/b/c: %v", err)
+	}
 }
 
 func TestCSIProxyModeRefusals(t *testing.T) {
@@ -180,6 +210,45 @@ func TestParseCapacity(t *testing.T) {
 			t.Errorf("--capacity=%s: %v, %v, want %v", tc.in, got, err, tc.want)
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("--capacity=%s: %v, want an error containing %q", tc.in, err, tc.err)
+		}
+	}
+}
+
+// fakeDaemonSets answers DaemonSetSize with n and records what was read.
+type fakeDaemonSets struct {
+	n     int
+	asked []string
+}
+
+func (f *fakeDaemonSets) DaemonSetSize(_ context.Context, namespace, name string) (int, error) {
+	f.asked = append(f.asked, namespace+"/"+name)
+	return f.n, nil
+}
+
+// --fleet-daemonset takes NAMESPACE/NAME, or NAME in the pod's own namespace
+// (the service account mount's file); anything else is refused with the flag.
+func TestFleetDaemonSetFlag(t *testing.T) {
+	nsFile := filepath.Join(t.TempDir(), "namespace")
+	if err := os.WriteFile(nsFile, []byte("kube-system"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ flag, file, ns, name string }{
+		{"team/ephemera-scratch-node", "/nonexistent", "team", "ephemera-scratch-node"},
+		{"ephemera-scratch-node", nsFile, "kube-system", "ephemera-scratch-node"},
+	} {
+		ns, name, err := fleetDaemonSet(c.flag, c.file)
+		if err != nil || ns != c.ns || name != c.name {
+			t.Errorf("%q: %q %q %v, want %q %q", c.flag, ns, name, err, c.ns, c.name)
+		}
+	}
+	for _, c := range []struct{ flag, file, says string }{
+		{"ephemera-scratch-node", "/nonexistent", "names no namespace"},
+		{"a/b/c", nsFile, "want NAME or NAMESPACE/NAME"},
+		{"/x", nsFile, "want NAME or NAMESPACE/NAME"},
+		{"x/", nsFile, "want NAME or NAMESPACE/NAME"},
+	} {
+		if _, _, err := fleetDaemonSet(c.flag, c.file); err == nil || !strings.Contains(err.Error(), "--fleet-daemonset="+c.flag) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%q: %v, want an error saying %q", c.flag, err, c.says)
 		}
 	}
 }

@@ -323,3 +323,32 @@ func (c *Client) CSINodeDrivers(ctx context.Context, name string) ([]string, err
 	}
 	return names, nil
 }
+
+// DaemonSetSize returns how many nodes should run the DaemonSet called name
+// in namespace (its status.desiredNumberScheduled): the drivers that may all
+// start at once with this one, for PodsOptions.FleetSize and the framework's
+// ObservabilityOptions.FleetSize. One GET, answered from the API server's
+// watch cache (resourceVersion "0"), decoded with encoding/json as
+// GetCSIDriver does; the service account needs get on daemonsets.apps
+// (deploy/base's ClusterRole names the driver's DaemonSets).
+func (c *Client) DaemonSetSize(ctx context.Context, namespace, name string) (int, error) {
+	if namespace == "" || name == "" {
+		return 0, fmt.Errorf("reading DaemonSet %q in namespace %q: both are required", name, namespace)
+	}
+	body, err := c.rest.Get().AbsPath("/apis/apps/v1/namespaces", namespace, "daemonsets", name).Param("resourceVersion", "0").DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		return 0, fmt.Errorf("%w: DaemonSet %s/%s", api.ErrNotFound, namespace, name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading DaemonSet %s/%s: %w", namespace, name, err)
+	}
+	var o struct {
+		Status struct {
+			DesiredNumberScheduled int `json:"desiredNumberScheduled"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil {
+		return 0, fmt.Errorf("decoding DaemonSet %s/%s: %w", namespace, name, err)
+	}
+	return o.Status.DesiredNumberScheduled, nil
+}

@@ -75,3 +75,46 @@ func TestGetCSIDriver(t *testing.T) {
 		t.Errorf("forbidden: %v, want an API Forbidden error", err)
 	}
 }
+
+// DaemonSetSize reads status.desiredNumberScheduled with one GET from the
+// watch cache; a missing DaemonSet wraps api.ErrNotFound, a refusal keeps
+// the API server's reason.
+func TestDaemonSetSize(t *testing.T) {
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.Method+" "+r.URL.RequestURI())
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/apis/apps/v1/namespaces/kube-system/daemonsets/ephemera-scratch-node":
+			fmt.Fprint(w, `{"kind":"DaemonSet","apiVersion":"apps/v1","metadata":{"name":"ephemera-scratch-node","namespace":"kube-system"},
+ "spec":{"updateStrategy":{"type":"RollingUpdate"}},
+ "status":{"currentNumberScheduled":998,"numberMisscheduled":0,"desiredNumberScheduled":1000,"numberReady":990}}`)
+		case "/apis/apps/v1/namespaces/kube-system/daemonsets/forbidden":
+			w.WriteHeader(http.StatusForbidden)
+			fmt.Fprint(w, forbiddenStatus)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, notFoundStatus)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := NewClient(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.DaemonSetSize(t.Context(), "kube-system", "ephemera-scratch-node"); err != nil || n != 1000 {
+		t.Errorf("DaemonSetSize = %d, %v, want 1000", n, err)
+	}
+	if len(paths) != 1 || paths[0] != "GET /apis/apps/v1/namespaces/kube-system/daemonsets/ephemera-scratch-node?resourceVersion=0" {
+		t.Errorf("requests %q, want one GET from the watch cache", paths)
+	}
+	if _, err := c.DaemonSetSize(t.Context(), "kube-system", "gone"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("missing DaemonSet: %v, want api.ErrNotFound", err)
+	}
+	if _, err := c.DaemonSetSize(t.Context(), "kube-system", "forbidden"); !apierrors.IsForbidden(err) {
+		t.Errorf("forbidden: %v, want the API server's Forbidden", err)
+	}
+	if _, err := c.DaemonSetSize(t.Context(), "", "x"); err == nil || len(paths) != 3 {
+		t.Errorf("no namespace: %v after %d requests, want an error and no request", err, len(paths))
+	}
+}

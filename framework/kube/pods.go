@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/spread"
 )
 
 const uidIndex = "uid"
@@ -27,6 +28,18 @@ const defaultSyncTimeout = time.Minute
 
 // DefaultStartJitter is PodsOptions.StartJitter's default.
 const DefaultStartJitter = 5 * time.Second
+
+// FleetStartJitter is the window over which Pods spreads its first list when
+// PodsOptions.FleetSize says drivers may start at once: 25 ms per driver
+// (about 40 starts a second), at least DefaultStartJitter (up to 200
+// drivers), at most five minutes (12,000 drivers and more). A driver that
+// spreads other start-up work of its own may use it too.
+func FleetStartJitter(drivers int) time.Duration {
+	return spread.Window(drivers, DefaultStartJitter)
+}
+
+// fleetSizeTimeout bounds PodsOptions.FleetSize's call.
+const fleetSizeTimeout = 10 * time.Second
 
 // PodsOptions configure Pods.
 type PodsOptions struct {
@@ -53,12 +66,26 @@ type PodsOptions struct {
 	// but a later first GC pass. Defaults to DefaultStartJitter when zero;
 	// negative means no delay.
 	StartJitter time.Duration
+	// FleetSize, when set, returns how many drivers may start at once with
+	// this one: its DaemonSet's desiredNumberScheduled (Client.DaemonSetSize).
+	// Run asks it once, after a random fraction of StartJitter (so that the
+	// fleet's reads of its size spread too), then waits the same fraction of
+	// the rest of the fleet's window (FleetStartJitter's, no shorter than
+	// StartJitter) before its first list: a fleet-wide restart of 1,000
+	// drivers lists over 25 s, 5,000 over about two minutes, at about 40
+	// drivers a second. An error (RBAC, the API
+	// server down), or no answer within 10 s, leaves StartJitter, logged.
+	// Ignored when StartJitter is negative. Defaults to nil: StartJitter.
+	FleetSize func(ctx context.Context) (int, error)
 	// Logger logs the sync. Defaults to klog.Background().
 	Logger klog.Logger
 
 	// delay picks the delay before the first list from [0, StartJitter).
 	// Defaults to a uniformly random one; tests set it.
 	delay func(max time.Duration) time.Duration
+	// sleep waits d or until ctx ends, and reports whether d passed.
+	// Defaults to a timer; tests set it.
+	sleep func(ctx context.Context, d time.Duration) bool
 }
 
 func (o *PodsOptions) validate() error {
@@ -90,6 +117,9 @@ func (o *PodsOptions) setDefaults() {
 	}
 	if o.delay == nil {
 		o.delay = func(max time.Duration) time.Duration { return rand.N(max) }
+	}
+	if o.sleep == nil {
+		o.sleep = sleepCtx
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = klog.Background()
@@ -170,7 +200,8 @@ func podIdentity(obj any) (any, error) {
 	}}, nil
 }
 
-// Run waits a random part of StartJitter, starts the informer, waits up to
+// Run waits a random part of StartJitter (of the fleet's window, with
+// FleetSize), starts the informer, waits up to
 // SyncTimeout for its first sync and
 // blocks until ctx ends; it then stops the informer, waits for its goroutines
 // and returns nil. A sync that takes longer is logged as an error, not
@@ -183,14 +214,22 @@ func (p *Pods) Run(ctx context.Context) error {
 	}
 	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
 	if p.opts.StartJitter > 0 {
+		// The delay is a fraction f of the window, drawn once: f of
+		// StartJitter is waited before FleetSize is asked (so that a
+		// fleet's reads of its size are spread too), f of the rest of the
+		// fleet's window after. Every driver's list then falls uniformly in
+		// the fleet's window.
 		d := p.opts.delay(p.opts.StartJitter)
 		log.V(4).Info("Waiting before the first list of the node's pods (StartJitter)", logkeys.Duration, d)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if ctx.Err() != nil || d > 0 && !p.opts.sleep(ctx, d) {
 			return nil
-		case <-t.C:
+		}
+		if window := p.window(ctx); window > p.opts.StartJitter {
+			rest := time.Duration(float64(window-p.opts.StartJitter) * float64(d) / float64(p.opts.StartJitter))
+			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, d+rest, logkeys.Window, window)
+			if rest > 0 && !p.opts.sleep(ctx, rest) {
+				return nil
+			}
 		}
 	}
 	var wg sync.WaitGroup
@@ -212,6 +251,27 @@ func (p *Pods) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// window is the longest delay before the first list: StartJitter, or the
+// fleet's window when FleetSize answers.
+func (p *Pods) window(ctx context.Context) time.Duration {
+	if p.opts.FleetSize == nil {
+		return p.opts.StartJitter
+	}
+	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
+	fctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
+	n, err := p.opts.FleetSize(fctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Info("Cannot learn how many drivers start with this one; spreading the first pod list over StartJitter", logkeys.Window, p.opts.StartJitter, logkeys.Err, err)
+		}
+		return p.opts.StartJitter
+	}
+	w := spread.Window(n, p.opts.StartJitter)
+	log.V(2).Info("Spreading the first pod list over the fleet's window", logkeys.Drivers, n, logkeys.Window, w)
+	return w
 }
 
 // HasSynced reports whether the informer has synced: until then PodExists

@@ -238,6 +238,64 @@ func TestPodsListThenWatch(t *testing.T) {
 	}
 }
 
+// With FleetSize, Run asks the fleet's size once before its first list and
+// draws the delay below the fleet's window (25 ms per driver, at least
+// StartJitter); an error leaves StartJitter; with no jitter it is not asked.
+func TestPodsFleetStartJitter(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		jitter time.Duration
+		size   int
+		err    error
+		want   time.Duration // the longest delay (the window); 0: none
+		asked  int32
+	}{
+		{"1,000 drivers", DefaultStartJitter, 1000, nil, 25 * time.Second, 1},
+		{"5,000 drivers", DefaultStartJitter, 5000, nil, 125 * time.Second, 1},
+		{"a small fleet", DefaultStartJitter, 20, nil, DefaultStartJitter, 1},
+		{"a longer StartJitter wins", time.Minute, 1000, nil, time.Minute, 1},
+		{"unknown", DefaultStartJitter, 0, errors.New("daemonsets.apps is forbidden"), DefaultStartJitter, 1},
+		{"no jitter", -1, 1000, nil, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			var window atomic.Int64 // the delays waited, in all
+			var asked atomic.Int32
+			p, err := NewPods(PodsOptions{Client: fakePods(client), NodeName: "node-1", StartJitter: c.jitter,
+				FleetSize: func(ctx context.Context) (int, error) {
+					if _, ok := ctx.Deadline(); !ok {
+						t.Errorf("FleetSize called without a deadline")
+					}
+					if window.Load() != int64(c.jitter) {
+						t.Errorf("FleetSize asked after %s, want after the delay drawn below StartJitter (%s)", time.Duration(window.Load()), c.jitter)
+					}
+					asked.Add(1)
+					return c.size, c.err
+				},
+				// The longest delay: the whole window is waited.
+				delay: func(max time.Duration) time.Duration { return max },
+				sleep: func(ctx context.Context, d time.Duration) bool { window.Add(int64(d)); return ctx.Err() == nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, p)
+			eventually(t, "the informer syncs", p.HasSynced)
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := time.Duration(window.Load()); got != c.want {
+				t.Errorf("delay drawn below %s, want below %s", got, c.want)
+			}
+			if got := asked.Load(); got != c.asked {
+				t.Errorf("FleetSize asked %d times, want %d", got, c.asked)
+			}
+		})
+	}
+	if got := FleetStartJitter(600); got != 15*time.Second {
+		t.Errorf("FleetStartJitter(600) = %s, want 15s", got)
+	}
+}
+
 // Run waits the start jitter before its first list, and returns at once when
 // its context ends meanwhile; the delay is drawn below StartJitter.
 func TestPodsStartJitter(t *testing.T) {

@@ -178,6 +178,12 @@ func TestDaemonSet(t *testing.T) {
 		if want := 1 + r.pluginDaemonSets(); len(dss) != want {
 			t.Fatalf("%s: %d DaemonSets, want %d", r.Name, len(dss), want)
 		}
+		// A plugin's DaemonSet rolls as the driver's (10%, one pod per node).
+		for _, pds := range dss {
+			if isPluginDaemonSet(pds) {
+				t.Run(r.Name+"/"+pds.Name(), func(t *testing.T) { checkRollout(t, pds) })
+			}
+		}
 		ds := r.driverDaemonSet(t)
 		if r.windows() {
 			t.Run(r.Name, func(t *testing.T) { checkRollout(t, ds); checkMemoryLimit(t, ds); checkMemoryPlan(t, ds, true) })
@@ -359,6 +365,41 @@ func checkDaemonSet(t *testing.T, r rendered, ds Object) {
 	}
 }
 
+// TestFleetDaemonSet: every driver DaemonSet whose driver has start-up work
+// to spread (--events, --gc-confirm-with-api) names itself in
+// --fleet-daemonset, and the ClusterRole lets it read that DaemonSet (TestRBAC).
+func TestFleetDaemonSet(t *testing.T) {
+	n := 0
+	for _, r := range renderAll(t) {
+		for _, ds := range r.find("DaemonSet") {
+			driver := container(ds, "driver")
+			if isPluginDaemonSet(ds) || driver == nil {
+				continue
+			}
+			args := fmt.Sprint(driver.Get("args"))
+			var flags []string
+			for _, a := range strings.Fields(strings.Trim(args, "[]")) {
+				if strings.HasPrefix(a, "--fleet-daemonset") {
+					flags = append(flags, a)
+				}
+			}
+			if !strings.Contains(args, "--events") && !strings.Contains(args, "--gc-confirm-with-api") {
+				continue
+			}
+			n++
+			if want := []string{"--fleet-daemonset=" + ds.Name()}; !slices.Equal(flags, want) {
+				t.Errorf("%s: DaemonSet %s: %q, want %q", r.Name, ds.Name(), flags, want)
+			}
+			if roles := r.find("ClusterRole"); len(roles) == 0 || roles[0].Name() != ds.Name() {
+				t.Errorf("%s: DaemonSet %s is not the one the ClusterRole %v lets the driver read", r.Name, ds.Name(), roles)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no DaemonSet passes --events or --gc-confirm-with-api")
+	}
+}
+
 func TestRBAC(t *testing.T) {
 	for _, r := range renderAll(t) {
 		if r.Kustomize == "deploy/admission" {
@@ -384,7 +425,11 @@ func TestRBAC(t *testing.T) {
 		if cd := r.find("CSIDriver"); len(cd) == 1 {
 			name = cd[0].Name()
 		}
-		want := []string{"[] [pods] [list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]"}
+		// The size of the driver's Linux DaemonSet (--fleet-daemonset): that
+		// object only, which every target names as its ClusterRole.
+		ds := roles[0].Name()
+		want := []string{"[] [pods] [list watch]", "[] [events] [create patch]", "[storage.k8s.io] [csidrivers] [get] [" + name + "]",
+			"[apps] [daemonsets] [get] [" + ds + "]"}
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: ClusterRole rules %q, want exactly %q", r.Name, got, want)
 		}

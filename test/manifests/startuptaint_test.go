@@ -49,21 +49,7 @@ func startupTaintHelm(t *testing.T, vals map[string]any) rendered {
 // EPHEMERA_STARTUP_TAINT (the flag's default) as the flag it stands for.
 func startupTaintArgs(t *testing.T, r rendered) []string {
 	t.Helper()
-	var out []string
-	driver := container(r.driverDaemonSet(t), "driver")
-	args, _ := driver.Get("args").([]any)
-	for _, a := range args {
-		if s := fmt.Sprint(a); strings.HasPrefix(s, "--startup-taint") {
-			out = append(out, s)
-		}
-	}
-	envs, _ := driver.Get("env").([]any)
-	for _, e := range envs {
-		if eo := Object(e.(map[string]any)); eo.Name2() == "EPHEMERA_STARTUP_TAINT" {
-			out = append(out, fmt.Sprint("--startup-taint=", eo.Get("value")))
-		}
-	}
-	return out
+	return driverFlags(r.driverDaemonSet(t))
 }
 
 func named(objs []Object, suffix string) Object {
@@ -122,10 +108,13 @@ func checkStartupTaint(t *testing.T, r rendered, key string, flag bool) {
 // the chart's startupTaint) renders the flag, the RBAC and the admission
 // policy, the same in both; off by default.
 func TestStartupTaint(t *testing.T) {
-	for _, overlay := range []string{"deploy/overlays/linux", "deploy/overlays/linux-embedded-registrar"} {
+	for _, overlay := range []string{"deploy/overlays/linux", "deploy/overlays/linux-embedded-registrar",
+		"deploy/overlays/windows-hostprocess", "deploy/overlays/windows-csi-proxy"} {
 		k := startupTaintKustomize(t, overlay)
 		checkStartupTaint(t, k, startupTaintKey, true)
-		checkDaemonSet(t, k, k.driverDaemonSet(t))
+		if !k.windows() {
+			checkDaemonSet(t, k, k.driverDaemonSet(t))
+		}
 	}
 	k := startupTaintKustomize(t, "deploy/overlays/linux")
 
@@ -159,6 +148,92 @@ func TestStartupTaint(t *testing.T) {
 	for _, key := range []string{"not a key", "a/b/c", "-x"} {
 		if _, err := Helm(filepath.Join(mustRoot(t), Chart), map[string]any{"startupTaint": map[string]any{"enabled": true, "key": key}}, Namespace); err == nil {
 			t.Errorf("startupTaint.key %q rendered, want a schema error", key)
+		}
+	}
+}
+
+// driverFlags are the --startup-taint flags (and EPHEMERA_STARTUP_TAINT) of
+// the driver container of ds.
+func driverFlags(ds Object) []string {
+	var out []string
+	driver := container(ds, "driver")
+	args, _ := driver.Get("args").([]any)
+	for _, a := range args {
+		if s := fmt.Sprint(a); strings.HasPrefix(s, "--startup-taint") {
+			out = append(out, s)
+		}
+	}
+	envs, _ := driver.Get("env").([]any)
+	for _, e := range envs {
+		if eo := Object(e.(map[string]any)); eo.Name2() == "EPHEMERA_STARTUP_TAINT" {
+			out = append(out, fmt.Sprint("--startup-taint=", eo.Get("value")))
+		}
+	}
+	return out
+}
+
+// toleratesStartupTaint reports whether ds's pods tolerate the taint key
+// (effect NoSchedule), as the scheduler matches a toleration.
+func toleratesStartupTaint(ds Object, key string) bool {
+	ts, _ := ds.Get("spec", "template", "spec", "tolerations").([]any)
+	for _, x := range ts {
+		to := Object(x.(map[string]any))
+		k, _ := to.Get("key").(string)
+		op, _ := to.Get("operator").(string)
+		eff, _ := to.Get("effect").(string)
+		if eff != "" && eff != "NoSchedule" {
+			continue
+		}
+		switch {
+		case op == "Exists" && (k == "" || k == key):
+			return true
+		case (op == "" || op == "Equal") && k == key && to.Get("value") == nil:
+			return true
+		}
+	}
+	return false
+}
+
+// TestStartupTaintEveryDaemonSet: every DaemonSet of every deploy target
+// (the drivers', Linux and Windows, and the plugins') starts on a node that
+// still has the startup taint, and with the taint on (the component on every
+// overlay of the scratch driver, the chart with its Linux and Windows node
+// plugins) every driver DaemonSet, Linux or Windows, is the one that removes
+// it: a DaemonSet left out would keep its nodes unschedulable for good.
+func TestStartupTaintEveryDaemonSet(t *testing.T) {
+	for _, r := range renderAll(t) {
+		for _, ds := range r.find("DaemonSet") {
+			if !toleratesStartupTaint(ds, startupTaintKey) {
+				t.Errorf("%s: DaemonSet %s does not tolerate the startup taint %s:NoSchedule (tolerations %v)",
+					r.Name, ds.Name(), startupTaintKey, ds.Get("spec", "template", "spec", "tolerations"))
+			}
+		}
+	}
+	var with []rendered
+	for _, tg := range Targets() {
+		if tg.Kustomize == "" || tg.Example != "" || tg.Kustomize == "deploy/admission" {
+			continue
+		}
+		with = append(with, startupTaintKustomize(t, tg.Kustomize))
+	}
+	with = append(with, startupTaintHelm(t, map[string]any{"startupTaint": map[string]any{"enabled": true}, "windows": map[string]any{"enabled": true}}),
+		startupTaintHelm(t, map[string]any{"startupTaint": map[string]any{"enabled": true}, "windows": map[string]any{"enabled": true, "mode": "csi-proxy"}}))
+	for _, r := range with {
+		n := 0
+		for _, ds := range r.find("DaemonSet") {
+			if isPluginDaemonSet(ds) {
+				continue
+			}
+			n++
+			if got, want := driverFlags(ds), []string{"--startup-taint=" + startupTaintKey}; !slices.Equal(got, want) {
+				t.Errorf("%s: DaemonSet %s: driver flags %q, want %q", r.Name, ds.Name(), got, want)
+			}
+			if !toleratesStartupTaint(ds, startupTaintKey) {
+				t.Errorf("%s: DaemonSet %s does not tolerate the startup taint", r.Name, ds.Name())
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no driver DaemonSet", r.Name)
 		}
 	}
 }

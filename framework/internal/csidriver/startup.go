@@ -11,6 +11,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/framework/internal/logkeys"
+	"github.com/ephemera-csi/ephemera/framework/internal/spread"
 )
 
 // Startup is the startup check of the driver's CSIDriver object
@@ -18,6 +19,11 @@ import (
 type Startup struct {
 	Name   string        // the driver's name, the object's
 	Jitter time.Duration // Options.Observability.CSIDriverCheckJitter
+	// FleetSize, when set, returns how many drivers may start at once with
+	// this one (Options.Observability.FleetSize): Run asks it after a random
+	// fraction of Jitter and then waits the same fraction of the rest of the
+	// fleet's window (spread.Window, no shorter than Jitter).
+	FleetSize func(ctx context.Context) (int, error)
 	// Get reads the object, or returns an error wrapping api.ErrNotFound.
 	Get func(ctx context.Context, name string) (*api.CSIDriver, error)
 	// Observe exports the outcome of one check (the metrics).
@@ -38,7 +44,14 @@ const timeout = time.Minute
 // anyway.
 func (s *Startup) Run(ctx context.Context) {
 	log := klog.FromContext(ctx)
-	if !sleepCtx(ctx, randDuration(s.Jitter)) {
+	// A fraction f of Jitter first, then FleetSize, then f of the rest of
+	// the fleet's window: the fleet's reads of its size are spread too, and
+	// every driver's check falls uniformly in the fleet's window.
+	d := randDuration(s.Jitter)
+	if !sleepCtx(ctx, d) {
+		return // the driver is stopping
+	}
+	if w := s.window(ctx); w > s.Jitter && !sleepCtx(ctx, time.Duration(float64(w-s.Jitter)*float64(d)/float64(s.Jitter))) {
 		return // the driver is stopping
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -91,6 +104,27 @@ func (s *Startup) Run(ctx context.Context) {
 		}
 		s.Event(ref, strings.Join(msgs, "; "))
 	}
+}
+
+// fleetSizeTimeout bounds the FleetSize call.
+const fleetSizeTimeout = 10 * time.Second
+
+// window is the longest delay before the first read: Jitter, or the fleet's
+// window when FleetSize answers (an error leaves Jitter, logged).
+func (s *Startup) window(ctx context.Context) time.Duration {
+	if s.FleetSize == nil || s.Jitter <= 0 {
+		return s.Jitter
+	}
+	fctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
+	n, err := s.FleetSize(fctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			klog.FromContext(ctx).Info("Cannot learn how many drivers start with this one; spreading the CSIDriver check over its jitter", logkeys.Window, s.Jitter, logkeys.Err, err)
+		}
+		return s.Jitter
+	}
+	return spread.Window(n, s.Jitter)
 }
 
 // randDuration is a random duration in [0, d); 0 for d <= 0.

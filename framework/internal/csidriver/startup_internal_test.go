@@ -2,6 +2,7 @@ package csidriver
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -34,5 +35,37 @@ func TestSleepCtx(t *testing.T) {
 	}
 	if !sleepCtx(t.Context(), time.Millisecond) || !sleepCtx(t.Context(), 0) {
 		t.Error("sleepCtx on a live context did not report the time passed")
+	}
+}
+
+// The check's window: Jitter, or the fleet's (25 ms per driver, at least
+// Jitter) when FleetSize answers; an error leaves Jitter; no jitter asks
+// nothing.
+func TestStartupWindow(t *testing.T) {
+	asked := 0
+	size := func(n int, err error) func(context.Context) (int, error) {
+		return func(ctx context.Context) (int, error) {
+			asked++
+			if _, ok := ctx.Deadline(); !ok {
+				t.Errorf("FleetSize called without a deadline")
+			}
+			return n, err
+		}
+	}
+	for _, c := range []struct {
+		s     Startup
+		want  time.Duration
+		asked int
+	}{
+		{Startup{Jitter: 10 * time.Second}, 10 * time.Second, 0},
+		{Startup{Jitter: 10 * time.Second, FleetSize: size(1000, nil)}, 25 * time.Second, 1},
+		{Startup{Jitter: 10 * time.Second, FleetSize: size(200, nil)}, 10 * time.Second, 1},
+		{Startup{Jitter: 10 * time.Second, FleetSize: size(0, errors.New("forbidden"))}, 10 * time.Second, 1},
+		{Startup{Jitter: -1, FleetSize: size(1000, nil)}, -1, 0},
+	} {
+		asked = 0
+		if got := c.s.window(t.Context()); got != c.want || asked != c.asked {
+			t.Errorf("window of %+v = %s after %d FleetSize calls, want %s after %d", c.s, got, asked, c.want, c.asked)
+		}
 	}
 }

@@ -65,4 +65,6 @@ const (
 	ContentCapacity = "contentCapacity"
 	Taint           = "taint"
 	Attempt         = "attempt"
+	Window          = "window"
+	Drivers         = "drivers"
 )

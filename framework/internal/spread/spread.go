@@ -1,0 +1,35 @@
+package spread
+
+import "time"
+
+// PerDriver is the window's share of each driver: the drivers of a fleet
+// that restart at once start their work at about 1/PerDriver (40) a second
+// on average, the rate at which 200 drivers spread over 5 s kept a
+// kube-system client's latency at its steady level in the fleet simulation
+// (docs/operations.md, "At fleet scale").
+const PerDriver = 25 * time.Millisecond
+
+// Max bounds the window: 12,000 drivers and more spread over five minutes. A
+// longer one would delay the first orphan GC pass of the last driver more
+// than the GC's own grace period does.
+const Max = 5 * time.Minute
+
+// Window is the window over which drivers of a fleet of that many (the
+// ones that may start at once: their DaemonSet's desiredNumberScheduled)
+// spread their start-up work: drivers × PerDriver, no shorter than least
+// (the caller's default) and no longer than Max (or least, if that is
+// longer). least <= 0 is no window at all (the caller's "no jitter"),
+// whatever the fleet; drivers <= 0 (unknown) is least.
+func Window(drivers int, least time.Duration) time.Duration {
+	if least <= 0 {
+		return 0
+	}
+	if drivers <= 0 {
+		return least
+	}
+	w := min(time.Duration(drivers)*PerDriver, Max)
+	if drivers > int(Max/PerDriver) { // no overflow of the product above
+		w = Max
+	}
+	return max(w, least)
+}

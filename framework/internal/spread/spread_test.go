@@ -1,0 +1,38 @@
+package spread
+
+import (
+	"testing"
+	"time"
+)
+
+// TestWindow: the window grows by PerDriver per driver from the caller's
+// least to Max; a disabled window stays disabled, an unknown fleet takes the
+// least.
+func TestWindow(t *testing.T) {
+	for _, c := range []struct {
+		drivers int
+		least   time.Duration
+		want    time.Duration
+	}{
+		{0, 5 * time.Second, 5 * time.Second},           // unknown: the default
+		{-1, 5 * time.Second, 5 * time.Second},          // unknown
+		{20, 5 * time.Second, 5 * time.Second},          // a small fleet: the default
+		{200, 5 * time.Second, 5 * time.Second},         // 200 × 25 ms: the default exactly
+		{201, 5 * time.Second, 5025 * time.Millisecond}, // grows past it
+		{600, 5 * time.Second, 15 * time.Second},
+		{1000, 5 * time.Second, 25 * time.Second},
+		{5000, 5 * time.Second, 125 * time.Second},
+		{1000, 10 * time.Second, 25 * time.Second}, // the CSIDriver check's least
+		{200, 10 * time.Second, 10 * time.Second},
+		{12000, 5 * time.Second, 5 * time.Minute},              // Max
+		{1 << 40, 5 * time.Second, 5 * time.Minute},            // no overflow
+		{int(^uint(0) >> 1), 5 * time.Second, 5 * time.Minute}, // the largest int
+		{1 << 40, 10 * time.Minute, 10 * time.Minute},          // a least above Max wins
+		{1000, 0, 0},  // no jitter stays none
+		{1000, -1, 0}, // negative: none
+	} {
+		if got := Window(c.drivers, c.least); got != c.want {
+			t.Errorf("Window(%d, %s) = %s, want %s", c.drivers, c.least, got, c.want)
+		}
+	}
+}
