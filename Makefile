@@ -42,7 +42,7 @@ EXAMPLES    := examples/hello examples/tokenfile examples/plugin-node
 NODE_EXAMPLE := examples/plugin-node
 NPM          ?= npm
 
-.PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-flakes test-root test-crash test-sanity test-examples e2e \
+.PHONY: all build run test deps proto proto-check verify-e2e-modules lint test-unit test-model test-security test-flakes test-root test-crash test-sanity test-examples e2e soak soak-short \
         vet cross fmt verify bench bench-memory bench-fleet bench-fleet-smoke clean manifests chart-readme build-static build-static-arm64 build-windows image image-push image-pins image-check
 
 all: build
@@ -66,8 +66,9 @@ run: build
 ## (build-k8s.sh's lock). The steps of TEST_BESIDE_E2E only compile and analyse: they run beside
 ## e2e, which mostly waits on the kubelet and containerd, at the lowest priority too (their output
 ## goes to _output/beside-e2e.log, printed when e2e ends); make test waits for both.
-# bench-fleet-smoke after e2e: it takes the kube-apiserver and etcd that e2e waited for (build-k8s.sh's lock).
-TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e bench-fleet-smoke
+# bench-fleet-smoke and soak-short after e2e: they take the kube-apiserver and etcd (and the kubelet) that e2e
+# waited for (build-k8s.sh's lock).
+TEST_STEPS := deps verify vet test-unit test-model test-examples manifests build-static e2e bench-fleet-smoke soak-short
 # image-beside first: the e2e's TestShippedImageMigration (run last, t.Parallel) waits for its index. (build-static
 # runs as a step before, so that the e2e and image-beside find the driver binary built and do not both link it.)
 TEST_BESIDE_E2E := image-beside lint cross image-check release-check
@@ -190,6 +191,28 @@ e2e: build-static $(if $(filter beside,$(E2E_IMAGE)),,image)
 	EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  EPHEMERA_E2E_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT) $(if $(filter beside,$(E2E_IMAGE)),EPHEMERA_E2E_IMAGE_WAIT=30m) \
 	  EPHEMERA_E2E_MANYPODS_ROUNDS=$(E2E_MANYPODS_ROUNDS) EPHEMERA_E2E_FULLNODE_COMPARE=$(E2E_FULLNODE_COMPARE) EPHEMERA_E2E_SHUTDOWN_CONTROL=$(E2E_SHUTDOWN_CONTROL) $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout 60m ./test/e2e/...
+
+## soak: TestSoak alone on the e2e cluster (root): workloads churning through Deployments, Jobs and a
+## DaemonSet with inline volumes of every backend beside an emptyDir control, a fault schedule derived
+## from SOAK_SEED (default: the time; always printed), invariants checked every 3 s and at the end; the
+## report per phase goes to $(OUT)/soak-report.md (test/e2e/README.md, "The soak"). SOAK=30m by default.
+SOAK      ?= 30m
+SOAK_SEED ?=
+# SOAK_TIMEOUT: go test's -timeout: the soak, the bring-up, the teardown of the workloads and the end checks.
+SOAK_TIMEOUT ?= 60m
+soak: build-static
+	@test/e2e/build-k8s.sh --check
+	test/e2e/install-deps.sh
+	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
+	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
+	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_RUNC_BIN:-}" ]; then .ci/step build-runc bash -c 'test/e2e/build-runc.sh >/dev/null'; fi
+	EPHEMERA_SOAK=$(SOAK) EPHEMERA_SOAK_SEED=$(SOAK_SEED) EPHEMERA_SOAK_REPORT=$(CURDIR)/$(OUT)/soak-report.md \
+	  EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
+	  $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e/
+
+## soak-short: the soak for 3 minutes (make test's step after e2e: every fault kind once; about 4 min with the bring-up)
+soak-short:
+	@$(MAKE) --no-print-directory soak SOAK=3m SOAK_TIMEOUT=20m
 
 # Linters, pinned; built into $(OUT)/tools on first use.
 TOOLS          := $(CURDIR)/$(OUT)/tools
