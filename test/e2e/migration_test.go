@@ -192,20 +192,7 @@ func TestShippedImageMigration(t *testing.T) {
 			for _, p := range plugins {
 				c.deletePod(t, p, goneTimeout)
 			}
-			for i := len(applied) - 1; i >= 0; i-- {
-				if applied[i].GetKind() == "CSIDriver" {
-					continue // the harness's, restored below
-				}
-				if err := a.delete(ctx, applied[i]); err != nil {
-					t.Errorf("delete %s: %v", describe(applied[i]), err)
-				}
-			}
-			if err := c.applyCSIDriver(ctx); err != nil {
-				t.Errorf("restore the harness's CSIDriver: %v", err)
-			}
-			if max := w.stop(); max > 1 {
-				t.Errorf("%d registration sockets of %s at once in %s: two node plugins registered", max, driverName, regDir)
-			}
+			c.undeploy(t, a, applied, w, regDir)
 		}()
 		forget := func(p *corev1.Pod) {
 			del := func(q *corev1.Pod) bool { return q.UID == p.UID }
@@ -708,9 +695,13 @@ func (c *cluster) waitContainerExit(t *testing.T, p *corev1.Pod, d time.Duration
 	return term
 }
 
-// containerLogText is the pod's first container's log on the node (all of it).
-func (c *cluster) containerLogText(p *corev1.Pod) string {
-	files, _ := filepath.Glob(filepath.Join(c.podLogsDir, p.Namespace+"_"+p.Name+"_"+string(p.UID), "*", "*.log"))
+// containerLogText is the log of the pod's containers on the node (all of it).
+func (c *cluster) containerLogText(p *corev1.Pod) string { return podLogText(c.podLogsDir, p) }
+
+// podLogText is the log of the pod's containers in a kubelet's pod logs
+// directory (all of it).
+func podLogText(podLogsDir string, p *corev1.Pod) string {
+	files, _ := filepath.Glob(filepath.Join(podLogsDir, p.Namespace+"_"+p.Name+"_"+string(p.UID), "*", "*.log"))
 	var b strings.Builder
 	for _, f := range files {
 		if data, err := os.ReadFile(f); err == nil {
@@ -718,4 +709,27 @@ func (c *cluster) containerLogText(p *corev1.Pod) string {
 		}
 	}
 	return b.String()
+}
+
+// undeploy deletes a release's applied objects (in reverse order; those
+// deleted already are skipped) but the CSIDriver, restores the harness's
+// CSIDriver, and stops the registration watcher w of regDir: two registration
+// sockets of the driver at once fail the test.
+func (c *cluster) undeploy(t *testing.T, a *applier, applied []*unstructured.Unstructured, w *regWatch, regDir string) {
+	t.Helper()
+	ctx := context.Background()
+	for i := len(applied) - 1; i >= 0; i-- {
+		if applied[i].GetKind() == "CSIDriver" {
+			continue // the harness's, restored below
+		}
+		if err := a.delete(ctx, applied[i]); err != nil {
+			t.Errorf("delete %s: %v", describe(applied[i]), err)
+		}
+	}
+	if err := c.applyCSIDriver(ctx); err != nil {
+		t.Errorf("restore the harness's CSIDriver: %v", err)
+	}
+	if max := w.stop(); max > 1 {
+		t.Errorf("%d registration sockets of %s at once in %s: two node plugins registered", max, driverName, regDir)
+	}
 }

@@ -434,7 +434,7 @@ func TestGracefulNodeShutdown(t *testing.T) {
 	} else {
 		t.Logf("the kubelet began killing the driver's pod at %s (%s)", drvKilled.Format("15:04:05.000000"), line)
 	}
-	logText := c.containerLogTextOn(s.node, drvPod)
+	logText := podLogText(s.node.podLogsDir, drvPod)
 	var lastUnmount time.Time
 	for _, w := range ws {
 		gone, ok := watch.unmounted[w.target]
@@ -585,18 +585,6 @@ func (s *shutdownNode) waitDriverRegistered(t *testing.T, before int, registrati
 	if err != nil {
 		t.Fatalf("%v\nevents:\n%s", err, s.c.podEvents(p))
 	}
-}
-
-// containerLogTextOn is containerLogText for a pod of node n.
-func (c *cluster) containerLogTextOn(n *node, p *corev1.Pod) string {
-	files, _ := filepath.Glob(filepath.Join(n.podLogsDir, p.Namespace+"_"+p.Name+"_"+string(p.UID), "*", "*.log"))
-	var b strings.Builder
-	for _, f := range files {
-		if data, err := os.ReadFile(f); err == nil {
-			b.Write(data)
-		}
-	}
-	return b.String()
 }
 
 // driverContainerIn is the container named driver of a pod spec.

@@ -125,20 +125,7 @@ func TestDriverUpgradeRollback(t *testing.T) {
 			// DaemonSet (the controller would make a deleted pod again).
 			c.deleteUpgradeApps(t, plugin)
 			c.deleteDaemonSet(t, ns, dsName, goneTimeout)
-			for i := len(applied) - 1; i >= 0; i-- {
-				if applied[i].GetKind() == "CSIDriver" || applied[i].GetKind() == "DaemonSet" {
-					continue // the harness's CSIDriver is restored below
-				}
-				if err := a.delete(ctx, applied[i]); err != nil {
-					t.Errorf("delete %s: %v", describe(applied[i]), err)
-				}
-			}
-			if err := c.applyCSIDriver(ctx); err != nil {
-				t.Errorf("restore the harness's CSIDriver: %v", err)
-			}
-			if max := w.stop(); max > 1 {
-				t.Errorf("%d registration sockets of %s at once in %s: two node plugins registered", max, driverName, regDir)
-			}
+			c.undeploy(t, a, applied, w, regDir)
 		}()
 
 		t1 := time.Now()
