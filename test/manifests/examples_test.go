@@ -69,21 +69,7 @@ func TestExamples(t *testing.T) {
 			if got.Name() != want.Name() || vals.Driver.Name != want.Name() {
 				t.Errorf("CSIDriver %q, values driver.name %q, csidriver.yaml %q: want one name", got.Name(), vals.Driver.Name, want.Name())
 			}
-			gs, _ := got.Get("spec").(map[string]any)
-			ws, _ := want.Get("spec").(map[string]any)
-			for k := range mapsUnion(gs, ws) {
-				g, ok := gs[k]
-				if !ok {
-					g = csiDriverDefaults[k]
-				}
-				w, ok := ws[k]
-				if !ok {
-					w = csiDriverDefaults[k]
-				}
-				if !reflect.DeepEqual(g, w) {
-					t.Errorf("CSIDriver spec.%s = %v, csidriver.yaml has %v", k, g, w)
-				}
-			}
+			sameCSIDriverSpec(t, got, want)
 
 			// The driver container: the example's image and flags.
 			driver := driverContainer(t, r)
@@ -221,4 +207,26 @@ func mapsUnion(a, b map[string]any) map[string]bool {
 		out[k] = true
 	}
 	return out
+}
+
+// sameCSIDriverSpec checks that the rendered CSIDriver got has the spec of
+// want (a csidriver.yaml), a field either leaves out standing for the API
+// server's default.
+func sameCSIDriverSpec(t *testing.T, got, want Object) {
+	t.Helper()
+	gs, _ := got.Get("spec").(map[string]any)
+	ws, _ := want.Get("spec").(map[string]any)
+	for k := range mapsUnion(gs, ws) {
+		g, ok := gs[k]
+		if !ok {
+			g = csiDriverDefaults[k]
+		}
+		w, ok := ws[k]
+		if !ok {
+			w = csiDriverDefaults[k]
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("CSIDriver spec.%s = %v, csidriver.yaml has %v", k, g, w)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -55,21 +54,7 @@ func TestScaffoldDeploys(t *testing.T) {
 			if len(ds) != 1 || ds[0].Name() != "whoami.example.com" || want.Name() != "whoami.example.com" {
 				t.Fatalf("CSIDrivers %v, csidriver.yaml %q: want one, whoami.example.com", ds, want.Name())
 			}
-			gs, _ := ds[0].Get("spec").(map[string]any)
-			ws, _ := want.Get("spec").(map[string]any)
-			for k := range mapsUnion(gs, ws) {
-				g, ok := gs[k]
-				if !ok {
-					g = csiDriverDefaults[k]
-				}
-				w, ok := ws[k]
-				if !ok {
-					w = csiDriverDefaults[k]
-				}
-				if !reflect.DeepEqual(g, w) {
-					t.Errorf("CSIDriver spec.%s = %v, csidriver.yaml has %v", k, g, w)
-				}
-			}
+			sameCSIDriverSpec(t, ds[0], want)
 
 			driver := driverContainer(t, r)
 			args := stringList(driver.Get("args"))
