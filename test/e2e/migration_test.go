@@ -696,19 +696,21 @@ func (c *cluster) waitContainerExit(t *testing.T, p *corev1.Pod, d time.Duration
 }
 
 // containerLogText is the log of the pod's containers on the node (all of it).
-func (c *cluster) containerLogText(p *corev1.Pod) string { return podLogText(c.podLogsDir, p) }
-
-// podLogText is the log of the pod's containers in a kubelet's pod logs
-// directory (all of it).
-func podLogText(podLogsDir string, p *corev1.Pod) string {
-	files, _ := filepath.Glob(filepath.Join(podLogsDir, p.Namespace+"_"+p.Name+"_"+string(p.UID), "*", "*.log"))
+func (c *cluster) containerLogText(p *corev1.Pod) string {
 	var b strings.Builder
-	for _, f := range files {
+	for _, f := range podLogFiles(c.podLogsDir, p) {
 		if data, err := os.ReadFile(f); err == nil {
 			b.Write(data)
 		}
 	}
 	return b.String()
+}
+
+// podLogFiles are the log files of the pod's containers in a kubelet's pod logs
+// directory.
+func podLogFiles(podLogsDir string, p *corev1.Pod) []string {
+	files, _ := filepath.Glob(filepath.Join(podLogsDir, p.Namespace+"_"+p.Name+"_"+string(p.UID), "*", "*.log"))
+	return files
 }
 
 // undeploy deletes a release's applied objects (in reverse order; those

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -408,6 +409,10 @@ func TestGracefulNodeShutdown(t *testing.T) {
 	for _, w := range ws {
 		targets = append(targets, w.target)
 	}
+	// The driver's log, held open: once its pod is terminal the DaemonSet
+	// controller may delete it and the kubelet its log directory before the
+	// checks below read it.
+	drvLog := openPodLogs(t, s.node.podLogsDir, drvPod)
 	watch := watchOrder(targets, driverPID)
 	res := gracefulShutdown(t, s)
 	err = waitFor(ctx, 30*time.Second, 50*time.Millisecond, "the driver's process exits", func() (bool, error) {
@@ -434,7 +439,7 @@ func TestGracefulNodeShutdown(t *testing.T) {
 	} else {
 		t.Logf("the kubelet began killing the driver's pod at %s (%s)", drvKilled.Format("15:04:05.000000"), line)
 	}
-	logText := podLogText(s.node.podLogsDir, drvPod)
+	logText := drvLog()
 	var lastUnmount time.Time
 	for _, w := range ws {
 		gone, ok := watch.unmounted[w.target]
@@ -736,4 +741,33 @@ func fileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// openPodLogs opens the log files of the pod's containers in a kubelet's pod
+// logs directory and returns what reads them whole: the open descriptors keep
+// what the containers wrote, also after the kubelet removed the files.
+func openPodLogs(t *testing.T, podLogsDir string, p *corev1.Pod) func() string {
+	t.Helper()
+	files := podLogFiles(podLogsDir, p)
+	if len(files) == 0 {
+		t.Fatalf("no container log of pod %s below %s", p.Name, podLogsDir)
+	}
+	var fs []*os.File
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, fh)
+		t.Cleanup(func() { fh.Close() })
+	}
+	return func() string {
+		var b strings.Builder
+		for _, fh := range fs {
+			if data, err := io.ReadAll(io.NewSectionReader(fh, 0, 1<<40)); err == nil {
+				b.Write(data)
+			}
+		}
+		return b.String()
+	}
 }
