@@ -41,6 +41,19 @@ func exampleStateRoot(root string) string {
 	return filepath.Join("/var/lib/ephemera-e2e", hex.EncodeToString(sum[:6]))
 }
 
+// exampleStateDir makes the directory name below the run's exampleStateRoot (the
+// chart refuses a state root below /tmp; cleanupRoot removes it after a crashed
+// run) and removes it when the test ends.
+func (c *cluster) exampleStateDir(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join(exampleStateRoot(c.root), name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
 // decodeFile decodes the first YAML document of path into out.
 func decodeFile(path string, out any) error {
 	f, err := os.Open(path)

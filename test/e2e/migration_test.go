@@ -107,12 +107,7 @@ func TestShippedImageMigration(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// The chart refuses a state root below /tmp; cleanupRoot removes this one.
-	stateRoot := filepath.Join(exampleStateRoot(c.root), "migration")
-	if err := os.MkdirAll(stateRoot, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(stateRoot) })
+	stateRoot := c.exampleStateDir(t, "migration")
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)

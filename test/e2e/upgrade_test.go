@@ -89,11 +89,7 @@ func TestDriverUpgradeRollback(t *testing.T) {
 	curRef := c.importRelease(t, cur)
 	c.step("both releases' indexes imported into containerd", t0)
 
-	stateRoot := filepath.Join(exampleStateRoot(c.root), "upgrade")
-	if err := os.MkdirAll(stateRoot, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(stateRoot) })
+	stateRoot := c.exampleStateDir(t, "upgrade")
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
