@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -300,6 +301,14 @@ func buildRelease(ctx context.Context, src, out, version, commit, epoch string) 
 	}
 	args := append([]string{"run", "-trimpath", ".", "build", "-pins", "debian.pins", "-mirror", "http://deb.debian.org/debian",
 		"-cache", debs}, imageBins...)
+	// Since issue 46 the builder is any driver's: the name and the Debian packages
+	// (their closure pinned in debian.pins, offline) are flags, as make image
+	// passes them; a tree from before has them built in.
+	if main, err := os.ReadFile(filepath.Join(src, "deploy", "images", "main.go")); err == nil && bytes.Contains(main, []byte(`fs.String("name"`)) {
+		args = append(args, "-name", "ephemera-scratch", "-packages", "e2fsprogs,xfsprogs",
+			"-files", "/sbin/mke2fs,/sbin/mkfs.ext4,/sbin/debugfs,/etc/mke2fs.conf,/sbin/mkfs.xfs",
+			"-offline", "-security-mirror", "http://deb.debian.org/debian-security")
+	}
 	args = append(args, "-version", version, "-revision", commit, "-source", "https://github.com/ephemera-csi/ephemera",
 		"-source-date-epoch", epoch, "-out", filepath.Join(out, "image"), "-digest-file", filepath.Join(out, "image.digest"))
 	cmd := exec.CommandContext(ctx, "go", args...)
