@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,31 +33,51 @@ type request struct {
 	method, path, query, contentType, accept, userAgent, body string
 }
 
-// apiServer answers every request with the JSON of reply(r) and records it.
-func apiServer(t *testing.T, reply func(r *http.Request) any) (*Client, func() []request) {
+// fakeAPIServer serves handle behind a Client made from cfg (Host set to the
+// server's address): every response is JSON, every request is recorded (its
+// body still readable by handle). seen returns what was recorded so far.
+func fakeAPIServer(t *testing.T, cfg rest.Config, handle http.HandlerFunc) (c *Client, seen func() []request) {
 	t.Helper()
 	var mu sync.Mutex
-	var seen []request
+	var reqs []request
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(b))
 		mu.Lock()
-		seen = append(seen, request{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), r.Header.Get("Accept"), r.Header.Get("User-Agent"), string(b)})
+		reqs = append(reqs, request{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), r.Header.Get("Accept"), r.Header.Get("User-Agent"), string(b)})
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
-		if err := json.NewEncoder(w).Encode(reply(r)); err != nil {
-			t.Errorf("encoding the reply: %v", err)
-		}
+		handle(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := NewClient(&rest.Config{Host: srv.URL, UserAgent: "test-driver/v1"})
+	cfg.Host = srv.URL
+	c, err := NewClient(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c, func() []request {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]request(nil), seen...)
+		return append([]request(nil), reqs...)
 	}
+}
+
+// apiServer answers every request with the JSON of reply(r) and records it.
+func apiServer(t *testing.T, reply func(r *http.Request) any) (*Client, func() []request) {
+	t.Helper()
+	return fakeAPIServer(t, rest.Config{UserAgent: "test-driver/v1"}, func(w http.ResponseWriter, r *http.Request) {
+		if err := json.NewEncoder(w).Encode(reply(r)); err != nil {
+			t.Errorf("encoding the reply: %v", err)
+		}
+	})
+}
+
+// uri is the request's method and URI ("GET /api/v1/pods?watch=true").
+func (r request) uri() string {
+	if r.query == "" {
+		return r.method + " " + r.path
+	}
+	return r.method + " " + r.path + "?" + r.query
 }
 
 func TestClientPods(t *testing.T) {
@@ -182,20 +203,14 @@ func TestMetadataDecoder(t *testing.T) {
 // Events have a rate limiter of their own: with the pods' budget spent (a
 // relist), an event is written at once, and the other way round.
 func TestClientEventsOwnRateLimiter(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
+	// One request, then one per 1,000 s.
+	c, _ := fakeAPIServer(t, rest.Config{QPS: 0.001, Burst: 1}, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
 			fmt.Fprint(w, `{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 			return
 		}
 		fmt.Fprint(w, `{"kind":"Event","apiVersion":"v1","metadata":{"name":"e","namespace":"ns"}}`)
-	}))
-	t.Cleanup(srv.Close)
-	// One request, then one per 1,000 s.
-	c, err := NewClient(&rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := c.Pods().List(ctx, metav1.ListOptions{}); err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,10 +31,7 @@ const forbiddenStatus = `{"kind":"Status","apiVersion":"v1","metadata":{},"statu
  "reason":"Forbidden","details":{"name":"x","group":"storage.k8s.io","kind":"csidrivers"},"code":403}`
 
 func TestGetCSIDriver(t *testing.T) {
-	var paths []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		paths = append(paths, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get("Accept"))
-		w.Header().Set("Content-Type", "application/json")
+	c, seen := fakeAPIServer(t, rest.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev":
 			fmt.Fprint(w, csiDriverObject)
@@ -46,12 +42,7 @@ func TestGetCSIDriver(t *testing.T) {
 			w.WriteHeader(http.StatusNotFound)
 			fmt.Fprint(w, notFoundStatus)
 		}
-	}))
-	t.Cleanup(srv.Close)
-	c, err := NewClient(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 
 	got, err := c.GetCSIDriver(t.Context(), "scratch.csi.ephemera.dev")
 	if err != nil {
@@ -63,8 +54,8 @@ func TestGetCSIDriver(t *testing.T) {
 		got.FSGroupPolicy == nil || *got.FSGroupPolicy != "File" || got.RequiresRepublish == nil || *got.RequiresRepublish {
 		t.Errorf("GetCSIDriver = %+v", got)
 	}
-	if want := "GET /apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev?resourceVersion=0 application/json, */*"; paths[0] != want {
-		t.Errorf("request %q, want %q", paths[0], want)
+	if want := "GET /apis/storage.k8s.io/v1/csidrivers/scratch.csi.ephemera.dev?resourceVersion=0 application/json, */*"; seen()[0].uri()+" "+seen()[0].accept != want {
+		t.Errorf("request %q, want %q", seen()[0].uri()+" "+seen()[0].accept, want)
 	}
 
 	if _, err := c.GetCSIDriver(t.Context(), "other"); !errors.Is(err, api.ErrNotFound) {
@@ -80,10 +71,7 @@ func TestGetCSIDriver(t *testing.T) {
 // watch cache; a missing DaemonSet wraps api.ErrNotFound, a refusal keeps
 // the API server's reason.
 func TestDaemonSetSize(t *testing.T) {
-	var paths []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		paths = append(paths, r.Method+" "+r.URL.RequestURI())
-		w.Header().Set("Content-Type", "application/json")
+	c, seen := fakeAPIServer(t, rest.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/apis/apps/v1/namespaces/kube-system/daemonsets/ephemera-scratch-node":
 			fmt.Fprint(w, `{"kind":"DaemonSet","apiVersion":"apps/v1","metadata":{"name":"ephemera-scratch-node","namespace":"kube-system"},
@@ -96,17 +84,12 @@ func TestDaemonSetSize(t *testing.T) {
 			w.WriteHeader(http.StatusNotFound)
 			fmt.Fprint(w, notFoundStatus)
 		}
-	}))
-	t.Cleanup(srv.Close)
-	c, err := NewClient(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	if n, err := c.DaemonSetSize(t.Context(), "kube-system", "ephemera-scratch-node"); err != nil || n != 1000 {
 		t.Errorf("DaemonSetSize = %d, %v, want 1000", n, err)
 	}
-	if len(paths) != 1 || paths[0] != "GET /apis/apps/v1/namespaces/kube-system/daemonsets/ephemera-scratch-node?resourceVersion=0" {
-		t.Errorf("requests %q, want one GET from the watch cache", paths)
+	if reqs := seen(); len(reqs) != 1 || reqs[0].uri() != "GET /apis/apps/v1/namespaces/kube-system/daemonsets/ephemera-scratch-node?resourceVersion=0" {
+		t.Errorf("requests %+v, want one GET from the watch cache", reqs)
 	}
 	if _, err := c.DaemonSetSize(t.Context(), "kube-system", "gone"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("missing DaemonSet: %v, want api.ErrNotFound", err)
@@ -114,7 +97,7 @@ func TestDaemonSetSize(t *testing.T) {
 	if _, err := c.DaemonSetSize(t.Context(), "kube-system", "forbidden"); !apierrors.IsForbidden(err) {
 		t.Errorf("forbidden: %v, want the API server's Forbidden", err)
 	}
-	if _, err := c.DaemonSetSize(t.Context(), "", "x"); err == nil || len(paths) != 3 {
-		t.Errorf("no namespace: %v after %d requests, want an error and no request", err, len(paths))
+	if _, err := c.DaemonSetSize(t.Context(), "", "x"); err == nil || len(seen()) != 3 {
+		t.Errorf("no namespace: %v after %d requests, want an error and no request", err, len(seen()))
 	}
 }

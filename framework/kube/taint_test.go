@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -330,14 +329,7 @@ func TestStartupTaintOptions(t *testing.T) {
 // Client's NodesClient requests: the cached reads carry resourceVersion=0,
 // the patch is a merge patch of the node, a missing CSINode is no driver.
 func TestClientNodes(t *testing.T) {
-	var mu sync.Mutex
-	var seen []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		seen = append(seen, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+" "+r.Header.Get("Content-Type")+" "+string(b))
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
+	c, seen := fakeAPIServer(t, rest.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		var reply any
 		switch r.URL.Path {
 		case "/api/v1/nodes/node-1":
@@ -351,12 +343,7 @@ func TestClientNodes(t *testing.T) {
 			reply = metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Status: metav1.StatusFailure, Reason: metav1.StatusReasonNotFound, Code: http.StatusNotFound}
 		}
 		_ = json.NewEncoder(w).Encode(reply)
-	}))
-	t.Cleanup(srv.Close)
-	c, err := NewClient(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	ctx := t.Context()
 	n, err := c.GetNode(ctx, taintNode, true)
 	if err != nil || !reflect.DeepEqual(n.Spec.Taints, []corev1.Taint{startup}) || n.ResourceVersion != "7" {
@@ -386,9 +373,11 @@ func TestClientNodes(t *testing.T) {
 		"GET /apis/storage.k8s.io/v1/csinodes/node-2?resourceVersion=0  ",
 		"GET /api/v1/nodes/node-2?resourceVersion=0  ",
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !reflect.DeepEqual(seen, want) {
-		t.Errorf("requests\n%s\nwant\n%s", strings.Join(seen, "\n"), strings.Join(want, "\n"))
+	var got []string
+	for _, r := range seen() {
+		got = append(got, r.method+" "+r.path+"?"+r.query+" "+r.contentType+" "+r.body)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("requests\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
