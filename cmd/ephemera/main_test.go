@@ -121,6 +121,7 @@ func TestNewRefuses(t *testing.T) {
 		{"bad name", "v0.3.0", []string{"-name", "Who_Ami", "example.com/whoami", dir}, []string{`-name "Who_Ami"`}},
 		{"derived name", "v0.3.0", []string{"example.com/Who_Ami", dir}, []string{`the name "who_ami"`, "pass -name"}},
 		{"plugin named tmpfs", "v0.3.0", []string{"-kind", "plugin", "example.com/tmpfs", dir}, []string{`-name "tmpfs"`, "scratch driver's own"}},
+		{"bad image", "v0.3.0", []string{"-image", "registry.example.com/whoami:v1", "example.com/whoami", dir}, []string{`-image "registry.example.com/whoami:v1": want an image repository without tag or digest`}},
 		{"bad kind", "v0.3.0", []string{"-kind", "nfs", "example.com/whoami", dir}, []string{`-kind "nfs": want one of content, loop, plugin`}},
 		{"bad -sdk", "(devel)", []string{"-sdk", "latest", "example.com/whoami", dir}, []string{`-sdk "latest"`}},
 		{"-replace no checkout", "(devel)", []string{"-replace", tmp, "example.com/whoami", dir}, []string{"-replace", "no checkout"}},

@@ -65,6 +65,11 @@ type config struct {
 // sidecar), a backend's name, a file and an image name.
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
+// imageRepository is an image repository without tag or digest, as the
+// distribution spec names one: a registry host (a port allowed) and
+// lower-case path components.
+var imageRepository = regexp.MustCompile(`^[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?(:[0-9]+)?(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)+$`)
+
 // develVersion reports whether v names no version a proxy serves: a build
 // in a checkout ("(devel)", or a pseudo-version of a modified tree).
 func develVersion(v string) bool {
@@ -117,6 +122,8 @@ func (c *config) resolve(buildVersion string) error {
 	}
 	if c.Image == "" && c.Name != "" {
 		c.Image = "registry.example.com/" + c.Name
+	} else if c.Image != "" && !imageRepository.MatchString(c.Image) {
+		errs = append(errs, fmt.Errorf("-image %q: want an image repository without tag or digest, a registry and lower-case path, like registry.example.com/%s (make image names the archive's image REPOSITORY:VERSION, the chart's values the tag)", c.Image, c.Name))
 	}
 	if c.Replace != "" {
 		abs, err := filepath.Abs(c.Replace)

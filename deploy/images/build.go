@@ -92,6 +92,7 @@ type buildConfig struct {
 	Epoch           time.Time
 	Out             string // the OCI layout directory, made anew
 	Archive         string // if set, the layout also as a tar (docker load / ctr import / skopeo oci-archive:)
+	Repository      string // if set, the archive names the index Repository:Version and Repository@DIGEST (namedIndex)
 	Log             io.Writer
 	tempBinOut      bool // BinOut is a temporary directory, removed after the build
 }
@@ -232,7 +233,13 @@ func build(c *buildConfig) (*buildResult, error) {
 		return nil, err
 	}
 	if c.Archive != "" {
-		if err := writeArchive(c.Out, c.Archive, c.Epoch); err != nil {
+		var index []byte
+		if c.Repository != "" {
+			if index, err = namedIndex(c.Out, c.Repository, c.Version); err != nil {
+				return nil, err
+			}
+		}
+		if err := writeArchive(c.Out, c.Archive, c.Epoch, index); err != nil {
 			return nil, err
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
@@ -135,8 +136,9 @@ func (c *buildConfig) closures(plats []v1.Platform) (map[string][]pin, error) {
 }
 
 // writeArchive writes the OCI layout dir as a tar (the oci-archive format: the
-// layout's files at its root, sorted, owner root, every time epoch).
-func writeArchive(dir, file string, epoch time.Time) error {
+// layout's files at its root, sorted, owner root, every time epoch). A non-nil
+// index is the archive's index.json instead of the layout's (namedIndex).
+func writeArchive(dir, file string, epoch time.Time, index []byte) error {
 	var names []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -164,16 +166,25 @@ func writeArchive(dir, file string, epoch time.Time) error {
 			return err
 		}
 		h := &tar.Header{Name: filepath.ToSlash(rel), ModTime: epoch, Mode: 0o644, Uname: "root", Gname: "root", Format: tar.FormatPAX}
-		if st.IsDir() {
+		ownIndex := rel == "index.json" && index != nil
+		switch {
+		case st.IsDir():
 			h.Typeflag, h.Name, h.Mode = tar.TypeDir, h.Name+"/", 0o755
-		} else {
+		case ownIndex:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(index))
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, st.Size()
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			f.Close()
 			return err
 		}
-		if !st.IsDir() {
+		if ownIndex {
+			if _, err := tw.Write(index); err != nil {
+				f.Close()
+				return err
+			}
+		} else if !st.IsDir() {
 			src, err := os.Open(p)
 			if err != nil {
 				f.Close()
@@ -192,4 +203,36 @@ func writeArchive(dir, file string, epoch time.Time) error {
 		return err
 	}
 	return f.Close()
+}
+
+// namedIndex is the index.json of the archive when the image has a repository:
+// the layout's one descriptor of the image index twice, as `ctr images export`
+// of both names would write it: named repo:version for containerd
+// (io.containerd.image.name, from which `ctr images import` names the image)
+// and tagged version (org.opencontainers.image.ref.name, for OCI tools that
+// select by tag), then named repo@digest. The kubelet looks a pod's
+// REPO:TAG@DIGEST up in containerd as REPO@DIGEST: with the second name a
+// plain import serves a pod that names the image by digest, on containerd 1.6
+// and 2.x alike, without --base-name and without a pull. The layout keeps its
+// one descriptor (push reads it).
+func namedIndex(layoutDir, repo, version string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(layoutDir, "index.json"))
+	if err != nil {
+		return nil, err
+	}
+	var idx v1.IndexManifest
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return nil, fmt.Errorf("%s/index.json: %w", layoutDir, err)
+	}
+	if len(idx.Manifests) != 1 {
+		return nil, fmt.Errorf("%s/index.json: %d descriptors, want the one image index", layoutDir, len(idx.Manifests))
+	}
+	byTag, byDigest := idx.Manifests[0], idx.Manifests[0]
+	byTag.Annotations = map[string]string{
+		"io.containerd.image.name":          repo + ":" + version,
+		"org.opencontainers.image.ref.name": version,
+	}
+	byDigest.Annotations = map[string]string{"io.containerd.image.name": repo + "@" + byDigest.Digest.String()}
+	idx.Manifests = []v1.Descriptor{byTag, byDigest}
+	return json.Marshal(idx)
 }

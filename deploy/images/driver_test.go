@@ -3,7 +3,9 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,7 +71,7 @@ func TestWriteArchive(t *testing.T) {
 	}
 	file := filepath.Join(t.TempDir(), "a.tar")
 	epoch := time.Unix(1700000000, 0).UTC()
-	if err := writeArchive(dir, file, epoch); err != nil {
+	if err := writeArchive(dir, file, epoch, nil); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(file)
@@ -90,6 +92,71 @@ func TestWriteArchive(t *testing.T) {
 	}
 	if got := strings.Join(names, " "); got != "blobs/ blobs/sha256/ blobs/sha256/ab index.json oci-layout" {
 		t.Errorf("archive entries %s", got)
+	}
+}
+
+// TestNamedArchive: with a repository the archive's index.json names the
+// image index REPO:VERSION (tagged VERSION) and REPO@DIGEST, what `ctr images
+// import` names images from; the layout's own index.json keeps its one
+// descriptor, the other files are the layout's.
+func TestNamedArchive(t *testing.T) {
+	dir := t.TempDir()
+	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	layoutIndex := `{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.index.v1+json","size":1234,"digest":"` + digest + `","annotations":{"org.opencontainers.image.ref.name":"v0.1.0"}}]}`
+	for name, body := range map[string]string{"oci-layout": "{}", "index.json": layoutIndex, "blobs/sha256/ab": "x"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	index, err := namedIndex(dir, "registry.example.com/whoami", "v0.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "a.tar")
+	if err := writeArchive(dir, file, time.Unix(1700000000, 0).UTC(), index); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := map[string]string{}
+	err = walkTar(f, func(h *tar.Header, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		files[h.Name] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got v1.IndexManifest
+	if err := json.Unmarshal([]byte(files["index.json"]), &got); err != nil {
+		t.Fatalf("the archive's index.json: %v", err)
+	}
+	want := []map[string]string{
+		{"io.containerd.image.name": "registry.example.com/whoami:v0.1.0", "org.opencontainers.image.ref.name": "v0.1.0"},
+		{"io.containerd.image.name": "registry.example.com/whoami@" + digest},
+	}
+	if len(got.Manifests) != 2 {
+		t.Fatalf("the archive's index.json: %s, want two descriptors", files["index.json"])
+	}
+	for i, d := range got.Manifests {
+		if d.Digest.String() != digest || d.Size != 1234 || d.MediaType != "application/vnd.oci.image.index.v1+json" || !maps.Equal(d.Annotations, want[i]) {
+			t.Errorf("descriptor %d: %+v, want the index %s with %v", i, d, digest, want[i])
+		}
+	}
+	if files["blobs/sha256/ab"] != "x" || files["oci-layout"] != "{}" {
+		t.Errorf("the layout's other files: %q", files)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "index.json")); err != nil || string(b) != layoutIndex {
+		t.Errorf("the layout's index.json changed: %s, %v", b, err)
+	}
+	if _, err := namedIndex(t.TempDir(), "registry.example.com/whoami", "v0.1.0"); err == nil {
+		t.Error("a directory without index.json: no error")
 	}
 }
 
@@ -115,11 +182,21 @@ func TestParseBuildFlags(t *testing.T) {
 		t.Errorf("explicit platforms: %+v, %v", c, err)
 	}
 	os.RemoveAll(c.BinOut)
+	c, _, err = parseBuildFlags(append(base, "-archive", "a.tar", "-repository", "localhost:5000/team/whoami"), 0)
+	if err != nil || c.Repository != "localhost:5000/team/whoami" {
+		t.Errorf("-repository with a registry port: %+v, %v", c, err)
+	} else {
+		os.RemoveAll(c.BinOut)
+	}
 	for _, bad := range [][]string{
 		{"-platforms", "linux/s390x"},
 		{"-name", "my driver"},
 		{"-files", "/sbin/mkfs.xfs"},
 		{"-source-date-epoch", "yesterday"},
+		{"-repository", "registry.example.com/x", "-archive", ""},
+		{"-repository", "registry.example.com/x:v1", "-archive", "a.tar"},
+		{"-repository", "registry.example.com/x@sha256:" + strings.Repeat("0", 64), "-archive", "a.tar"},
+		{"-repository", "Registry.example.com/My_Driver", "-archive", "a.tar"},
 	} {
 		if _, _, err := parseBuildFlags(append(append([]string(nil), base...), bad...), 0); err == nil {
 			t.Errorf("%v accepted", bad)

@@ -28,6 +28,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	ref "github.com/google/go-containerregistry/pkg/name"
 )
 
 func main() {
@@ -152,6 +154,7 @@ func parseBuildFlags(args []string, onError flag.ErrorHandling) (*buildConfig, s
 	cache := fs.String("cache", defaultCache(), "the directory of fetched .debs")
 	out := fs.String("out", "", "the OCI layout directory to write (made anew; the SBOMs go to DIR.sbom/) (required)")
 	archive := fs.String("archive", "", "also write the layout as this tar (an OCI archive: skopeo oci-archive:, ctr images import)")
+	repository := fs.String("repository", "", "the image's repository (e.g. registry.example.com/my-driver): the -archive then names the index REPOSITORY:VERSION and REPOSITORY@DIGEST, so `ctr images import` creates both names without --base-name (a pod naming REPOSITORY:VERSION@DIGEST finds it without a pull)")
 	version := fs.String("version", "", "org.opencontainers.image.version and the layout's tag (default git describe --tags --always --dirty)")
 	revision := fs.String("revision", "", "org.opencontainers.image.revision (default the commit, git rev-parse HEAD)")
 	source := fs.String("source", "", "org.opencontainers.image.source (none if empty)")
@@ -193,6 +196,15 @@ func parseBuildFlags(args []string, onError flag.ErrorHandling) (*buildConfig, s
 	if err != nil {
 		return nil, "", fmt.Errorf("build: SOURCE_DATE_EPOCH %q: want seconds since 1970 (git log -1 --format=%%ct)", *epoch)
 	}
+	if *repository != "" {
+		if *archive == "" {
+			return nil, "", errors.New("build: -repository names the image in the -archive: give -archive too")
+		}
+		last := (*repository)[strings.LastIndex(*repository, "/")+1:]
+		if _, err := ref.NewRepository(*repository); err != nil || strings.ContainsAny(last, ":@") || strings.Contains(*repository, "@") {
+			return nil, "", fmt.Errorf("build: -repository %q: want a repository without tag or digest, like registry.example.com/my-driver", *repository)
+		}
+	}
 	if *description == "" {
 		*description = *name + ": ephemeral inline CSI volumes (an Ephemera driver)"
 	}
@@ -202,7 +214,7 @@ func parseBuildFlags(args []string, onError flag.ErrorHandling) (*buildConfig, s
 		Packages: splitList(*packages), Files: splitList(*files),
 		Offline: *offline, Keyring: *keyring, Mirror: *mirror, SecurityMirror: *security, Cache: *cache, Client: httpClient,
 		Suites:  debianSuites(*mirror, *security),
-		Version: *version, Revision: *revision, Source: *source, Epoch: time.Unix(secs, 0).UTC(), Out: *out, Archive: *archive,
+		Version: *version, Revision: *revision, Source: *source, Epoch: time.Unix(secs, 0).UTC(), Out: *out, Archive: *archive, Repository: *repository,
 	}
 	explicit := *plats != ""
 	if !explicit {

@@ -76,8 +76,10 @@ func TestScaffoldedDriver(t *testing.T) {
 	c.step("ephemera new example.com/"+name, t1)
 
 	// make image: the scaffold's Makefile runs the SDK's builder at go.mod's
-	// version. Its archive tags the index VERSION (org.opencontainers.image.ref.name);
-	// ctr names it REPO:VERSION with --base-name.
+	// version. Its archive names the index REPO:VERSION and REPO@DIGEST
+	// (io.containerd.image.name, the builder's -repository): a plain import
+	// creates both names, the second the one the kubelet looks up for an image
+	// named by digest.
 	t2 := time.Now()
 	// VERSION as `make release VERSION=...` sets it: the tag deploy/values.yaml names.
 	mk := exec.CommandContext(ctx, "make", "image", "PLATFORMS=linux/amd64", "VERSION="+tagInVal)
@@ -91,12 +93,12 @@ func TestScaffoldedDriver(t *testing.T) {
 	if len(archives) != 1 {
 		t.Fatalf("make image wrote %d archives (%v), want one\n%s", len(archives), archives, out)
 	}
-	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", "--base-name", repo, archives[0]); err != nil {
+	if out, err := c.ctr(ctx, "images", "import", "--all-platforms", archives[0]); err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", archives[0], err, out)
 	}
 	image := repo + ":" + tagInVal
-	if out, err := c.ctr(ctx, "images", "ls", "-q"); err != nil || !strings.Contains(out, image) {
-		t.Fatalf("the scaffold's archive imported no %s (ctr images ls: %v):\n%s", image, err, out)
+	if ls, err := c.ctr(ctx, "images", "ls", "-q"); err != nil || !strings.Contains(ls, image+"\n") || !strings.Contains(ls, repo+"@sha256:") {
+		t.Fatalf("the scaffold's archive imported without --base-name named no %s and %s@sha256:... (ctr images ls: %v):\n%s", image, repo, err, ls)
 	}
 	c.step("make image (the SDK's builder) and ctr images import: "+image, t2)
 
