@@ -26,14 +26,16 @@ import (
 	"testing"
 	"time"
 
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-// Identities of the static token file.
+// Identities of the static token file: the admin (setup, /metrics) and a
+// kubelet per node. The drivers, the pods' controller and the kube-system
+// client authenticate with service-account tokens (TokenRequest) that the
+// API server's JWT authenticator checks, as in a cluster.
 const (
-	driverSA   = "system:serviceaccount:kube-system:ephemera-scratch-node"
-	kubeSysSA  = "system:serviceaccount:kube-system:coredns"
 	adminUser  = "admin"
 	nodePrefix = "fleet-node-"
 )
@@ -51,6 +53,7 @@ type apiServer struct {
 	etcd    *exec.Cmd
 	api     *exec.Cmd
 	hc      *http.Client
+	pool    *x509.CertPool
 }
 
 func findBinaries(t testing.TB, repo string) string {
@@ -130,8 +133,6 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 		fmt.Fprintf(&tf, "%s,%s,%s,\"%s\"\n", tok, user, user, groups)
 	}
 	add(adminUser, "system:masters")
-	add(driverSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
-	add(kubeSysSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
 	for i := range nodes {
 		add(nodeUser(i), "system:nodes,system:authenticated")
 	}
@@ -165,6 +166,7 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
+	s.pool = pool
 	s.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	s.waitHTTP(client+"/health", "", 30*time.Second)
 	s.startAPI()
@@ -253,8 +255,59 @@ func tail(b []byte, n int) []byte {
 
 // config is a rest.Config of user (a key of the token file).
 func (s *apiServer) config(user string, qps float32, burst int) *rest.Config {
-	return &rest.Config{Host: s.url, BearerToken: s.tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.caFile},
-		QPS: qps, Burst: burst, UserAgent: "fleet-sim/" + strings.ReplaceAll(user, ":", "-")}
+	return s.tokenConfig(s.tokens[user], user, qps, burst, false)
+}
+
+// tokenConfig is a rest.Config with a bearer token. own gives it a transport
+// of its own: its own TCP connection and TLS handshake, as a client in
+// another process has (client-go's transport cache shares one HTTP/2
+// connection between every config of the same TLS settings whatever their
+// tokens, so without it all the simulated clients ride one connection).
+func (s *apiServer) tokenConfig(tok, agent string, qps float32, burst int, own bool) *rest.Config {
+	cfg := &rest.Config{Host: s.url, BearerToken: tok, QPS: qps, Burst: burst, UserAgent: "fleet-sim/" + strings.ReplaceAll(agent, ":", "-")}
+	if own {
+		// As client-go's own (utilnet.SetTransportDefaults: HTTP/2 with its
+		// health checks), one per client.
+		cfg.Transport = utilnet.SetTransportDefaults(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool, MinVersion: tls.VersionTLS12}})
+	} else {
+		cfg.TLSClientConfig = rest.TLSClientConfig{CAFile: s.caFile}
+	}
+	return cfg
+}
+
+// rss returns kube-apiserver's resident set and its peak (VmRSS, VmHWM), in
+// bytes, from /proc.
+func (s *apiServer) rss() (cur, peak float64) {
+	if s.api == nil || s.api.Process == nil {
+		return 0, 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.api.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		var kb float64
+		switch {
+		case strings.HasPrefix(l, "VmRSS:"):
+			fmt.Sscan(strings.TrimPrefix(l, "VmRSS:"), &kb)
+			cur = kb * 1024
+		case strings.HasPrefix(l, "VmHWM:"):
+			fmt.Sscan(strings.TrimPrefix(l, "VmHWM:"), &kb)
+			peak = kb * 1024
+		}
+	}
+	return cur, peak
+}
+
+// loadavg is the machine's load average (1, 5, 15 minutes), as uptime
+// prints it.
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func (s *apiServer) admin() kubernetes.Interface {

@@ -4,6 +4,7 @@ package fleet
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,9 +14,10 @@ import (
 // snapshot is one scrape of the API server: series (name{labels}) to value,
 // with its CPU seconds and time.
 type snapshot struct {
-	series map[string]float64
-	cpu    float64
-	at     time.Time
+	series    map[string]float64
+	cpu       float64
+	rss, peak float64 // kube-apiserver's VmRSS and VmHWM
+	at        time.Time
 }
 
 func parseMetrics(text string) map[string]float64 {
@@ -65,6 +67,27 @@ type phaseResult struct {
 	byVerb   map[string]float64 // "VERB resource code" -> requests
 	latency  string             // the kube-system client's, if measured
 	note     string
+	classes  []classResult // per flow schema and priority level
+	occ      string        // the priority levels' occupancy, sampled through the phase
+}
+
+// classResult is what priority and fairness did with one request class (a
+// flow schema and its priority level) in a phase.
+type classResult struct {
+	pl, fs               string
+	dispatched, rejected float64
+	waitSum, waitN       float64
+	waitP99, waitMax     float64 // upper bounds of the wait histogram's buckets
+	seatsSum, seatsN     float64
+	execSum, execN       float64 // request execution seconds
+	rejectedBy           map[string]float64
+}
+
+func (c classResult) waitMean() float64 {
+	if c.waitN == 0 {
+		return 0
+	}
+	return c.waitSum / c.waitN
 }
 
 // measured are the report's columns: name, how to compute from before and
@@ -104,6 +127,8 @@ var measured = []struct {
 	{"APF wait seconds", true, func(s snapshot) float64 { return s.sum("apiserver_flowcontrol_request_wait_duration_seconds_sum") }},
 	{"APF seats", true, func(s snapshot) float64 { return s.sum("apiserver_flowcontrol_work_estimated_seats_sum") }},
 	{"CPU seconds", true, func(s snapshot) float64 { return s.cpu }},
+	{"API server RSS bytes", false, func(s snapshot) float64 { return s.rss }},
+	{"API server peak RSS bytes", false, func(s snapshot) float64 { return s.peak }},
 	{"allocated bytes", true, func(s snapshot) float64 {
 		if v := s.sum("go_memstats_alloc_bytes_total"); v > 0 {
 			return v
@@ -136,7 +161,169 @@ func diff(name string, nodes int, before, after snapshot) phaseResult {
 		key += " " + label(k, "code")
 		r.byVerb[key] += d
 	}
+	r.classes = classes(before, after)
 	return r
+}
+
+// classes is the change of priority and fairness's per-class counters
+// between two scrapes: dispatched, rejected (by reason), the wait histogram
+// (its sum, count, and p99 and max as bucket bounds), estimated seats and
+// execution time.
+func classes(before, after snapshot) []classResult {
+	byKey := map[[2]string]*classResult{}
+	get := func(series string) *classResult {
+		k := [2]string{label(series, "priority_level"), label(series, "flow_schema")}
+		c := byKey[k]
+		if c == nil {
+			c = &classResult{pl: k[0], fs: k[1], rejectedBy: map[string]float64{}}
+			byKey[k] = c
+		}
+		return c
+	}
+	buckets := map[[2]string]map[float64]float64{}
+	for k, v := range after.series {
+		name, _, ok := strings.Cut(k, "{")
+		if !ok || !strings.HasPrefix(name, "apiserver_flowcontrol_") {
+			continue
+		}
+		d := v - before.series[k]
+		if d <= 0 {
+			continue
+		}
+		switch name {
+		case "apiserver_flowcontrol_dispatched_requests_total":
+			get(k).dispatched += d
+		case "apiserver_flowcontrol_rejected_requests_total":
+			c := get(k)
+			c.rejected += d
+			c.rejectedBy[label(k, "reason")] += d
+		case "apiserver_flowcontrol_request_wait_duration_seconds_sum":
+			get(k).waitSum += d
+		case "apiserver_flowcontrol_request_wait_duration_seconds_count":
+			get(k).waitN += d
+		case "apiserver_flowcontrol_request_wait_duration_seconds_bucket":
+			c := get(k)
+			le, err := strconv.ParseFloat(label(k, "le"), 64)
+			if err != nil {
+				le = math.Inf(1)
+			}
+			key := [2]string{c.pl, c.fs}
+			if buckets[key] == nil {
+				buckets[key] = map[float64]float64{}
+			}
+			buckets[key][le] += d // summed over execute="true" and "false"
+		case "apiserver_flowcontrol_work_estimated_seats_sum":
+			get(k).seatsSum += d
+		case "apiserver_flowcontrol_work_estimated_seats_count":
+			get(k).seatsN += d
+		case "apiserver_flowcontrol_request_execution_seconds_sum":
+			get(k).execSum += d
+		case "apiserver_flowcontrol_request_execution_seconds_count":
+			get(k).execN += d
+		}
+	}
+	var out []classResult
+	for key, c := range byKey {
+		if b := buckets[key]; len(b) > 0 {
+			les := make([]float64, 0, len(b))
+			for le := range b {
+				les = append(les, le)
+			}
+			sort.Float64s(les)
+			total := b[les[len(les)-1]] // +Inf: every request
+			for _, le := range les {
+				if c.waitP99 == 0 && b[le] >= 0.99*total {
+					c.waitP99 = le
+				}
+				if c.waitMax == 0 && b[le] >= total {
+					c.waitMax = le
+				}
+			}
+		}
+		if c.dispatched > 0 || c.rejected > 0 {
+			out = append(out, *c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].dispatched+out[i].rejected > out[j].dispatched+out[j].rejected })
+	return out
+}
+
+// occupancy samples the priority levels' gauges from /metrics every interval
+// until stop, which returns their maximum and mean per level: requests and
+// seats waiting in the level's queues, seats executing, and the level's seat
+// limit.
+type occupancy struct {
+	samples int
+	max     map[string]map[string]float64 // level -> gauge -> max
+	sum     map[string]map[string]float64 // level -> gauge -> sum over samples
+}
+
+// occGauges are the sampled gauges (apiserver_flowcontrol_...), per priority
+// level summed over its flow schemas.
+var occGauges = []struct{ metric, name string }{
+	{"apiserver_flowcontrol_current_inqueue_requests", "in queue"},
+	{"apiserver_flowcontrol_current_inqueue_seats", "seats in queue"},
+	{"apiserver_flowcontrol_current_executing_requests", "executing"},
+	{"apiserver_flowcontrol_current_executing_seats", "seats executing"},
+	{"apiserver_flowcontrol_current_limit_seats", "seat limit"},
+}
+
+func (o *occupancy) add(series map[string]float64) {
+	o.samples++
+	cur := map[string]map[string]float64{}
+	for k, v := range series {
+		name, _, ok := strings.Cut(k, "{")
+		if !ok || !strings.HasPrefix(name, "apiserver_flowcontrol_current_") {
+			continue
+		}
+		for _, g := range occGauges {
+			if g.metric == name {
+				pl := label(k, "priority_level")
+				if cur[pl] == nil {
+					cur[pl] = map[string]float64{}
+				}
+				cur[pl][g.name] += v
+			}
+		}
+	}
+	for pl, gs := range cur {
+		if o.max[pl] == nil {
+			o.max[pl], o.sum[pl] = map[string]float64{}, map[string]float64{}
+		}
+		for g, v := range gs {
+			o.max[pl][g] = max(o.max[pl][g], v)
+			o.sum[pl][g] += v
+		}
+	}
+}
+
+// String is a table of the levels that queued or executed anything.
+func (o *occupancy) String(interval time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "priority levels sampled every %s (%d samples), max / mean:\n\n| priority level |", interval, o.samples)
+	for _, g := range occGauges {
+		fmt.Fprintf(&b, " %s |", g.name)
+	}
+	b.WriteString("\n|---|")
+	for range occGauges {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	pls := make([]string, 0, len(o.max))
+	for pl, m := range o.max {
+		if m["in queue"] > 0 || m["executing"] > 0 || pl == "ephemera-scratch-node" {
+			pls = append(pls, pl)
+		}
+	}
+	sort.Strings(pls)
+	for _, pl := range pls {
+		fmt.Fprintf(&b, "| %s |", pl)
+		for _, g := range occGauges {
+			fmt.Fprintf(&b, " %.4g / %.3g |", o.max[pl][g.name], o.sum[pl][g.name]/float64(o.samples))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 func label(series, name string) string {
@@ -166,6 +353,34 @@ func (r phaseResult) String() string {
 	}
 	if r.latency != "" {
 		fmt.Fprintf(&b, "\nkube-system client (LIST namespaces every 50 ms): %s\n", r.latency)
+	}
+	if len(r.classes) > 0 {
+		fmt.Fprintf(&b, "\npriority and fairness per request class (wait p99 and max: the wait histogram's bucket bounds):\n\n")
+		fmt.Fprintf(&b, "| priority level | flow schema | dispatched | rejected (429) | wait s summed | wait mean ms | wait p99 ≤ s | wait max ≤ s | seats per request | execution mean ms |\n")
+		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, c := range r.classes {
+			rej := fmt.Sprintf("%.0f", c.rejected)
+			if c.rejected > 0 {
+				var rs []string
+				for k, v := range c.rejectedBy {
+					rs = append(rs, fmt.Sprintf("%s %.0f", k, v))
+				}
+				sort.Strings(rs)
+				rej += " (" + strings.Join(rs, ", ") + ")"
+			}
+			seats, exec := 0.0, 0.0
+			if c.seatsN > 0 {
+				seats = c.seatsSum / c.seatsN
+			}
+			if c.execN > 0 {
+				exec = 1000 * c.execSum / c.execN
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %.3g | %.3g | %g | %g | %.2f | %.3g |\n", c.pl, c.fs, c.dispatched, rej,
+				c.waitSum, 1000*c.waitMean(), c.waitP99, c.waitMax, seats, exec)
+		}
+	}
+	if r.occ != "" {
+		fmt.Fprintf(&b, "\n%s", r.occ)
 	}
 	keys := make([]string, 0, len(r.byVerb))
 	for k := range r.byVerb {
