@@ -312,7 +312,7 @@ bench-memory: build-static
 ## 2 cores; the report goes to _output/bench-fleet.md (docs/operations.md, "At fleet scale")
 bench-fleet:
 	@mkdir -p $(OUT)
-	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$(CURDIR)/$(OUT)/bench-fleet.md \
+	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$${EPHEMERA_FLEET_REPORT:-$(CURDIR)/$(OUT)/bench-fleet.md} \
 	  $(GO) test -tags fleet -count=1 -timeout 60m -run '^TestFleet$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## bench-fleet-smoke: the fleet simulation's smoke test (a step of make test, after e2e, whose build of
