@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,6 +102,9 @@ type driverSim struct {
 	done   sync.WaitGroup
 	synced func() bool
 	rec    *events.Recorder
+	// tr is its own transport (nil when shared): closed with the driver,
+	// as the connection of a driver process that exits.
+	tr *http.Transport
 }
 
 // mode is how a driver (re)starts.
@@ -646,6 +650,9 @@ func (f *fleet) stopDrivers() {
 	}
 	for _, d := range ds {
 		d.done.Wait()
+		if d.tr != nil {
+			d.tr.CloseIdleConnections()
+		}
 	}
 }
 
@@ -700,6 +707,7 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &driverSim{cancel: cancel}
+	d.tr, _ = cfg.Transport.(*http.Transport)
 	rec, err := events.New(events.Options{Client: client.Events(), DriverName: driverName, NodeName: nodeName(i)})
 	if err != nil {
 		f.t.Fatal(err)
