@@ -873,6 +873,9 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 	return func() string {
 		cancel()
 		<-done
+		if tr, ok := cfg.Transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
 		if len(lat) == 0 {
 			return "no request"
 		}
