@@ -299,6 +299,29 @@ func (s *apiServer) rss() (cur, peak float64) {
 	return cur, peak
 }
 
+// fds counts kube-apiserver's open file descriptors (its connections among
+// them).
+func (s *apiServer) fds() float64 {
+	if s.api == nil || s.api.Process == nil {
+		return 0
+	}
+	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.api.Process.Pid))
+	return float64(len(es))
+}
+
+// selfRSS is the simulating process's resident set, in bytes.
+func selfRSS() float64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kb float64
+			fmt.Sscan(v, &kb)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
 // loadavg is the machine's load average (1, 5, 15 minutes), as uptime
 // prints it.
 func loadavg() string {

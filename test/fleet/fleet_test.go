@@ -491,7 +491,7 @@ func (f *fleet) snap() snapshot {
 		f.t.Logf("scraping /metrics: %v", err)
 	}
 	rss, peak := f.s.rss()
-	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, at: time.Now()}
+	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, fds: f.s.fds(), selfRSS: selfRSS(), at: time.Now()}
 }
 
 // occInterval is how often sampleOccupancy scrapes /metrics.

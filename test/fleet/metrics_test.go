@@ -17,6 +17,8 @@ type snapshot struct {
 	series    map[string]float64
 	cpu       float64
 	rss, peak float64 // kube-apiserver's VmRSS and VmHWM
+	fds       float64 // kube-apiserver's open descriptors
+	selfRSS   float64 // the simulating process's VmRSS
 	at        time.Time
 }
 
@@ -129,6 +131,8 @@ var measured = []struct {
 	{"CPU seconds", true, func(s snapshot) float64 { return s.cpu }},
 	{"API server RSS bytes", false, func(s snapshot) float64 { return s.rss }},
 	{"API server peak RSS bytes", false, func(s snapshot) float64 { return s.peak }},
+	{"API server open fds", false, func(s snapshot) float64 { return s.fds }},
+	{"simulation RSS bytes", false, func(s snapshot) float64 { return s.selfRSS }},
 	{"allocated bytes", true, func(s snapshot) float64 {
 		if v := s.sum("go_memstats_alloc_bytes_total"); v > 0 {
 			return v
