@@ -200,11 +200,13 @@ func TestFleet(t *testing.T) {
 		}
 		var lat, occText string
 		r := measure("restart storm: "+m.name+", "+fs, 0, func() {
+			probeStart := time.Now()
 			stop := f.probeKubeSystem(ctx)
 			occ := f.sampleOccupancy(ctx)
 			defer func() { occText = occ() }()
 			f.stopDrivers()
 			t1 := time.Now()
+			defer func() { lat += fmt.Sprintf("; drivers restarted at +%.1fs", t1.Sub(probeStart).Seconds()) }()
 			f.startDrivers(ctx, m)
 			f.waitSynced(5 * time.Minute)
 			synced := time.Since(t1)
@@ -853,8 +855,10 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var lat []time.Duration
+	var slow []string // when the requests over 100 ms started, from the probe's start
 	var errs int
 	done := make(chan struct{})
+	begin := time.Now()
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
@@ -866,7 +870,11 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 			if err != nil {
 				errs++
 			}
-			lat = append(lat, time.Since(t0))
+			d := time.Since(t0)
+			lat = append(lat, d)
+			if d > 100*time.Millisecond {
+				slow = append(slow, fmt.Sprintf("+%.1fs %s", t0.Sub(begin).Seconds(), d.Round(time.Millisecond)))
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
@@ -881,7 +889,11 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		}
 		slices.Sort(lat)
 		q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(100 * time.Microsecond) }
-		return fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond))
+		out := fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s; %d over 100 ms", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond), len(slow))
+		if len(slow) > 0 {
+			out += " (from the client's start: " + strings.Join(slow[:min(len(slow), 24)], ", ") + ")"
+		}
+		return out
 	}
 }
 
