@@ -322,6 +322,38 @@ func selfRSS() float64 {
 	return 0
 }
 
+// selfCPU is the simulating process's user+system CPU seconds.
+func selfCPU() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	var ut, st float64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// machineCPU returns the machine's busy and total CPU seconds (every
+// process's: /proc/stat's first line, idle and iowait not busy).
+func machineCPU() (busy, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, v := range strings.Fields(line)[1:] {
+		var x float64
+		fmt.Sscan(v, &x)
+		total += x / 100
+		if i != 3 && i != 4 { // idle, iowait
+			busy += x / 100
+		}
+	}
+	return busy, total
+}
+
 // loadavg is the machine's load average (1, 5, 15 minutes), as uptime
 // prints it.
 func loadavg() string {

@@ -493,7 +493,8 @@ func (f *fleet) snap() snapshot {
 		f.t.Logf("scraping /metrics: %v", err)
 	}
 	rss, peak := f.s.rss()
-	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, fds: f.s.fds(), selfRSS: selfRSS(), at: time.Now()}
+	busy, all := machineCPU()
+	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, fds: f.s.fds(), selfRSS: selfRSS(), selfCPU: selfCPU(), busy: busy, all: all, at: time.Now()}
 }
 
 // occInterval is how often sampleOccupancy scrapes /metrics.

@@ -19,6 +19,8 @@ type snapshot struct {
 	rss, peak float64 // kube-apiserver's VmRSS and VmHWM
 	fds       float64 // kube-apiserver's open descriptors
 	selfRSS   float64 // the simulating process's VmRSS
+	selfCPU   float64 // the simulating process's CPU seconds
+	busy, all float64 // the machine's busy and total CPU seconds
 	at        time.Time
 }
 
@@ -129,6 +131,9 @@ var measured = []struct {
 	{"APF wait seconds", true, func(s snapshot) float64 { return s.sum("apiserver_flowcontrol_request_wait_duration_seconds_sum") }},
 	{"APF seats", true, func(s snapshot) float64 { return s.sum("apiserver_flowcontrol_work_estimated_seats_sum") }},
 	{"CPU seconds", true, func(s snapshot) float64 { return s.cpu }},
+	{"simulation CPU seconds", true, func(s snapshot) float64 { return s.selfCPU }},
+	{"machine CPU busy seconds (every process)", true, func(s snapshot) float64 { return s.busy }},
+	{"machine CPU seconds (busy and idle)", true, func(s snapshot) float64 { return s.all }},
 	{"API server RSS bytes", false, func(s snapshot) float64 { return s.rss }},
 	{"API server peak RSS bytes", false, func(s snapshot) float64 { return s.peak }},
 	{"API server open fds", false, func(s snapshot) float64 { return s.fds }},
