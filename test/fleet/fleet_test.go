@@ -120,6 +120,10 @@ type mode struct {
 	// (kube.PodsOptions.FleetSize, framework.ObservabilityOptions.FleetSize),
 	// at least jitter.
 	fleet bool
+	// slower (> 1) takes the DaemonSet's size as that many times larger: a
+	// window of slower × 25 ms per driver, to compare start rates without
+	// changing the driver.
+	slower int
 }
 
 func TestFleet(t *testing.T) {
@@ -220,9 +224,16 @@ func TestFleet(t *testing.T) {
 	if onlyShipped {
 		// EPHEMERA_FLEET_STORM_ROUNDS (1): the pair again, interleaved, to
 		// see the spread between rounds on a shared machine.
+		// EPHEMERA_FLEET_SLOWER=K adds a storm whose window is K times
+		// the fleet's (K × 25 ms per driver).
+		slower := mode{name: fmt.Sprintf("list, then watch, %d × the fleet's window (%d ms per driver)", envInt("EPHEMERA_FLEET_SLOWER", 1), 25*envInt("EPHEMERA_FLEET_SLOWER", 1)),
+			jitter: kube.DefaultStartJitter, fleet: true, slower: envInt("EPHEMERA_FLEET_SLOWER", 1)}
 		for range envInt("EPHEMERA_FLEET_STORM_ROUNDS", 1) {
 			storm(fixed, true)
 			storm(after, true)
+			if slower.slower > 1 {
+				storm(slower, true)
+			}
 		}
 		// The fit's per-start term, and what priority and fairness does
 		// with every driver at once: last, as it may leave queues behind.
@@ -749,7 +760,10 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 		var n int
 		var ferr error
 		fleetSize = func(ctx context.Context) (int, error) {
-			once.Do(func() { n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName) })
+			once.Do(func() {
+				n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName)
+				n *= max(m.slower, 1)
+			})
 			return n, ferr
 		}
 	}
