@@ -397,8 +397,11 @@ current-context: fleet
 }
 
 // metrics returns the API server's /metrics text.
-func (s *apiServer) metrics() (string, error) {
-	req, _ := http.NewRequest(http.MethodGet, s.url+"/metrics", nil)
+func (s *apiServer) metrics() (string, error) { return s.get("/metrics") }
+
+// get returns the body of an admin's GET of path.
+func (s *apiServer) get(path string) (string, error) {
+	req, _ := http.NewRequest(http.MethodGet, s.url+path, nil)
 	req.Header.Set("Authorization", "Bearer "+s.tokens[adminUser])
 	resp, err := s.hc.Do(req)
 	if err != nil {

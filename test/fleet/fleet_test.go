@@ -508,12 +508,11 @@ func (f *fleet) snap() snapshot {
 	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, fds: f.s.fds(), selfRSS: selfRSS(), selfCPU: selfCPU(), busy: busy, all: all, at: time.Now()}
 }
 
-// occInterval is how often sampleOccupancy scrapes /metrics.
+// occInterval is how often sampleOccupancy asks for the queues.
 const occInterval = 500 * time.Millisecond
 
-// sampleOccupancy scrapes the priority levels' gauges every occInterval until
-// the returned stop, which formats them. It also keeps kube-apiserver's peak
-// RSS current (VmHWM is read with every snapshot).
+// sampleOccupancy samples the priority levels' queues every occInterval
+// until the returned stop, which formats them.
 func (f *fleet) sampleOccupancy(ctx context.Context) (stop func() string) {
 	ctx, cancel := context.WithCancel(ctx)
 	o := &occupancy{max: map[string]map[string]float64{}, sum: map[string]map[string]float64{}}
@@ -523,14 +522,8 @@ func (f *fleet) sampleOccupancy(ctx context.Context) (stop func() string) {
 		tick := time.NewTicker(occInterval)
 		defer tick.Stop()
 		for {
-			if text, err := f.s.metrics(); err == nil {
-				var cur strings.Builder
-				for _, l := range strings.Split(text, "\n") {
-					if strings.HasPrefix(l, "apiserver_flowcontrol_current_") {
-						cur.WriteString(l + "\n")
-					}
-				}
-				o.add(parseMetrics(cur.String()))
+			if text, err := f.s.get("/debug/api_priority_and_fairness/dump_queues"); err == nil {
+				o.add(text)
 			}
 			select {
 			case <-ctx.Done():
@@ -542,7 +535,7 @@ func (f *fleet) sampleOccupancy(ctx context.Context) (stop func() string) {
 	return func() string {
 		cancel()
 		<-done
-		return o.String(occInterval)
+		return o.String(occInterval, f.snap())
 	}
 }
 
