@@ -79,11 +79,11 @@ type fleet struct {
 	// ownConns: every driver and kubelet-like watcher has a connection of
 	// its own (EPHEMERA_FLEET_CONNS=own, the default); shared: they all ride
 	// the one connection client-go's transport cache gives equal TLS settings.
-	ownConns  bool
+	ownConns bool
 	// stopKubelets is set when the kubelet-like watchers started before
 	// the pods were created (EPHEMERA_FLEET_WATCHERS_FIRST).
 	stopKubelets func()
-	loadStart string
+	loadStart    string
 	// controller writes the pods: the ReplicaSet controller's service
 	// account (kube-controller-manager --use-service-account-credentials),
 	// under priority and fairness (kube-system-service-accounts, workload-high).
