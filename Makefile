@@ -322,7 +322,7 @@ bench-fleet:
 ## bench-fleet-smoke: the fleet simulation's smoke test (a step of make test, after e2e, whose build of
 ## kube-apiserver and etcd it takes): EPHEMERA_FLEET_NODES (default 20) nodes of 30 pods whose drivers all
 ## restart at once, failing unless the restart's counts are exactly O(node): one LIST per driver by the
-## spec.nodeName index fetching its node's 30 pods, no watch-list initial events, one CSIDriver read, no 429
+## spec.nodeName index fetching its node's 30 pods and its own, no watch-list initial events, one CSIDriver read, no 429
 ## (about a minute with the API server's start)
 bench-fleet-smoke:
 	EPHEMERA_FLEET_SMOKE=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-20} \
