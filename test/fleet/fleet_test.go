@@ -127,6 +127,11 @@ type mode struct {
 	// window of slower × 25 ms per driver, to compare start rates without
 	// changing the driver.
 	slower int
+	// remembered: the drivers know the fleet's size without asking (as if
+	// remembered from their last start), so that their first request is
+	// their list, spread over the fleet's window, not the size read in the
+	// first 5 s. Not what the driver does: to see what that would change.
+	remembered bool
 }
 
 func TestFleet(t *testing.T) {
@@ -240,6 +245,12 @@ func TestFleet(t *testing.T) {
 			storm(after, true)
 			if slower.slower > 1 {
 				storm(slower, true)
+			}
+			// EPHEMERA_FLEET_REMEMBERED=1: the fleet's window with the size
+			// known before the first request.
+			if os.Getenv("EPHEMERA_FLEET_REMEMBERED") != "" {
+				storm(mode{name: "list, then watch, the fleet's window, its size remembered (no read: the first request is the list)",
+					jitter: kube.DefaultStartJitter, fleet: true, remembered: true}, true)
 			}
 		}
 		// The fit's per-start term, and what priority and fairness does
@@ -769,7 +780,11 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 		var ferr error
 		fleetSize = func(ctx context.Context) (int, error) {
 			once.Do(func() {
-				n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName)
+				if m.remembered {
+					n = f.nodes
+				} else {
+					n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName)
+				}
 				n *= max(m.slower, 1)
 			})
 			return n, ferr
