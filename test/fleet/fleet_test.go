@@ -127,10 +127,11 @@ type mode struct {
 	// window of slower × 25 ms per driver, to compare start rates without
 	// changing the driver.
 	slower int
-	// remembered: the drivers know the fleet's size without asking (as if
-	// remembered from their last start), so that their first request is
-	// their list, spread over the fleet's window, not the size read in the
-	// first 5 s. Not what the driver does: to see what that would change.
+	// remembered: the drivers know the fleet's size without asking,
+	// remembered from their last start as the scratch driver does
+	// (--fleet-daemonset's file fleet-size), so that their first request is
+	// spread over the fleet's window, not the size read in the first 5 s;
+	// each reads the current size at a random point of the window.
 	remembered bool
 }
 
@@ -249,7 +250,7 @@ func TestFleet(t *testing.T) {
 			// EPHEMERA_FLEET_REMEMBERED=1: the fleet's window with the size
 			// known before the first request.
 			if os.Getenv("EPHEMERA_FLEET_REMEMBERED") != "" {
-				storm(mode{name: "list, then watch, the fleet's window, its size remembered (no read: the first request is the list)",
+				storm(mode{name: "list, then watch, the fleet's window, its size remembered (the size read spread over the window too)",
 					jitter: kube.DefaultStartJitter, fleet: true, remembered: true}, true)
 			}
 		}
@@ -789,6 +790,18 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 			})
 			return n, ferr
 		}
+	}
+	if m.remembered {
+		// As the scratch driver's fleetSizeMemory: the current size read
+		// at a random point of the remembered size's window, for the next
+		// start.
+		d.done.Go(func() {
+			if sleep(ctx, rand.N(kube.FleetStartJitter(f.nodes*max(m.slower, 1)))) {
+				if _, err := client.DaemonSetSize(ctx, "kube-system", daemonSetName); err != nil && ctx.Err() == nil {
+					f.fleetSizeErrors.Add(1)
+				}
+			}
+		})
 	}
 	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: nodeName(i), StartJitter: orNone(m.jitter), FleetSize: fleetSize})
 	if err != nil {
