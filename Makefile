@@ -307,18 +307,22 @@ bench-memory: build-static
 
 ## bench-fleet: the fleet simulation (test/fleet): a real kube-apiserver and etcd (the e2e's build) with
 ## priority and fairness and RBAC, EPHEMERA_FLEET_NODES simulated nodes (default 200) of
-## EPHEMERA_FLEET_PODS pods (30) running the driver's API components beside kubelet-like watchers; phases
-## of EPHEMERA_FLEET_PHASE (60s), an API server outage of EPHEMERA_FLEET_OUTAGE (2m). About 10 minutes on
-## 2 cores; the report goes to _output/bench-fleet.md (docs/operations.md, "At fleet scale")
+## EPHEMERA_FLEET_PODS pods (30) running the driver's API components (a token bound to the node's driver
+## pod, a connection of their own: EPHEMERA_FLEET_CONNS=shared for one) beside kubelet-like watchers, pods
+## written by the ReplicaSet controller's service account; phases of EPHEMERA_FLEET_PHASE (60s), an API
+## server outage of EPHEMERA_FLEET_OUTAGE (2m); EPHEMERA_FLEET_STORMS=shipped for the steady phase and the
+## shipped storms only (EPHEMERA_FLEET_WATCHERS_FIRST=1, EPHEMERA_FLEET_SLOWER=K). About 10 minutes at 200
+## nodes on 2 cores, 14 at 1,000, 30 at 2,000 (the API server then holds about 3 GB per 1,000 nodes); the report goes to
+## _output/bench-fleet.md, or EPHEMERA_FLEET_REPORT (docs/operations.md, "At fleet scale")
 bench-fleet:
 	@mkdir -p $(OUT)
-	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$(CURDIR)/$(OUT)/bench-fleet.md \
+	EPHEMERA_FLEET=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-200} EPHEMERA_FLEET_REPORT=$${EPHEMERA_FLEET_REPORT:-$(CURDIR)/$(OUT)/bench-fleet.md} \
 	  $(GO) test -tags fleet -count=1 -timeout 60m -run '^TestFleet$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## bench-fleet-smoke: the fleet simulation's smoke test (a step of make test, after e2e, whose build of
 ## kube-apiserver and etcd it takes): EPHEMERA_FLEET_NODES (default 20) nodes of 30 pods whose drivers all
 ## restart at once, failing unless the restart's counts are exactly O(node): one LIST per driver by the
-## spec.nodeName index fetching its node's 30 pods, no watch-list initial events, one CSIDriver read, no 429
+## spec.nodeName index fetching its node's 30 pods and its own, no watch-list initial events, one CSIDriver read, no 429
 ## (about a minute with the API server's start)
 bench-fleet-smoke:
 	EPHEMERA_FLEET_SMOKE=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-20} \

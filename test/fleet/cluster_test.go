@@ -26,14 +26,16 @@ import (
 	"testing"
 	"time"
 
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-// Identities of the static token file.
+// Identities of the static token file: the admin (setup, /metrics) and a
+// kubelet per node. The drivers, the pods' controller and the kube-system
+// client authenticate with service-account tokens (TokenRequest) that the
+// API server's JWT authenticator checks, as in a cluster.
 const (
-	driverSA   = "system:serviceaccount:kube-system:ephemera-scratch-node"
-	kubeSysSA  = "system:serviceaccount:kube-system:coredns"
 	adminUser  = "admin"
 	nodePrefix = "fleet-node-"
 )
@@ -51,6 +53,7 @@ type apiServer struct {
 	etcd    *exec.Cmd
 	api     *exec.Cmd
 	hc      *http.Client
+	pool    *x509.CertPool
 }
 
 func findBinaries(t testing.TB, repo string) string {
@@ -130,8 +133,6 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 		fmt.Fprintf(&tf, "%s,%s,%s,\"%s\"\n", tok, user, user, groups)
 	}
 	add(adminUser, "system:masters")
-	add(driverSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
-	add(kubeSysSA, "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated")
 	for i := range nodes {
 		add(nodeUser(i), "system:nodes,system:authenticated")
 	}
@@ -165,6 +166,7 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
+	s.pool = pool
 	s.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	s.waitHTTP(client+"/health", "", 30*time.Second)
 	s.startAPI()
@@ -253,8 +255,114 @@ func tail(b []byte, n int) []byte {
 
 // config is a rest.Config of user (a key of the token file).
 func (s *apiServer) config(user string, qps float32, burst int) *rest.Config {
-	return &rest.Config{Host: s.url, BearerToken: s.tokens[user], TLSClientConfig: rest.TLSClientConfig{CAFile: s.caFile},
-		QPS: qps, Burst: burst, UserAgent: "fleet-sim/" + strings.ReplaceAll(user, ":", "-")}
+	return s.tokenConfig(s.tokens[user], user, qps, burst, false)
+}
+
+// tokenConfig is a rest.Config with a bearer token. own gives it a transport
+// of its own: its own TCP connection and TLS handshake, as a client in
+// another process has (client-go's transport cache shares one HTTP/2
+// connection between every config of the same TLS settings whatever their
+// tokens, so without it all the simulated clients ride one connection).
+func (s *apiServer) tokenConfig(tok, agent string, qps float32, burst int, own bool) *rest.Config {
+	cfg := &rest.Config{Host: s.url, BearerToken: tok, QPS: qps, Burst: burst, UserAgent: "fleet-sim/" + strings.ReplaceAll(agent, ":", "-")}
+	if own {
+		// As client-go's own (utilnet.SetTransportDefaults: HTTP/2 with its
+		// health checks), one per client.
+		cfg.Transport = utilnet.SetTransportDefaults(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool, MinVersion: tls.VersionTLS12}})
+	} else {
+		cfg.TLSClientConfig = rest.TLSClientConfig{CAFile: s.caFile}
+	}
+	return cfg
+}
+
+// rss returns kube-apiserver's resident set and its peak (VmRSS, VmHWM), in
+// bytes, from /proc.
+func (s *apiServer) rss() (cur, peak float64) {
+	if s.api == nil || s.api.Process == nil {
+		return 0, 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.api.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		var kb float64
+		switch {
+		case strings.HasPrefix(l, "VmRSS:"):
+			fmt.Sscan(strings.TrimPrefix(l, "VmRSS:"), &kb)
+			cur = kb * 1024
+		case strings.HasPrefix(l, "VmHWM:"):
+			fmt.Sscan(strings.TrimPrefix(l, "VmHWM:"), &kb)
+			peak = kb * 1024
+		}
+	}
+	return cur, peak
+}
+
+// fds counts kube-apiserver's open file descriptors (its connections among
+// them).
+func (s *apiServer) fds() float64 {
+	if s.api == nil || s.api.Process == nil {
+		return 0
+	}
+	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.api.Process.Pid))
+	return float64(len(es))
+}
+
+// selfRSS is the simulating process's resident set, in bytes.
+func selfRSS() float64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kb float64
+			fmt.Sscan(v, &kb)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// selfCPU is the simulating process's user+system CPU seconds.
+func selfCPU() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	var ut, st float64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// machineCPU returns the machine's busy and total CPU seconds (every
+// process's: /proc/stat's first line, idle and iowait not busy).
+func machineCPU() (busy, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, v := range strings.Fields(line)[1:] {
+		var x float64
+		fmt.Sscan(v, &x)
+		total += x / 100
+		if i != 3 && i != 4 { // idle, iowait
+			busy += x / 100
+		}
+	}
+	return busy, total
+}
+
+// loadavg is the machine's load average (1, 5, 15 minutes), as uptime
+// prints it.
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func (s *apiServer) admin() kubernetes.Interface {
@@ -289,8 +397,11 @@ current-context: fleet
 }
 
 // metrics returns the API server's /metrics text.
-func (s *apiServer) metrics() (string, error) {
-	req, _ := http.NewRequest(http.MethodGet, s.url+"/metrics", nil)
+func (s *apiServer) metrics() (string, error) { return s.get("/metrics") }
+
+// get returns the body of an admin's GET of path.
+func (s *apiServer) get(path string) (string, error) {
+	req, _ := http.NewRequest(http.MethodGet, s.url+path, nil)
 	req.Header.Set("Authorization", "Bearer "+s.tokens[adminUser])
 	resp, err := s.hc.Do(req)
 	if err != nil {

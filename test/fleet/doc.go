@@ -1,10 +1,14 @@
 // Package fleet is the fleet simulation of make bench-fleet (build tag fleet):
 // a real etcd and kube-apiserver (the e2e's build, test/e2e/build-k8s.sh) with
 // priority and fairness and RBAC on, the RBAC and FlowSchema of deploy/base,
-// pods created through the API with a controller's and a kubelet's managed
-// fields, and N simulated nodes in one process, each running the driver's API
-// components (framework/kube's pod informer, the CSIDriver read of the startup
-// check, framework/events' Recorder) beside a kubelet-like watcher of the
+// pods created through the API by the ReplicaSet controller's service account
+// (under priority and fairness) and set running by their node's kubelet
+// identity, and N simulated nodes in one process, each with a Node and a pod
+// of the driver's DaemonSet, each running the driver's API components
+// (framework/kube's pod informer, the CSIDriver read of the startup check, the
+// DaemonSet's size, framework/events' Recorder) with a service-account token
+// bound to that pod (TokenRequest: the API server's JWT authenticator checks
+// it) on a connection of their own, beside a kubelet-like watcher of the
 // node's pods (full objects, as the kubelet's) as the baseline.
 //
 // Phases: steady, churn (a pod lifecycle per node every 10 s), a restart of
@@ -12,8 +16,10 @@
 // initial list as a watch-list, and with today's list-then-watch; with and
 // without the FlowSchema, while a kube-system client measures its latency),
 // the API server stopped and resumed, and a burst of failures posting events.
-// Each phase is measured from the API server's /metrics and /proc; the report
-// goes to stdout and EPHEMERA_FLEET_REPORT.
+// Each phase is measured from the API server's /metrics (per priority level
+// and flow schema too), its priority levels' queues
+// (/debug/api_priority_and_fairness/dump_queues, sampled) and /proc; the
+// report goes to stdout and EPHEMERA_FLEET_REPORT.
 //
 // docs/operations.md, "At fleet scale", has the numbers and the extrapolation.
 package fleet

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,7 +19,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -73,6 +75,28 @@ type fleet struct {
 	fleetSizeErrors atomic.Int64
 	// kubeletsSynced are the kubelet-like watchers' informers' HasSynced.
 	kubeletsSynced []cache.InformerSynced
+
+	// ownConns: every driver and kubelet-like watcher has a connection of
+	// its own (EPHEMERA_FLEET_CONNS=own, the default); shared: they all ride
+	// the one connection client-go's transport cache gives equal TLS settings.
+	ownConns bool
+	// stopKubelets is set when the kubelet-like watchers started before
+	// the pods were created (EPHEMERA_FLEET_WATCHERS_FIRST).
+	stopKubelets func()
+	loadStart    string
+	// controller writes the pods: the ReplicaSet controller's service
+	// account (kube-controller-manager --use-service-account-credentials),
+	// under priority and fairness (kube-system-service-accounts, workload-high).
+	controller kubernetes.Interface
+	// kubelets are the nodes' clients (system:node:NAME, flow system-nodes):
+	// their pods' status, their driver pods' tokens, their watchers.
+	kubelets []kubernetes.Interface
+	// driverTokens are the drivers' service-account tokens, each bound to
+	// its node's driver pod (TokenRequest, as the kubelet's projected
+	// token), checked by the API server's JWT authenticator.
+	driverTokens []string
+	// probeToken is the kube-system client's (CoreDNS's service account).
+	probeToken string
 }
 
 // driverSim is one node's driver: its API components, run until cancel.
@@ -81,6 +105,9 @@ type driverSim struct {
 	done   sync.WaitGroup
 	synced func() bool
 	rec    *events.Recorder
+	// tr is its own transport (nil when shared): closed with the driver,
+	// as the connection of a driver process that exits.
+	tr *http.Transport
 }
 
 // mode is how a driver (re)starts.
@@ -96,6 +123,16 @@ type mode struct {
 	// (kube.PodsOptions.FleetSize, framework.ObservabilityOptions.FleetSize),
 	// at least jitter.
 	fleet bool
+	// slower (> 1) takes the DaemonSet's size as that many times larger: a
+	// window of slower × 25 ms per driver, to compare start rates without
+	// changing the driver.
+	slower int
+	// remembered: the drivers know the fleet's size without asking,
+	// remembered from their last start as the scratch driver does
+	// (--fleet-daemonset's file fleet-size), so that their first request is
+	// spread over the fleet's window, not the size read in the first 5 s;
+	// each reads the current size at a random point of the window.
+	remembered bool
 }
 
 func TestFleet(t *testing.T) {
@@ -132,11 +169,19 @@ func TestFleet(t *testing.T) {
 	// storms of the fixed 5 s window (issue 34) and the fleet's window (issue
 	// 47), with the FlowSchema; no churn, watch-list storms, outage or burst.
 	onlyShipped := os.Getenv("EPHEMERA_FLEET_STORMS") == "shipped"
-	kubelets := f.startKubelets(ctx)
 	// Their watch-lists done (each walks every pod of the cluster), so that
-	// the drivers' phases do not overlap the kubelets' start.
-	f.waitKubeletsSynced(10 * time.Minute)
-	time.Sleep(5 * time.Second)
+	// the drivers' phases do not overlap the kubelets' start: measured, it
+	// is the fit's watch-list term (init events) at this size.
+	kubelets := f.stopKubelets
+	if kubelets == nil {
+		measure("kubelet-like watchers start (watch-list, every pod of the cluster per node)", 0, func() {
+			kubelets = f.startKubelets(ctx)
+			f.waitKubeletsSynced(20 * time.Minute)
+			time.Sleep(5 * time.Second)
+		})
+	} else {
+		t.Logf("kubelet-like watchers started before the pods (EPHEMERA_FLEET_WATCHERS_FIRST)")
+	}
 	if !onlyShipped {
 		measure("baseline: kubelet-like watchers only, steady", phase, nil)
 	}
@@ -145,13 +190,16 @@ func TestFleet(t *testing.T) {
 	fixed := mode{name: "list, then watch, fixed 5 s window (issue 34)", jitter: kube.DefaultStartJitter}
 	before := mode{name: "watch-list (main 14ea1a6)", watchList: true}
 	measure("drivers start (list, then watch; the fleet's window)", 0, func() { f.startDrivers(ctx, after); f.waitSynced(5 * time.Minute) })
-	var steadyLat string
+	var steadyLat, steadyOcc string
 	measure("steady: kubelet-like watchers and drivers", 0, func() {
 		stop := f.probeKubeSystem(ctx)
+		occ := f.sampleOccupancy(ctx)
 		time.Sleep(phase)
 		steadyLat = stop()
+		steadyOcc = occ()
 	})
 	results[len(results)-1].latency = steadyLat
+	results[len(results)-1].occ = steadyOcc
 	if !onlyShipped {
 		measure("churn: a pod lifecycle per node every 10 s", 0, func() { f.churn(ctx, phase) })
 	}
@@ -167,11 +215,15 @@ func TestFleet(t *testing.T) {
 		if flowSchema {
 			fs = "with FlowSchema"
 		}
-		var lat string
+		var lat, occText string
 		r := measure("restart storm: "+m.name+", "+fs, 0, func() {
+			probeStart := time.Now()
 			stop := f.probeKubeSystem(ctx)
+			occ := f.sampleOccupancy(ctx)
+			defer func() { occText = occ() }()
 			f.stopDrivers()
 			t1 := time.Now()
+			defer func() { lat += fmt.Sprintf("; drivers restarted at +%.1fs", t1.Sub(probeStart).Seconds()) }()
 			f.startDrivers(ctx, m)
 			f.waitSynced(5 * time.Minute)
 			synced := time.Since(t1)
@@ -179,15 +231,32 @@ func TestFleet(t *testing.T) {
 			lat = stop() + fmt.Sprintf("; every driver synced after %s", synced.Round(100*time.Millisecond))
 		})
 		results[len(results)-1].latency = lat
+		results[len(results)-1].occ = occText
 		_ = r
 	}
 	if onlyShipped {
 		// EPHEMERA_FLEET_STORM_ROUNDS (1): the pair again, interleaved, to
 		// see the spread between rounds on a shared machine.
+		// EPHEMERA_FLEET_SLOWER=K adds a storm whose window is K times
+		// the fleet's (K × 25 ms per driver).
+		slower := mode{name: fmt.Sprintf("list, then watch, %d × the fleet's window (%d ms per driver)", envInt("EPHEMERA_FLEET_SLOWER", 1), 25*envInt("EPHEMERA_FLEET_SLOWER", 1)),
+			jitter: kube.DefaultStartJitter, fleet: true, slower: envInt("EPHEMERA_FLEET_SLOWER", 1)}
 		for range envInt("EPHEMERA_FLEET_STORM_ROUNDS", 1) {
 			storm(fixed, true)
 			storm(after, true)
+			if slower.slower > 1 {
+				storm(slower, true)
+			}
+			// EPHEMERA_FLEET_REMEMBERED=1: the fleet's window with the size
+			// known before the first request.
+			if os.Getenv("EPHEMERA_FLEET_REMEMBERED") != "" {
+				storm(mode{name: "list, then watch, the fleet's window, its size remembered (the size read spread over the window too)",
+					jitter: kube.DefaultStartJitter, fleet: true, remembered: true}, true)
+			}
 		}
+		// The fit's per-start term, and what priority and fairness does
+		// with every driver at once: last, as it may leave queues behind.
+		storm(mode{name: "list, then watch, no jitter"}, true)
 		if n := f.fleetSizeErrors.Load(); n > 0 {
 			t.Errorf("%d drivers could not read their DaemonSet's size", n)
 		}
@@ -248,7 +317,7 @@ func TestFleet(t *testing.T) {
 // perNode pods on each of nodes nodes in ten namespaces.
 func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
 	s := startAPIServer(t, findBinaries(t, repo), nodes)
-	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode}
+	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode, loadStart: loadavg()}
 	ctx := t.Context()
 	// CoreDNS's read of namespaces, for the kube-system client that measures
 	// its latency.
@@ -263,6 +332,8 @@ func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
 		"-f", filepath.Join(repo, "deploy/base/csidriver.yaml"), "-f", filepath.Join(repo, "deploy/base/flowcontrol.yaml")); err != nil {
 		t.Fatal(err)
 	}
+	f.ownConns = os.Getenv("EPHEMERA_FLEET_CONNS") != "shared"
+	f.identities(ctx)
 	for i := range 10 {
 		ns := fmt.Sprintf("team-%d", i)
 		f.ns = append(f.ns, ns)
@@ -291,16 +362,158 @@ func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
 	if _, err := f.admin.AppsV1().DaemonSets("kube-system").UpdateStatus(ctx, ds, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if os.Getenv("EPHEMERA_FLEET_WATCHERS_FIRST") != "" {
+		// The kubelet-like watchers before the pods, as kubelets are
+		// before their pods: each gets its node's pods as watch events, and
+		// no watch-list walks the whole cluster per node at their start
+		// (which is O(N²) and took 2m43s at 1,000 nodes).
+		f.stopKubelets = f.startKubelets(ctx)
+		f.waitKubeletsSynced(5 * time.Minute)
+	}
 	t0 := time.Now()
+	f.createNodes(ctx)
+	t.Logf("created %d nodes, their driver pods and tokens in %s", nodes, time.Since(t0).Round(time.Second))
+	t0 = time.Now()
 	f.createPods(ctx)
 	t.Logf("created %d pods in %s", nodes*perNode, time.Since(t0).Round(time.Second))
 	return f
 }
 
+// identities creates the service accounts of the pods' controller and the
+// kube-system client and their tokens (TokenRequest, unbound, as
+// kube-controller-manager's client builder asks for its controllers'), and
+// every node's kubelet client.
+func (f *fleet) identities(ctx context.Context) {
+	for _, sa := range []string{"replicaset-controller", "coredns"} {
+		if _, err := f.admin.CoreV1().ServiceAccounts("kube-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	tok := func(sa string) string {
+		tr, err := f.admin.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(4 * 3600))}}, metav1.CreateOptions{})
+		if err != nil {
+			f.t.Fatalf("TokenRequest for %s: %v", sa, err)
+		}
+		return tr.Status.Token
+	}
+	f.probeToken = tok("coredns")
+	// The controller: one client (its own connection), as
+	// kube-controller-manager's; 16 workers write through it.
+	cs, err := kubernetes.NewForConfig(f.s.tokenConfig(tok("replicaset-controller"), "replicaset-controller", 500, 1000, true))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.controller = cs
+	for i := range f.nodes {
+		cfg := f.s.tokenConfig(f.s.tokens[nodeUser(i)], nodeUser(i), 50, 100, f.ownConns)
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		f.kubelets = append(f.kubelets, cs)
+	}
+}
+
+// parallel runs fn(0..n-1) on 16 workers and fails the test on the first
+// error.
+func (f *fleet) parallel(what string, n int, fn func(i int) error) {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				if err := fn(i); err != nil {
+					if failed.Add(1) == 1 {
+						f.t.Errorf("%s: %v", what, err)
+					}
+				}
+			}
+		})
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if failed.Load() > 0 {
+		f.t.Fatalf("%s: %d failed", what, failed.Load())
+	}
+}
+
+// asNode retries a kubelet's request while the Node authorizer's graph has
+// not seen the pod yet (403 until its informer has it).
+func asNode(ctx context.Context, fn func() error) error {
+	for try := 0; ; try++ {
+		err := fn()
+		if err == nil || !apierrors.IsForbidden(err) || try == 100 || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// createNodes creates every Node, its driver pod (as the DaemonSet
+// controller: the controller's identity here) set Running by its kubelet, and
+// the driver's token bound to that pod, which the kubelet asks for as it
+// does for a projected service-account token (TokenRequest, 3607 s, which
+// the API server extends as it does the kubelet's).
+func (f *fleet) createNodes(ctx context.Context) {
+	f.driverTokens = make([]string, f.nodes)
+	f.parallel("creating a node", f.nodes, func(i int) error {
+		_, err := f.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName(i),
+			Labels: map[string]string{"kubernetes.io/hostname": nodeName(i), "kubernetes.io/os": "linux"}}}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		p, err := f.controller.CoreV1().Pods("kube-system").Create(ctx, driverPod(i), metav1.CreateOptions{FieldManager: "kube-controller-manager"})
+		if err != nil {
+			return err
+		}
+		running(p)
+		if err := asNode(ctx, func() error {
+			_, err := f.kubelets[i].CoreV1().Pods("kube-system").UpdateStatus(ctx, p, metav1.UpdateOptions{FieldManager: "kubelet"})
+			return err
+		}); err != nil {
+			return fmt.Errorf("driver pod status as the kubelet: %w", err)
+		}
+		return asNode(ctx, func() error {
+			tr, err := f.kubelets[i].CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, daemonSetName, &authenticationv1.TokenRequest{
+				Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3607)),
+					BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}}}, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("the driver's token bound to its pod, as the kubelet: %w", err)
+			}
+			f.driverTokens[i] = tr.Status.Token
+			return nil
+		})
+	})
+}
+
+// driverPod is node i's pod of the driver's DaemonSet.
+func driverPod(i int) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: daemonSetName + "-" + nodeName(i), Namespace: "kube-system",
+			Labels: map[string]string{"app.kubernetes.io/name": "ephemera-scratch", "app.kubernetes.io/component": "node"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: daemonSetName,
+				UID: "5c2f9b1e-0000-4a7e-9c51-2f1f4f6f0a01", Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
+		Spec: corev1.PodSpec{NodeName: nodeName(i), ServiceAccountName: daemonSetName,
+			Containers: []corev1.Container{{Name: "driver", Image: "localhost/ephemera-scratch:unreleased",
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")}}}}},
+	}
+}
+
 // report prints the phases' results and writes them to EPHEMERA_FLEET_REPORT.
 func (f *fleet) report(results []phaseResult, began time.Time, phase, outage time.Duration) {
-	report := fmt.Sprintf("## bench-fleet: %d nodes, %d pods per node (%d pods), phases of %s, outage %s; run time %s\n\n",
-		f.nodes, f.pods, f.nodes*f.pods, phase, outage, time.Since(began).Round(time.Second))
+	conns := "a connection of its own per driver and per kubelet-like watcher"
+	if !f.ownConns {
+		conns = "every driver and kubelet-like watcher on one shared connection (EPHEMERA_FLEET_CONNS=shared)"
+	}
+	report := fmt.Sprintf("## bench-fleet: %d nodes, %d pods per node (%d pods, and a driver pod per node), phases of %s, outage %s; run time %s\n\n"+
+		"%s; load average at start %s, at end %s\n\n",
+		f.nodes, f.pods, f.nodes*f.pods, phase, outage, time.Since(began).Round(time.Second), conns, f.loadStart, loadavg())
 	for _, r := range results {
 		report += r.String()
 	}
@@ -317,7 +530,40 @@ func (f *fleet) snap() snapshot {
 	if err != nil {
 		f.t.Logf("scraping /metrics: %v", err)
 	}
-	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), at: time.Now()}
+	rss, peak := f.s.rss()
+	busy, all := machineCPU()
+	return snapshot{series: parseMetrics(text), cpu: f.s.cpuSeconds(), rss: rss, peak: peak, fds: f.s.fds(), selfRSS: selfRSS(), selfCPU: selfCPU(), busy: busy, all: all, at: time.Now()}
+}
+
+// occInterval is how often sampleOccupancy asks for the queues.
+const occInterval = 500 * time.Millisecond
+
+// sampleOccupancy samples the priority levels' queues every occInterval
+// until the returned stop, which formats them.
+func (f *fleet) sampleOccupancy(ctx context.Context) (stop func() string) {
+	ctx, cancel := context.WithCancel(ctx)
+	o := &occupancy{max: map[string]map[string]float64{}, sum: map[string]map[string]float64{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(occInterval)
+		defer tick.Stop()
+		for {
+			if text, err := f.s.get("/debug/api_priority_and_fairness/dump_queues"); err == nil {
+				o.add(text)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() string {
+		cancel()
+		<-done
+		return o.String(occInterval, f.snap())
+	}
 }
 
 // pod is a pod as a ReplicaSet's controller creates it for node i.
@@ -371,39 +617,25 @@ func running(p *corev1.Pod) {
 // as a kubelet: two managedFields entries, as in a real cluster.
 func (f *fleet) createPod(ctx context.Context, i int) (*corev1.Pod, error) {
 	pp := f.pod(i)
-	p, err := f.admin.CoreV1().Pods(pp.Namespace).Create(ctx, pp, metav1.CreateOptions{FieldManager: "kube-controller-manager"})
+	p, err := f.controller.CoreV1().Pods(pp.Namespace).Create(ctx, pp, metav1.CreateOptions{FieldManager: "kube-controller-manager"})
 	if err != nil {
 		return nil, err
 	}
 	running(p)
-	return f.admin.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{FieldManager: "kubelet"})
+	var out *corev1.Pod
+	err = asNode(ctx, func() error {
+		var err error
+		out, err = f.kubelets[i].CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{FieldManager: "kubelet"})
+		return err
+	})
+	return out, err
 }
 
 func (f *fleet) createPods(ctx context.Context) {
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for range 16 {
-		wg.Go(func() {
-			for i := range work {
-				if _, err := f.createPod(ctx, i); err != nil {
-					if failed.Add(1) == 1 {
-						f.t.Errorf("creating a pod: %v", err)
-					}
-				}
-			}
-		})
-	}
-	for range f.pods {
-		for i := range f.nodes {
-			work <- i
-		}
-	}
-	close(work)
-	wg.Wait()
-	if failed.Load() > 0 {
-		f.t.Fatalf("%d pods not created", failed.Load())
-	}
+	f.parallel("creating a pod", f.pods*f.nodes, func(k int) error {
+		_, err := f.createPod(ctx, k%f.nodes)
+		return err
+	})
 }
 
 // startKubelets starts a kubelet-like watcher per node: an informer of the
@@ -412,12 +644,7 @@ func (f *fleet) startKubelets(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range f.nodes {
-		cfg := f.s.config(nodeUser(i), 50, 100)
-		cfg.ContentType = "application/vnd.kubernetes.protobuf"
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			f.t.Fatal(err)
-		}
+		cs := f.kubelets[i]
 		sel := fields.OneTermEqualSelector("spec.nodeName", nodeName(i)).String()
 		lw := &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -457,6 +684,9 @@ func (f *fleet) stopDrivers() {
 	}
 	for _, d := range ds {
 		d.done.Wait()
+		if d.tr != nil {
+			d.tr.CloseIdleConnections()
+		}
 	}
 }
 
@@ -498,15 +728,20 @@ func (f *fleet) waitSynced(d time.Duration) {
 
 // startDriver runs node i's driver components: the pod informer, the startup
 // read of the CSIDriver object, and the event recorder, with the driver's
-// service account and client (kube.NewClient: 5 QPS, bursts of 10).
+// service account (its token bound to the node's driver pod) and client
+// (kube.NewClient: 5 QPS, bursts of 10), on a connection of its own unless
+// EPHEMERA_FLEET_CONNS=shared: as a driver process's, one for all its
+// clients (kube.NewClient's two REST clients share it, as they do client-go's
+// cached transport in the driver).
 func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
-	cfg := f.s.config(driverSA, 5, 10)
+	cfg := f.s.tokenConfig(f.driverTokens[i], "ephemera-scratch-node/"+nodeName(i), 5, 10, f.ownConns)
 	client, err := kube.NewClient(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &driverSim{cancel: cancel}
+	d.tr, _ = cfg.Transport.(*http.Transport)
 	rec, err := events.New(events.Options{Client: client.Events(), DriverName: driverName, NodeName: nodeName(i)})
 	if err != nil {
 		f.t.Fatal(err)
@@ -545,9 +780,28 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 		var n int
 		var ferr error
 		fleetSize = func(ctx context.Context) (int, error) {
-			once.Do(func() { n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName) })
+			once.Do(func() {
+				if m.remembered {
+					n = f.nodes
+				} else {
+					n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName)
+				}
+				n *= max(m.slower, 1)
+			})
 			return n, ferr
 		}
+	}
+	if m.remembered {
+		// As the scratch driver's fleetSizeMemory: the current size read
+		// at a random point of the remembered size's window, for the next
+		// start.
+		d.done.Go(func() {
+			if sleep(ctx, rand.N(kube.FleetStartJitter(f.nodes*max(m.slower, 1)))) {
+				if _, err := client.DaemonSetSize(ctx, "kube-system", daemonSetName); err != nil && ctx.Err() == nil {
+					f.fleetSizeErrors.Add(1)
+				}
+			}
+		})
 	}
 	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: nodeName(i), StartJitter: orNone(m.jitter), FleetSize: fleetSize})
 	if err != nil {
@@ -625,7 +879,7 @@ func (f *fleet) churn(ctx context.Context, d time.Duration) {
 			for {
 				p, err := f.createPod(ctx, i)
 				if err == nil {
-					_ = f.admin.CoreV1().Pods(p.Namespace).Delete(context.WithoutCancel(ctx), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+					_ = f.controller.CoreV1().Pods(p.Namespace).Delete(context.WithoutCancel(ctx), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 				}
 				select {
 				case <-ctx.Done():
@@ -643,21 +897,24 @@ func (f *fleet) churn(ctx context.Context, d time.Duration) {
 // drivers' without their FlowSchema) until the returned stop, which reports
 // the latencies.
 func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
-	cfg := f.s.config(kubeSysSA, 100, 100)
-	// A connection of its own, as CoreDNS has: client-go shares one HTTP/2
-	// connection between every client of the same TLS settings (its
-	// transport cache does not key on the token), so without a dialer of its
-	// own the probe's requests would queue behind the simulated drivers' and
-	// kubelets' in the test process, not only in the API server.
-	cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	// A connection of its own, as CoreDNS has, whatever EPHEMERA_FLEET_CONNS:
+	// the probe's requests queue in the API server only.
+	cfg := f.s.tokenConfig(f.probeToken, "coredns", 100, 100, true)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	// Its connection (TLS handshake, token check) set up before the clock
+	// starts, as CoreDNS's long-lived one is.
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		f.t.Logf("kube-system client's first request: %v", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var lat []time.Duration
+	var slow []string // when the requests over 100 ms started, from the probe's start
 	var errs int
 	done := make(chan struct{})
+	begin := time.Now()
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
@@ -669,19 +926,30 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 			if err != nil {
 				errs++
 			}
-			lat = append(lat, time.Since(t0))
+			d := time.Since(t0)
+			lat = append(lat, d)
+			if d > 100*time.Millisecond {
+				slow = append(slow, fmt.Sprintf("+%.1fs %s", t0.Sub(begin).Seconds(), d.Round(time.Millisecond)))
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	return func() string {
 		cancel()
 		<-done
+		if tr, ok := cfg.Transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
 		if len(lat) == 0 {
 			return "no request"
 		}
 		slices.Sort(lat)
 		q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(100 * time.Microsecond) }
-		return fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond))
+		out := fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s; %d over 100 ms", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond), len(slow))
+		if len(slow) > 0 {
+			out += " (from the client's start: " + strings.Join(slow[:min(len(slow), 24)], ", ") + ")"
+		}
+		return out
 	}
 }
 
