@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -182,6 +183,9 @@ type soak struct {
 	churnRNG *rand.Rand
 	plugins  []*soakPlugin
 	kinds    []faultKind // the fault table of this soak
+	// deployments: soakDeployments, and soakUsernsDeployment where the node
+	// has user namespaces.
+	deployments map[string]int
 
 	stateFS                string         // the state dir's own filesystem (state-dir-full)
 	logind                 *logind.Logind // the soak node's (graceful-node-shutdown)
@@ -285,6 +289,7 @@ func TestSoak(t *testing.T) {
 	if s.kinds, err = selectKinds(length); err != nil {
 		t.Fatal(err)
 	}
+	s.deployments = maps.Clone(soakDeployments)
 	s.setup(ctx)
 	s.start = time.Now() // the soak's length counts from here
 	defer func() {
@@ -427,6 +432,11 @@ func (s *soak) setup(ctx context.Context) {
 		}
 		t.Cleanup(undo)
 	}
+	if why := s.setupUserns(ctx); why != "" {
+		s.logf("no hostUsers: false workload: %s", why)
+	} else {
+		s.deployments[soakUsernsDeployment] = 2
+	}
 	var names []string
 	for _, k := range s.kinds {
 		names = append(names, k.name)
@@ -481,20 +491,34 @@ func soakVolumes() map[string][]corev1.Volume {
 		"xfs":     {csiVolume("xfs", map[string]string{"backend": "loop", "size": "300Mi", "fsType": "xfs"}), roVol(tmpfsVolume("ro", "1Mi"))},
 		"slow":    {csiVolume("slow", map[string]string{"backend": "slow", "size": "1Mi"}), tmpfsVolume("tmp", "1Mi")},
 		"control": {memoryEmptyDir("m1"), memoryEmptyDir("m2")},
+		// user 1000, group 2000, fsGroup 3000 in the pod's user namespace.
+		soakUsernsDeployment: {tmpfsVolume("tmp", "2Mi"), csiVolume("dir", map[string]string{"backend": "dir"}),
+			roVol(csiVolume("gen", map[string]string{"backend": "gen", "size": "1Mi"}))},
 	}
 }
 
-// soakDeployments are the Deployments and their largest scale.
+// soakDeployments are the Deployments and their largest scale
+// (soakUsernsDeployment joins them where the node has user namespaces).
 var soakDeployments = map[string]int{"mixed": 4, "xfs": 2, "slow": 2, "control": 4}
+
+// soakUsernsDeployment: pods with hostUsers: false (their volumes ID-mapped
+// by the runtime) through the RuntimeClass usernsHandler, up to 2.
+const soakUsernsDeployment = "userns"
+
+// deploymentNames are the soak's Deployments, sorted.
+func (s *soak) deploymentNames() []string {
+	names := make([]string, 0, len(s.deployments))
+	for n := range s.deployments {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
 
 func (s *soak) createWorkloads(ctx context.Context) {
 	t, c := s.t, s.c
 	vols := soakVolumes()
-	names := make([]string, 0, len(soakDeployments))
-	for n := range soakDeployments {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := s.deploymentNames()
 	for _, n := range names {
 		labels := map[string]string{"soak": n}
 		if n != "control" {
@@ -503,6 +527,16 @@ func (s *soak) createWorkloads(ctx context.Context) {
 		tmpl := s.soakPodSpec(labels, vols[n], false)
 		if n == "mixed" {
 			tmpl.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptrTo(int64(2000))}
+		}
+		if n == soakUsernsDeployment {
+			// The API server refuses hostNetwork with hostUsers: false: the
+			// node's pod network (writePodNetwork).
+			tmpl.Spec.HostNetwork = false
+			tmpl.Spec.HostUsers = ptrTo(false)
+			tmpl.Spec.RuntimeClassName = ptrTo(usernsHandler)
+			tmpl.Spec.SecurityContext = &corev1.PodSecurityContext{
+				RunAsUser: ptrTo(int64(usernsUID)), RunAsGroup: ptrTo(int64(usernsGID)), FSGroup: ptrTo(int64(usernsFSGroup)),
+			}
 		}
 		dep := &appsv1.Deployment{
 			ObjectMeta: metav1.ObjectMeta{Name: "soak-" + n, Namespace: soakNS},
@@ -529,13 +563,13 @@ func (s *soak) createWorkloads(ctx context.Context) {
 	if _, err := c.cs.AppsV1().DaemonSets(soakNS).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create DaemonSet: %v", err)
 	}
-	s.logf("workloads created: Deployments %v (scale up to %v), DaemonSet soak-ds", names, soakDeployments)
+	s.logf("workloads created: Deployments %v (scale up to %v), DaemonSet soak-ds", names, s.deployments)
 }
 
 // churn scales the Deployments, starts Jobs and deletes the DaemonSet's pod,
 // one action every 3-8 s (seeded); errors (an API server down) are logged.
 func (s *soak) churn(ctx context.Context) {
-	names := []string{"control", "mixed", "slow", "xfs"}
+	names := s.deploymentNames()
 	jobs := 0
 	for {
 		select {
@@ -548,7 +582,7 @@ func (s *soak) churn(ctx context.Context) {
 		switch a := s.churnRNG.IntN(10); {
 		case a < 6:
 			n := names[s.churnRNG.IntN(len(names))]
-			r := int32(s.churnRNG.IntN(soakDeployments[n] + 1))
+			r := int32(s.churnRNG.IntN(s.deployments[n] + 1))
 			what = fmt.Sprintf("scale soak-%s to %d", n, r)
 			_, err = s.c.cs.AppsV1().Deployments(soakNS).UpdateScale(ctx, "soak-"+n, &autoscalingv1.Scale{
 				ObjectMeta: metav1.ObjectMeta{Name: "soak-" + n, Namespace: soakNS}, Spec: autoscalingv1.ScaleSpec{Replicas: r}}, metav1.UpdateOptions{})
@@ -1143,7 +1177,7 @@ func (s *soak) teardownWorkloads(ctx context.Context) {
 	c := s.c
 	bg := metav1.DeletePropagationBackground
 	t0 := time.Now()
-	for n := range soakDeployments {
+	for n := range s.deployments {
 		_ = c.cs.AppsV1().Deployments(soakNS).Delete(ctx, "soak-"+n, metav1.DeleteOptions{PropagationPolicy: &bg})
 	}
 	_ = c.cs.AppsV1().DaemonSets(soakNS).Delete(ctx, "soak-ds", metav1.DeleteOptions{PropagationPolicy: &bg})
