@@ -80,7 +80,8 @@ func (s *soak) scheduled(name string) bool {
 func (s *soak) setupStateFS(ctx context.Context) (func(), error) {
 	c, d := s.c, s.d
 	img := filepath.Join(c.root, "soak-state.img")
-	mp := filepath.Join(c.root, "soak", "state")
+	// Not below the plugins' directory (c.root/soak), which must end empty.
+	mp := filepath.Join(c.root, "soak-state")
 	if err := os.MkdirAll(mp, 0o700); err != nil {
 		return nil, err
 	}

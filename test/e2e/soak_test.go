@@ -1342,7 +1342,8 @@ func (s *soak) report(length time.Duration) string {
 		counts = append(counts, fmt.Sprintf("%s %d", k.name, n))
 	}
 	fmt.Fprintf(&b, "\nFaults injected (%d rounds planned): %s.\n", soakRoundsFor(length), strings.Join(counts, ", "))
-	fmt.Fprintf(&b, "\nChurn and faults ran %v; load average (1, 5, 15 min) at the start and the end of the churn: %v.\n", s.churned.Round(time.Second), s.load)
+	load := strings.Join(s.load, " at the start, ")
+	fmt.Fprintf(&b, "\nChurn and faults ran %v; load average (1, 5, 15 min): %s at the end.\n", s.churned.Round(time.Second), load)
 	fmt.Fprintf(&b, "\nDriver goroutines (idle before the workloads, after each calm gap, idle at the end): %v\n", s.goroutines)
 	fmt.Fprintf(&b, "\nTimeline:\n\n```\n%s\n```\n", strings.Join(s.timeline, "\n"))
 	if len(s.violations) > 0 {
