@@ -212,7 +212,10 @@ soak: build-static
 	  EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e/
 
-## soak-short: the soak for 3 minutes (make test's step after e2e: every fault kind once; about 4 min with the bring-up)
+## soak-short: the soak for 3 minutes (make test's step after e2e; about 4 min with the bring-up): the fast fault kinds once
+## each (driver SIGKILL and restart, kubelet, containerd and API server restart, plugin crash and flap); plugin hang, state
+## dir full, node reboot, graceful node shutdown, driver rollback and upgrade and the 2-minute API server outage run in
+## soaks of 10 minutes or more (SOAK=30m: every kind at least 5 times)
 soak-short:
 	@$(MAKE) --no-print-directory soak SOAK=3m SOAK_TIMEOUT=20m
 
