@@ -1283,8 +1283,8 @@ func (s *soak) report(length time.Duration) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Soak report\n\nseed %d, %v of churn and faults (EPHEMERA_SOAK=%v), %s, %d pods of the workloads, %d invariant violations; written %s\n\n",
-		s.seed, length, length, s.c.k8sVersion, len(s.pods), len(s.violations), time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "# Soak report\n\nseed %d, %v of churn and faults (EPHEMERA_SOAK=%v), %s, %d pods of the workloads (Deployments %v, DaemonSet soak-ds, Jobs), %d invariant violations; written %s\n\n",
+		s.seed, length, length, s.c.k8sVersion, len(s.pods), s.deploymentNames(), len(s.violations), time.Now().UTC().Format(time.RFC3339))
 	b.WriteString("| phase | faults | inline pods: created → Running p50 / p99 (n) | emptyDir control p50 / p99 (n) | slow-plugin pods p50 / p99 (n) | NodePublishVolume by code | NodeUnpublishVolume by code | worst wait for a volume after the fault cleared (pods that waited) | peak driver RSS |\n|---|---|---|---|---|---|---|---|---|\n")
 	phases := make([]string, 0, len(s.stats))
 	for p := range s.stats {
