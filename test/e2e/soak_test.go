@@ -64,7 +64,7 @@ const (
 	// shipped DaemonSet (docs/operations.md, "the memory plan").
 	soakMemoryPlan = 320 << 20
 	// soakSettle is the calm kept after a fault has cleared before the next.
-	soakSettle = 5 * time.Second
+	soakSettle = 3 * time.Second
 )
 
 // faultKind is one row of the fault table. inject performs the fault and
