@@ -751,10 +751,11 @@ func (s *soak) runSchedule(ctx context.Context, length time.Duration) {
 			left := rounds*len(kinds) - done
 			gap := 2 * time.Second
 			if left > 0 {
-				per := time.Until(end) / time.Duration(left)
-				if done > 0 {
-					per -= spent / time.Duration(done)
-				}
+				// Less what a fault and its settle take: the mean so far,
+				// weighed with a prior of 20 s for 5 faults (the first
+				// faults alone would say little: a SIGKILL takes 3 s, the
+				// outage 2 minutes).
+				per := time.Until(end)/time.Duration(left) - (spent+5*20*time.Second)/time.Duration(done+5)
 				gap = min(max(per, 2*time.Second), 25*time.Second)
 			} else {
 				gap = time.Duration(10+s.faultRNG.IntN(16)) * time.Second
