@@ -198,6 +198,8 @@ e2e: build-static $(if $(filter beside,$(E2E_IMAGE)),,image)
 ## report per phase goes to $(OUT)/soak-report.md (test/e2e/README.md, "The soak"). SOAK=30m by default.
 SOAK      ?= 30m
 SOAK_SEED ?=
+# SOAK_FAULTS: only these fault kinds (comma-separated names of the report's table), whatever the length.
+SOAK_FAULTS ?=
 # SOAK_TIMEOUT: go test's -timeout: the soak, the bring-up, the teardown of the workloads and the end checks.
 SOAK_TIMEOUT ?= 60m
 soak: build-static
@@ -206,11 +208,14 @@ soak: build-static
 	@if [ -z "$${EPHEMERA_E2E_K8S_BIN:-}" ]; then .ci/step build-k8s bash -c 'test/e2e/build-k8s.sh >/dev/null'; fi
 	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_CONTAINERD_BIN:-}" ]; then .ci/step build-containerd bash -c 'test/e2e/build-containerd.sh >/dev/null'; fi
 	@if [ "$(CONTAINERD)" = 2 ] && [ -z "$${EPHEMERA_E2E_RUNC_BIN:-}" ]; then .ci/step build-runc bash -c 'test/e2e/build-runc.sh >/dev/null'; fi
-	EPHEMERA_SOAK=$(SOAK) EPHEMERA_SOAK_SEED=$(SOAK_SEED) EPHEMERA_SOAK_REPORT=$(CURDIR)/$(OUT)/soak-report.md \
+	EPHEMERA_SOAK=$(SOAK) EPHEMERA_SOAK_SEED=$(SOAK_SEED) EPHEMERA_SOAK_FAULTS=$(SOAK_FAULTS) EPHEMERA_SOAK_REPORT=$(CURDIR)/$(OUT)/soak-report.md \
 	  EPHEMERA_E2E_CONTAINERD=$(CONTAINERD) EPHEMERA_E2E_DRIVER_BIN=$(CURDIR)/$(BIN)/ephemera-scratch EPHEMERA_E2E_ARTIFACTS=$(OUT)/e2e-logs \
 	  $(GOSTATIC) test -trimpath $(call tags,e2e) -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e/
 
-## soak-short: the soak for 3 minutes (make test's step after e2e: every fault kind once; about 4 min with the bring-up)
+## soak-short: the soak for 3 minutes (make test's step after e2e; about 4 min with the bring-up): the fast fault kinds once
+## each (driver SIGKILL and restart, kubelet, containerd and API server restart, plugin crash and flap); plugin hang, state
+## dir full, node reboot, graceful node shutdown, driver rollback and upgrade and the 2-minute API server outage run in
+## soaks of 10 minutes or more (SOAK=30m: every kind at least 5 times)
 soak-short:
 	@$(MAKE) --no-print-directory soak SOAK=3m SOAK_TIMEOUT=20m
 

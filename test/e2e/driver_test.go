@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +43,9 @@ type driver struct {
 	// caller) that start moves the process into, so that what the kernel
 	// charges to the driver can be read apart from the test's own processes.
 	memCgroup string
+	// dropFlags are flag prefixes args leaves out (an older release started
+	// on this driver's state dir lacks flags this tree's has).
+	dropFlags []string
 	p         *proc
 	logPath   string
 }
@@ -188,6 +192,11 @@ func (d *driver) args(register bool) []string {
 	a = append(a, d.extra...)
 	if register {
 		a = append(a, "--register")
+	}
+	if len(d.dropFlags) > 0 {
+		a = slices.DeleteFunc(a, func(f string) bool {
+			return slices.ContainsFunc(d.dropFlags, func(p string) bool { return strings.HasPrefix(f, p) })
+		})
 	}
 	return a
 }

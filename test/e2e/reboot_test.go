@@ -181,6 +181,18 @@ func (c *cluster) powerOff(t *testing.T, loopDir string) {
 			t.Logf("runc delete --force %s: %v: %s", id.Name(), err, out)
 		}
 	}
+	// The user-namespace handler's containers (a soak's hostUsers: false
+	// pods), with the runc that made them, as teardown does.
+	if bin, err := os.ReadFile(usernsRuncRoot(c.dir) + ".bin"); err == nil {
+		root := filepath.Join(usernsRuncRoot(c.dir), "k8s.io")
+		uids, _ := os.ReadDir(root)
+		for _, id := range uids {
+			if out, err := exec.Command(string(bin), "--root", root, "delete", "--force", id.Name()).CombinedOutput(); err != nil {
+				t.Logf("runc delete --force %s (userns): %v: %s", id.Name(), err, out)
+			}
+		}
+		ids = append(ids, uids...)
+	}
 	// The shims name containerd's socket on their command line; nothing else does.
 	killByCmdline(c.ctrSock)
 	for _, id := range ids {

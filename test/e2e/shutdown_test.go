@@ -69,48 +69,17 @@ func (c *cluster) addShutdownNode(t *testing.T, ns, extra string) *shutdownNode 
 	ctx := context.Background()
 	t0 := time.Now()
 	dir := filepath.Join(c.root, "nodes", "s")
-	busDir := filepath.Join(dir, "dbus")
-	if err := os.MkdirAll(busDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	daemon, err := exec.LookPath("dbus-daemon")
-	if err != nil {
-		t.Fatal("dbus-daemon not installed (test/e2e/install-deps.sh installs Debian's dbus-daemon)")
-	}
-	sock := filepath.Join(busDir, "system_bus_socket")
-	cfg := filepath.Join(busDir, "system.conf")
-	if err := os.WriteFile(cfg, []byte(logind.BusConfig(sock)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	s := &shutdownNode{}
-	s.bus, err = c.startProc("dbus-daemon-s", daemon, []string{"--nofork", "--nopidfile", "--config-file=" + cfg}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var sock string
+	var err error
+	s.bus, s.logind, sock, err = c.startLogind(ctx, filepath.Join(dir, "dbus"), "dbus-daemon-s")
 	t.Cleanup(func() {
 		if s.logind != nil {
 			s.logind.Close()
 		}
-		s.bus.stop(5 * time.Second)
-	})
-	err = waitFor(ctx, 10*time.Second, 20*time.Millisecond, "dbus-daemon listening on "+sock, func() (bool, error) {
-		if s.bus.exited() {
-			return false, stop(fmt.Errorf("dbus-daemon exited, see %s", s.bus.logPath))
+		if s.bus != nil {
+			s.bus.stop(5 * time.Second)
 		}
-		conn, err := net.Dial("unix", sock)
-		if err != nil {
-			return false, nil
-		}
-		conn.Close()
-		return true, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// At least the sum of the grace periods: less, and the kubelet would write
-	// /etc/systemd/logind.conf.d/99-kubelet.conf on this machine.
-	s.logind, err = logind.Start(logind.Address(sock), logind.Options{
-		InhibitDelayMax: (shutdownGraceWorkloads + shutdownGraceCritical + 10) * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +103,50 @@ func (c *cluster) addShutdownNode(t *testing.T, ns, extra string) *shutdownNode 
 	}
 	c.step("shutdown node up, the kubelet holds its delay lock", t0)
 	return s
+}
+
+// startLogind starts a private system bus (a dbus-daemon named proc, its
+// socket and configuration in busDir) and the stand-in logind on it, as a
+// node with graceful node shutdown needs them before its kubelet starts (it
+// connects once, at start). It returns what it started also with an error, for
+// the caller to stop, and the bus's socket.
+func (c *cluster) startLogind(ctx context.Context, busDir, proc string) (*proc, *logind.Logind, string, error) {
+	if err := os.MkdirAll(busDir, 0o755); err != nil {
+		return nil, nil, "", err
+	}
+	daemon, err := exec.LookPath("dbus-daemon")
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("dbus-daemon not installed (test/e2e/install-deps.sh installs Debian's dbus-daemon)")
+	}
+	sock := filepath.Join(busDir, "system_bus_socket")
+	cfg := filepath.Join(busDir, "system.conf")
+	if err := os.WriteFile(cfg, []byte(logind.BusConfig(sock)), 0o644); err != nil {
+		return nil, nil, "", err
+	}
+	bus, err := c.startProc(proc, daemon, []string{"--nofork", "--nopidfile", "--config-file=" + cfg}, nil)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	err = waitFor(ctx, 10*time.Second, 20*time.Millisecond, "dbus-daemon listening on "+sock, func() (bool, error) {
+		if bus.exited() {
+			return false, stop(fmt.Errorf("dbus-daemon exited, see %s", bus.logPath))
+		}
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, nil
+		}
+		conn.Close()
+		return true, nil
+	})
+	if err != nil {
+		return bus, nil, sock, err
+	}
+	// At least the sum of the grace periods: less, and the kubelet would write
+	// /etc/systemd/logind.conf.d/99-kubelet.conf on this machine.
+	l, err := logind.Start(logind.Address(sock), logind.Options{
+		InhibitDelayMax: (shutdownGraceWorkloads + shutdownGraceCritical + 10) * time.Second,
+	})
+	return bus, l, sock, err
 }
 
 // gracefulShutdown announces a shutdown to the node's kubelet

@@ -7,10 +7,12 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ephemera-csi/ephemera/api"
+	"github.com/ephemera-csi/ephemera/test/e2e/logind"
 )
 
 // The soak (issue 45): workloads churn through their real owners (Deployments
@@ -61,7 +64,7 @@ const (
 	// shipped DaemonSet (docs/operations.md, "the memory plan").
 	soakMemoryPlan = 320 << 20
 	// soakSettle is the calm kept after a fault has cleared before the next.
-	soakSettle = 8 * time.Second
+	soakSettle = 3 * time.Second
 )
 
 // faultKind is one row of the fault table. inject performs the fault and
@@ -73,7 +76,10 @@ const (
 type faultKind struct {
 	name    string
 	minSoak time.Duration
-	inject  func(ctx context.Context, s *soak) error
+	// after: the kind this one comes right after in every round (the
+	// upgrade back after the rollback).
+	after  string
+	inject func(ctx context.Context, s *soak) error
 }
 
 func soakFaults() []faultKind {
@@ -116,6 +122,19 @@ func soakFaults() []faultKind {
 			s.c.apiserver.stop(2 * time.Second)
 			time.Sleep(2 * time.Minute)
 			return s.c.startAPIServer(ctx)
+		}},
+		{name: "plugin-hang", minSoak: 10 * time.Minute, inject: func(ctx context.Context, s *soak) error { return s.pluginHang(ctx) }},
+		{name: "plugin-flap", inject: func(ctx context.Context, s *soak) error { return s.pluginFlap(ctx) }},
+		{name: "state-dir-full", minSoak: 10 * time.Minute, inject: func(ctx context.Context, s *soak) error { return s.stateDirFull(ctx) }},
+		{name: "node-reboot", minSoak: 10 * time.Minute, inject: func(ctx context.Context, s *soak) error { return s.nodeReboot(ctx) }},
+		{name: "graceful-node-shutdown", minSoak: 10 * time.Minute, inject: func(ctx context.Context, s *soak) error { return s.gracefulNodeShutdown(ctx) }},
+		// A pair: the rollback to test/e2e/upgrade-from's release, then (the
+		// schedule puts it next) the upgrade back to this tree's driver.
+		{name: "driver-rollback", minSoak: 10 * time.Minute, inject: func(ctx context.Context, s *soak) error {
+			return s.swapDriver(ctx, true)
+		}},
+		{name: "driver-upgrade", minSoak: 10 * time.Minute, after: "driver-rollback", inject: func(ctx context.Context, s *soak) error {
+			return s.swapDriver(ctx, false)
 		}},
 	}
 }
@@ -163,6 +182,17 @@ type soak struct {
 	faultRNG *rand.Rand
 	churnRNG *rand.Rand
 	plugins  []*soakPlugin
+	kinds    []faultKind // the fault table of this soak
+	// deployments: soakDeployments, and soakUsernsDeployment where the node
+	// has user namespaces.
+	deployments map[string]int
+
+	stateFS                string         // the state dir's own filesystem (state-dir-full)
+	logind                 *logind.Logind // the soak node's (graceful-node-shutdown)
+	oldBin, curBin         string         // the drivers swapped by driver-rollback and driver-upgrade
+	oldVersion, curVersion string         // their ephemera_build_info versions
+	load                   []string       // /proc/loadavg at the start and the end of the churn
+	churned                time.Duration  // the churn's length (the schedule may run past the soak's to fit its rounds)
 
 	mu         sync.Mutex
 	phase      string // "calm" or the fault in progress
@@ -256,6 +286,10 @@ func TestSoak(t *testing.T) {
 		phase:    "calm", pods: map[string]*podTrack{}, stats: map[string]*phaseStats{},
 		pending: map[string]time.Time{}, start: time.Now(),
 	}
+	if s.kinds, err = selectKinds(length); err != nil {
+		t.Fatal(err)
+	}
+	s.deployments = maps.Clone(soakDeployments)
 	s.setup(ctx)
 	s.start = time.Now() // the soak's length counts from here
 	defer func() {
@@ -350,19 +384,64 @@ func (s *soak) setup(ctx context.Context) {
 
 	// The driver with the plugins, also across the faults' restarts (start
 	// uses d.extra); the ordinary driver is put back at the end.
-	saved := d.extra
+	saved, savedBin := d.extra, d.bin
 	d.extra = append(append([]string(nil), saved...), "--plugin=gen="+gen.endpoint, "--plugin=slow="+slow.endpoint)
+	if s.scheduled("driver-rollback") {
+		// The build of test/e2e/upgrade-from's commit (TestDriverUpgradeRollback's,
+		// cached), its linux/amd64 binary beside its image.
+		rel := upgradeFromImage(t)
+		s.oldBin = filepath.Join(filepath.Dir(rel.img.layout), "ephemera-scratch")
+		s.oldVersion = rel.version
+		s.curBin = d.bin
+	}
 	d.stop()
-	if err := d.start(ctx); err != nil {
-		t.Fatal(err)
+	var undoStateFS func()
+	if s.scheduled("state-dir-full") {
+		// A full node disk then fails the publish, not the pod's writes into
+		// a loop volume (docs/operations.md).
+		d.extra = append(d.extra, "--loop-preallocate")
+		var err error
+		if undoStateFS, err = s.setupStateFS(ctx); err != nil {
+			t.Fatalf("state-dir-full: %v", err)
+		}
 	}
 	t.Cleanup(func() {
-		d.extra = saved
 		d.stop()
+		if undoStateFS != nil {
+			undoStateFS()
+		}
+		d.extra, d.bin, d.dropFlags = saved, savedBin, nil
 		if err := d.start(context.Background()); err != nil {
 			t.Errorf("restart the driver without the soak's plugins: %v", err)
 		}
 	})
+	if err := d.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := d.scrapeMetrics(ctx); err == nil {
+		for _, x := range m {
+			if x.name == "ephemera_build_info" {
+				s.curVersion = x.labels["version"]
+			}
+		}
+	}
+	if s.scheduled("graceful-node-shutdown") {
+		undo, err := s.setupShutdown(ctx)
+		if err != nil {
+			t.Fatalf("graceful-node-shutdown on the soak's node: %v", err)
+		}
+		t.Cleanup(undo)
+	}
+	if why := s.setupUserns(ctx); why != "" {
+		s.logf("no hostUsers: false workload: %s", why)
+	} else {
+		s.deployments[soakUsernsDeployment] = 2
+	}
+	var names []string
+	for _, k := range s.kinds {
+		names = append(names, k.name)
+	}
+	s.logf("fault kinds: %v; driver %s%s", names, s.curVersion, map[bool]string{true: ", rollback to " + s.oldVersion + " (" + s.oldBin + ")"}[s.oldBin != ""])
 	if err := c.ensureNamespace(ctx, soakNS); err != nil {
 		t.Fatal(err)
 	}
@@ -412,20 +491,34 @@ func soakVolumes() map[string][]corev1.Volume {
 		"xfs":     {csiVolume("xfs", map[string]string{"backend": "loop", "size": "300Mi", "fsType": "xfs"}), roVol(tmpfsVolume("ro", "1Mi"))},
 		"slow":    {csiVolume("slow", map[string]string{"backend": "slow", "size": "1Mi"}), tmpfsVolume("tmp", "1Mi")},
 		"control": {memoryEmptyDir("m1"), memoryEmptyDir("m2")},
+		// user 1000, group 2000, fsGroup 3000 in the pod's user namespace.
+		soakUsernsDeployment: {tmpfsVolume("tmp", "2Mi"), csiVolume("dir", map[string]string{"backend": "dir"}),
+			roVol(csiVolume("gen", map[string]string{"backend": "gen", "size": "1Mi"}))},
 	}
 }
 
-// soakDeployments are the Deployments and their largest scale.
+// soakDeployments are the Deployments and their largest scale
+// (soakUsernsDeployment joins them where the node has user namespaces).
 var soakDeployments = map[string]int{"mixed": 4, "xfs": 2, "slow": 2, "control": 4}
+
+// soakUsernsDeployment: pods with hostUsers: false (their volumes ID-mapped
+// by the runtime) through the RuntimeClass usernsHandler, up to 2.
+const soakUsernsDeployment = "userns"
+
+// deploymentNames are the soak's Deployments, sorted.
+func (s *soak) deploymentNames() []string {
+	names := make([]string, 0, len(s.deployments))
+	for n := range s.deployments {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
 
 func (s *soak) createWorkloads(ctx context.Context) {
 	t, c := s.t, s.c
 	vols := soakVolumes()
-	names := make([]string, 0, len(soakDeployments))
-	for n := range soakDeployments {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := s.deploymentNames()
 	for _, n := range names {
 		labels := map[string]string{"soak": n}
 		if n != "control" {
@@ -434,6 +527,16 @@ func (s *soak) createWorkloads(ctx context.Context) {
 		tmpl := s.soakPodSpec(labels, vols[n], false)
 		if n == "mixed" {
 			tmpl.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptrTo(int64(2000))}
+		}
+		if n == soakUsernsDeployment {
+			// The API server refuses hostNetwork with hostUsers: false: the
+			// node's pod network (writePodNetwork).
+			tmpl.Spec.HostNetwork = false
+			tmpl.Spec.HostUsers = ptrTo(false)
+			tmpl.Spec.RuntimeClassName = ptrTo(usernsHandler)
+			tmpl.Spec.SecurityContext = &corev1.PodSecurityContext{
+				RunAsUser: ptrTo(int64(usernsUID)), RunAsGroup: ptrTo(int64(usernsGID)), FSGroup: ptrTo(int64(usernsFSGroup)),
+			}
 		}
 		dep := &appsv1.Deployment{
 			ObjectMeta: metav1.ObjectMeta{Name: "soak-" + n, Namespace: soakNS},
@@ -460,13 +563,13 @@ func (s *soak) createWorkloads(ctx context.Context) {
 	if _, err := c.cs.AppsV1().DaemonSets(soakNS).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create DaemonSet: %v", err)
 	}
-	s.logf("workloads created: Deployments %v (scale up to %v), DaemonSet soak-ds", names, soakDeployments)
+	s.logf("workloads created: Deployments %v (scale up to %v), DaemonSet soak-ds", names, s.deployments)
 }
 
 // churn scales the Deployments, starts Jobs and deletes the DaemonSet's pod,
 // one action every 3-8 s (seeded); errors (an API server down) are logged.
 func (s *soak) churn(ctx context.Context) {
-	names := []string{"control", "mixed", "slow", "xfs"}
+	names := s.deploymentNames()
 	jobs := 0
 	for {
 		select {
@@ -479,7 +582,7 @@ func (s *soak) churn(ctx context.Context) {
 		switch a := s.churnRNG.IntN(10); {
 		case a < 6:
 			n := names[s.churnRNG.IntN(len(names))]
-			r := int32(s.churnRNG.IntN(soakDeployments[n] + 1))
+			r := int32(s.churnRNG.IntN(s.deployments[n] + 1))
 			what = fmt.Sprintf("scale soak-%s to %d", n, r)
 			_, err = s.c.cs.AppsV1().Deployments(soakNS).UpdateScale(ctx, "soak-"+n, &autoscalingv1.Scale{
 				ObjectMeta: metav1.ObjectMeta{Name: "soak-" + n, Namespace: soakNS}, Spec: autoscalingv1.ScaleSpec{Replicas: r}}, metav1.UpdateOptions{})
@@ -608,77 +711,142 @@ func (s *soak) watchPods(ctx context.Context) func() {
 	return func() { close(stop); f.Shutdown() }
 }
 
-// runSchedule alternates calm gaps (10-25 s, seeded) with faults (the fault
-// table shuffled by the seed, each kind once per round) until the soak's time
-// is up.
+// soakRoundsFor is how many rounds of the fault table a soak of this length
+// runs at least: one per 6 minutes (a 30-minute soak: 5, every kind at least
+// 5 times), one for a shorter one. The schedule runs on past the soak's
+// length to finish them.
+func soakRoundsFor(length time.Duration) int {
+	return max(1, int(length/(6*time.Minute)))
+}
+
+// runSchedule alternates calm gaps with faults: rounds of the fault table
+// shuffled by the seed (a kind with after right behind that one), each kind
+// once per round. It runs soakRoundsFor(length) rounds, the gaps sized to end
+// them at the soak's length (2-25 s, seeded jitter; shorter than 2 s never:
+// the schedule then runs past the length), then more rounds while time is
+// left.
 func (s *soak) runSchedule(ctx context.Context, length time.Duration) {
-	var kinds []faultKind
-	for _, k := range soakFaults() {
-		if length >= k.minSoak {
-			kinds = append(kinds, k)
-		}
-	}
+	kinds := s.kinds
+	rounds := soakRoundsFor(length)
 	end := s.start.Add(length)
+	s.load = append(s.load, loadAvg())
+	defer func() {
+		s.churned = time.Since(s.start)
+		s.load = append(s.load, loadAvg())
+	}()
 	// A first calm: the workloads start.
 	first := time.Now().Add(20 * time.Second)
 	if first.After(end) {
 		first = end
 	}
 	s.sleepUntil(first)
-	for round := 0; time.Now().Before(end); round++ {
-		order := s.faultRNG.Perm(len(kinds))
-		for _, i := range order {
-			k := kinds[i]
-			gap := time.Duration(10+s.faultRNG.IntN(16)) * time.Second
-			if length < 10*time.Minute {
-				// A short soak: every kind once.
-				gap = time.Duration(4+s.faultRNG.IntN(7)) * time.Second
-			}
-			if time.Until(end) < gap+20*time.Second {
-				s.sleepUntil(end)
-				return
-			}
-			s.sleepUntil(time.Now().Add(gap))
-			s.scrapeInto("calm")
-			s.mu.Lock()
-			if m := s.lastScrape; m != nil {
-				s.goroutines = append(s.goroutines, m.sum("go_goroutines", nil))
-			}
-			s.mu.Unlock()
-			s.burst(ctx)
-			s.mu.Lock()
-			s.phase, s.faultOn, s.faultStart = k.name, true, time.Now()
-			s.phaseStats(k.name).faults++
-			s.mu.Unlock()
-			s.logf("fault %s: inject", k.name)
-			t0 := time.Now()
-			fctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			err := k.inject(fctx, s)
-			cancel()
-			if err != nil {
-				s.fail("fault %s did not clear: %v", k.name, err)
-				s.sleepUntil(end)
-				return
-			}
-			now := time.Now()
-			s.mu.Lock()
-			s.faultOn, s.lastClear = false, now
-			s.faultTime += now.Sub(s.faultStart)
-			for _, pt := range s.pods {
-				if pt.running.IsZero() && !pt.deleted {
-					pt.waitedAfter, pt.clearedAt = k.name, now
+	done := 0
+	var spent time.Duration // in faults and their settle
+	for round := 0; ; round++ {
+		if round >= rounds && time.Now().After(end) {
+			return
+		}
+		order := s.roundOrder(kinds)
+		for _, k := range order {
+			left := rounds*len(kinds) - done
+			gap := 2 * time.Second
+			if left > 0 {
+				// Less what a fault and its settle take: the mean so far,
+				// weighed with a prior of 20 s for 5 faults (the first
+				// faults alone would say little: a SIGKILL takes 3 s, the
+				// outage 2 minutes).
+				per := time.Until(end)/time.Duration(left) - (spent+5*20*time.Second)/time.Duration(done+5)
+				gap = min(max(per, 2*time.Second), 25*time.Second)
+			} else {
+				gap = time.Duration(10+s.faultRNG.IntN(16)) * time.Second
+				if time.Until(end) < gap+20*time.Second {
+					s.sleepUntil(end)
+					return
 				}
 			}
-			s.mu.Unlock()
-			s.logf("fault %s: cleared after %v", k.name, now.Sub(t0).Round(100*time.Millisecond))
-			// The pods it held up start; then the phase ends.
-			s.sleepUntil(time.Now().Add(soakSettle))
-			s.scrapeInto(k.name)
-			s.mu.Lock()
-			s.phase = "calm"
-			s.mu.Unlock()
+			// Seeded jitter: 75-125 %.
+			gap = gap * time.Duration(75+s.faultRNG.IntN(51)) / 100
+			s.sleepUntil(time.Now().Add(gap))
+			t0 := time.Now()
+			if !s.inject(ctx, k) {
+				s.sleepUntil(end)
+				return
+			}
+			done++
+			spent += time.Since(t0)
 		}
 	}
+}
+
+// roundOrder is the fault table shuffled by the seed, each kind with after
+// moved right behind that kind.
+func (s *soak) roundOrder(kinds []faultKind) []faultKind {
+	var order, later []faultKind
+	for _, i := range s.faultRNG.Perm(len(kinds)) {
+		if kinds[i].after != "" {
+			later = append(later, kinds[i])
+		} else {
+			order = append(order, kinds[i])
+		}
+	}
+	for _, k := range later {
+		at := slices.IndexFunc(order, func(o faultKind) bool { return o.name == k.after })
+		order = slices.Insert(order, at+1, k)
+	}
+	return order
+}
+
+// inject runs one fault: the burst, the fault, its settle; false when it did
+// not clear (a violation; the schedule ends).
+func (s *soak) inject(ctx context.Context, k faultKind) bool {
+	s.scrapeInto("calm")
+	s.mu.Lock()
+	if m := s.lastScrape; m != nil {
+		s.goroutines = append(s.goroutines, m.sum("go_goroutines", nil))
+	}
+	s.mu.Unlock()
+	s.burst(ctx)
+	s.mu.Lock()
+	s.phase, s.faultOn, s.faultStart = k.name, true, time.Now()
+	s.phaseStats(k.name).faults++
+	s.mu.Unlock()
+	s.logf("fault %s: inject", k.name)
+	t0 := time.Now()
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	err := k.inject(fctx, s)
+	cancel()
+	if err != nil {
+		s.fail("fault %s did not clear: %v", k.name, err)
+		return false
+	}
+	now := time.Now()
+	s.mu.Lock()
+	s.faultOn, s.lastClear = false, now
+	s.faultTime += now.Sub(s.faultStart)
+	for _, pt := range s.pods {
+		if pt.running.IsZero() && !pt.deleted {
+			pt.waitedAfter, pt.clearedAt = k.name, now
+		}
+	}
+	s.mu.Unlock()
+	s.logf("fault %s: cleared after %v", k.name, now.Sub(t0).Round(100*time.Millisecond))
+	// The pods it held up start; then the phase ends.
+	s.sleepUntil(time.Now().Add(soakSettle))
+	s.scrapeInto(k.name)
+	s.mu.Lock()
+	s.phase = "calm"
+	s.mu.Unlock()
+	return true
+}
+
+// loadAvg is /proc/loadavg's first three fields.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func (s *soak) sleepUntil(t time.Time) {
@@ -1010,7 +1178,7 @@ func (s *soak) teardownWorkloads(ctx context.Context) {
 	c := s.c
 	bg := metav1.DeletePropagationBackground
 	t0 := time.Now()
-	for n := range soakDeployments {
+	for n := range s.deployments {
 		_ = c.cs.AppsV1().Deployments(soakNS).Delete(ctx, "soak-"+n, metav1.DeleteOptions{PropagationPolicy: &bg})
 	}
 	_ = c.cs.AppsV1().DaemonSets(soakNS).Delete(ctx, "soak-ds", metav1.DeleteOptions{PropagationPolicy: &bg})
@@ -1116,8 +1284,8 @@ func (s *soak) report(length time.Duration) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Soak report\n\nseed %d, %v of churn and faults (EPHEMERA_SOAK=%v), %s, %d pods of the workloads, %d invariant violations; written %s\n\n",
-		s.seed, length, length, s.c.k8sVersion, len(s.pods), len(s.violations), time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "# Soak report\n\nseed %d, %v of churn and faults (EPHEMERA_SOAK=%v), %s, %d pods of the workloads (Deployments %v, DaemonSet soak-ds, Jobs), %d invariant violations; written %s\n\n",
+		s.seed, length, length, s.c.k8sVersion, len(s.pods), s.deploymentNames(), len(s.violations), time.Now().UTC().Format(time.RFC3339))
 	b.WriteString("| phase | faults | inline pods: created → Running p50 / p99 (n) | emptyDir control p50 / p99 (n) | slow-plugin pods p50 / p99 (n) | NodePublishVolume by code | NodeUnpublishVolume by code | worst wait for a volume after the fault cleared (pods that waited) | peak driver RSS |\n|---|---|---|---|---|---|---|---|---|\n")
 	phases := make([]string, 0, len(s.stats))
 	for p := range s.stats {
@@ -1166,6 +1334,17 @@ func (s *soak) report(length time.Duration) string {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", p, ps.faults, lat(ps.inline), lat(ps.control), lat(ps.slow),
 			codes(ps, "NodePublishVolume"), codes(ps, "NodeUnpublishVolume"), wait, rss)
 	}
+	var counts []string
+	for _, k := range s.kinds {
+		n := 0
+		if ps := s.stats[k.name]; ps != nil {
+			n = ps.faults
+		}
+		counts = append(counts, fmt.Sprintf("%s %d", k.name, n))
+	}
+	fmt.Fprintf(&b, "\nFaults injected (%d rounds planned): %s.\n", soakRoundsFor(length), strings.Join(counts, ", "))
+	load := strings.Join(s.load, " at the start, ")
+	fmt.Fprintf(&b, "\nChurn and faults ran %v; load average (1, 5, 15 min): %s at the end.\n", s.churned.Round(time.Second), load)
 	fmt.Fprintf(&b, "\nDriver goroutines (idle before the workloads, after each calm gap, idle at the end): %v\n", s.goroutines)
 	fmt.Fprintf(&b, "\nTimeline:\n\n```\n%s\n```\n", strings.Join(s.timeline, "\n"))
 	if len(s.violations) > 0 {
