@@ -323,8 +323,12 @@ func selfRSS() float64 {
 }
 
 // selfCPU is the simulating process's user+system CPU seconds.
-func selfCPU() float64 {
-	b, err := os.ReadFile("/proc/self/stat")
+func selfCPU() float64 { return procCPU("/proc/self/stat") }
+
+// procCPU is the user+system CPU seconds in a /proc/PID/stat file (0 if it
+// cannot be read).
+func procCPU(statFile string) float64 {
+	b, err := os.ReadFile(statFile)
 	if err != nil {
 		return 0
 	}
@@ -418,13 +422,5 @@ func (s *apiServer) cpuSeconds() float64 {
 	if s.api == nil || s.api.Process == nil {
 		return 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.api.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	var ut, st float64
-	fmt.Sscan(f[11], &ut)
-	fmt.Sscan(f[12], &st)
-	return (ut + st) / 100 // USER_HZ
+	return procCPU(fmt.Sprintf("/proc/%d/stat", s.api.Process.Pid))
 }
