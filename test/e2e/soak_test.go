@@ -964,8 +964,7 @@ func (s *soak) checkOnce(ctx context.Context) {
 	kp, kerr := s.kubeletPods(ctx)
 	if known != nil || kerr == nil {
 		for _, m := range mounts {
-			rel, _ := filepath.Rel(podsDir, m.MountPoint)
-			uid := strings.SplitN(rel, "/", 2)[0]
+			uid := s.podOfTarget(m.MountPoint)
 			if (known != nil && known[uid]) || kp[uid] || (known == nil || kerr != nil) && !s.faultQuiet() {
 				continue
 			}
