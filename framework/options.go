@@ -598,10 +598,11 @@ type ObservabilityOptions struct {
 	// Defaults to DefaultCSIDriverCheckJitter when zero; negative: none.
 	CSIDriverCheckJitter time.Duration
 	// FleetSize, when set, returns how many drivers may start at once with
-	// this one: its DaemonSet's desiredNumberScheduled (kube.Client's
-	// DaemonSetSize). The startup check then asks it once, after a random
-	// fraction of CSIDriverCheckJitter, and waits the same fraction of the
-	// rest of a window that grows with the fleet, 25 ms per driver
+	// this one: its DaemonSet's desiredNumberScheduled, kube.FleetSize's
+	// Size (shared with kube.PodsOptions.FleetSize: one answer per start).
+	// The startup check then asks it once, after a random fraction of
+	// CSIDriverCheckJitter, and reads at the same fraction of a window that
+	// grows with the fleet (or at once if the answer came later), 25 ms per driver
 	// (about 40 reads a second fleet-wide, at most five minutes), no shorter
 	// than CSIDriverCheckJitter: the same window as kube.PodsOptions.FleetSize
 	// gives the pod informer's first list. An error leaves

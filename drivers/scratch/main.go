@@ -5,15 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -182,95 +179,8 @@ func fleetDaemonSet(flagValue, nsFile string) (namespace, name string, err error
 }
 
 // fleetSizeFile is the file of the state directory that remembers the
-// DaemonSet's size from the last start (fleetSizeMemory).
+// DaemonSet's size from the last start (kube.FleetSizeOptions.Path).
 const fleetSizeFile = "fleet-size"
-
-// fleetSizeMemory is --fleet-daemonset's size, read once per start and
-// remembered in a file of the state directory for the next start. A start
-// that finds it answers from it, without a request: the driver's first
-// request is then its list (or CSIDriver read), spread over the fleet's
-// window, where the size read itself would make every driver's first
-// request (its TLS handshake, its token's check, the GET) fall in the first
-// 5 s of a fleet-wide restart, N/5 a second: the storm's slow requests in
-// the fleet simulation (docs/operations.md, "At fleet scale"). Run then reads
-// the current size, at a random point of that window, for the next start.
-type fleetSizeMemory struct {
-	path string
-	get  func(ctx context.Context) (int, error)
-
-	once sync.Once
-	n    int
-	err  error
-	// delay picks Run's wait below the window; tests set it.
-	delay func(max time.Duration) time.Duration
-}
-
-// Size answers framework.ObservabilityOptions.FleetSize and
-// kube.PodsOptions.FleetSize: the remembered size, or one read (remembered
-// when it succeeds).
-func (m *fleetSizeMemory) Size(ctx context.Context) (int, error) {
-	m.once.Do(func() {
-		if n := m.remembered(); n > 0 {
-			m.n = n
-			return
-		}
-		m.n, m.err = m.get(ctx)
-		if m.err == nil {
-			m.remember(m.n)
-		}
-	})
-	return m.n, m.err
-}
-
-// Run refreshes the remembered size when this start found one: after a
-// random part of its window, one read, written for the next start. Then it
-// waits for ctx.
-func (m *fleetSizeMemory) Run(ctx context.Context) error {
-	if n := m.remembered(); n > 0 {
-		delay := m.delay
-		if delay == nil {
-			delay = func(max time.Duration) time.Duration { return rand.N(max) }
-		}
-		t := time.NewTimer(delay(kube.FleetStartJitter(n)))
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if n, err := m.get(ctx); err == nil {
-			m.remember(n)
-		}
-	}
-	<-ctx.Done()
-	return nil
-}
-
-// remembered is the size in the file, 0 when there is none (or not a
-// positive number).
-func (m *fleetSizeMemory) remembered() int {
-	b, err := os.ReadFile(m.path)
-	if err != nil {
-		return 0
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || n <= 0 {
-		return 0
-	}
-	return n
-}
-
-// remember writes n to the file, through a temporary file and a rename; a
-// failure leaves the next start to read the size again.
-func (m *fleetSizeMemory) remember(n int) {
-	tmp := m.path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(n)+"\n"), 0o600); err != nil {
-		return
-	}
-	if err := os.Rename(tmp, m.path); err != nil {
-		_ = os.Remove(tmp)
-	}
-}
 
 // startupTaintEnv is --startup-taint's default: deploy/components/startup-taint
 // sets it on the driver container by name, which kustomize can patch in any
@@ -304,7 +214,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.version, "version", false, "Print the version, git commit and Go version, and exit (also: ephemera-scratch version).")
 	fs.Var(&c.plugins, "plugin", "An out-of-process plugin as a backend: NAME=unix:///path/plugin.sock[,dir=/shared/dir] (repeatable). Pods select it with \"backend: NAME\"; NAME may not be a built-in backend. A plugin without storage of its own gets a tmpfs sized like tmpfs volumes (--default-size, --tmpfs-max-inodes, --max-volume-size); dir= is the directory below which the plugin's directories are bind-mounted: one of its own, not /, nor in, above or below /proc, /sys, /dev, --kubelet-root, --state-dir, a socket or another plugin's dir= (refused at start).")
 	fs.StringVar(&c.api.startupTaint, "startup-taint", os.Getenv(startupTaintEnv), "Key of a taint (e.g. ephemera.dev/scratch-not-ready) that node provisioning puts on new nodes (kubelet --register-with-taints, or an autoscaler's startup taints) so that no pod is scheduled there before the driver can serve it: the driver removes every taint with this key from its own node once the kubelet has registered it (the node's CSINode lists the driver), and no other. Needs get and patch on nodes and get on csinodes (deploy/: the startup-taint component, with its admission policy). Defaults to $EPHEMERA_STARTUP_TAINT; empty: none.")
-	fs.StringVar(&c.api.fleetDaemonSet, "fleet-daemonset", "", "The driver's DaemonSet, NAME (in the pod's namespace) or NAMESPACE/NAME: with --events or --gc-confirm-with-api the driver reads its size (status.desiredNumberScheduled, one GET from the API server's cache; needs get on daemonsets.apps) at every start, remembered in the state directory (fleet-size) so that the next start needs no request for it before its first list, and spreads the start-up work no caller waits for, the orphan GC's first pod list and the CSIDriver check, over a window that grows with it: 25 ms per node, at least 5s (10s for the check), at most 5m, so that a fleet-wide restart reaches the API server at about 40 drivers a second. Empty: the fixed windows.")
+	fs.StringVar(&c.api.fleetDaemonSet, "fleet-daemonset", "", "The driver's DaemonSet, NAME (in the pod's namespace) or NAMESPACE/NAME: with --events or --gc-confirm-with-api the driver reads its size (status.desiredNumberScheduled, one GET from the API server's cache; needs get on daemonsets.apps) at every start, remembered in the state directory (fleet-size) so that the next start needs no request for it before its first list (a first start reads it at a random point of its first 30s), and spreads the start-up work no caller waits for, the orphan GC's first pod list and the CSIDriver check, over a window that grows with it: 25 ms per node, at least 5s (10s for the check), at most 5m, so that a fleet-wide restart reaches the API server at about 40 drivers a second. Empty: the fixed windows.")
 	fs.BoolVar(&c.api.gcConfirm, "gc-confirm-with-api", false, "Before removing an orphan, confirm with the API server (pod informer for this node; needs list and watch on pods) that its pod is gone.")
 	// The Options fields the flags above set, besides BindFlags' own: the
 	// driver's messages name the flags (TestOperatorWords).
@@ -382,8 +292,11 @@ func (f apiFlags) addComponents(opts *framework.Options, client apiClient) error
 		if stateDir == "" {
 			stateDir = framework.DefaultStateDir(opts.DriverName)
 		}
-		mem := &fleetSizeMemory{path: filepath.Join(stateDir, fleetSizeFile),
-			get: func(ctx context.Context) (int, error) { return client.daemonSets.DaemonSetSize(ctx, ns, name) }}
+		mem, err := kube.NewFleetSize(kube.FleetSizeOptions{Path: filepath.Join(stateDir, fleetSizeFile),
+			Get: func(ctx context.Context) (int, error) { return client.daemonSets.DaemonSetSize(ctx, ns, name) }})
+		if err != nil {
+			return err
+		}
 		fleetSize = mem.Size
 		opts.Runnables = append(opts.Runnables, mem)
 	}

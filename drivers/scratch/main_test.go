@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -252,75 +251,5 @@ func TestFleetDaemonSetFlag(t *testing.T) {
 		if _, _, err := fleetDaemonSet(c.flag, c.file); err == nil || !strings.Contains(err.Error(), "--fleet-daemonset="+c.flag) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%q: %v, want an error saying %q", c.flag, err, c.says)
 		}
-	}
-}
-
-// The DaemonSet's size is remembered in the state directory: a start that
-// finds it makes no request for it (its first request is then the spread
-// list), and its Run reads the current size, after a random part of the
-// remembered size's window, for the next start. Without a file, or with one
-// that holds no positive number, Size reads and writes it.
-func TestFleetSizeMemory(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, fleetSizeFile)
-	reads := 0
-	size := 1000
-	get := func(context.Context) (int, error) { reads++; return size, nil }
-
-	// First start: no file; one read, remembered.
-	m := &fleetSizeMemory{path: path, get: get}
-	for range 2 {
-		if n, err := m.Size(t.Context()); n != 1000 || err != nil {
-			t.Fatalf("first start: Size = %d, %v, want 1000", n, err)
-		}
-	}
-	if b, err := os.ReadFile(path); err != nil || string(b) != "1000\n" || reads != 1 {
-		t.Fatalf("first start: file %q (%v), %d reads, want 1000 and one read", b, err, reads)
-	}
-
-	// Next start: the remembered size, no read; Run refreshes it after a
-	// delay drawn below the window of 1,000 drivers.
-	size = 1500
-	var window time.Duration
-	m = &fleetSizeMemory{path: path, get: get, delay: func(max time.Duration) time.Duration { window = max; return 0 }}
-	if n, err := m.Size(t.Context()); n != 1000 || err != nil || reads != 1 {
-		t.Fatalf("next start: Size = %d, %v after %d reads, want the remembered 1000 without a read", n, err, reads)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error)
-	go func() { done <- m.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for m.remembered() != 1500 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	if got := m.remembered(); got != 1500 || reads != 2 || window != kube.FleetStartJitter(1000) {
-		t.Errorf("after Run: remembered %d after %d reads, window %s, want 1500 after 2 (within %s)", got, reads, window, kube.FleetStartJitter(1000))
-	}
-
-	// A file that holds no positive number is read again.
-	for _, bad := range []string{"", "x", "0", "-3"} {
-		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		reads = 0
-		m = &fleetSizeMemory{path: path, get: get}
-		if n, err := m.Size(t.Context()); n != 1500 || err != nil || reads != 1 {
-			t.Errorf("file %q: Size = %d, %v after %d reads, want 1500 read once", bad, n, err, reads)
-		}
-	}
-	// A start without a remembered size refreshes nothing: Run waits.
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	reads = 0
-	m = &fleetSizeMemory{path: path, get: get}
-	ctx, cancel = context.WithCancel(t.Context())
-	cancel()
-	if err := m.Run(ctx); err != nil || reads != 0 {
-		t.Errorf("Run without a file: %v, %d reads, want none", err, reads)
 	}
 }

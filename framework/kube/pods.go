@@ -38,7 +38,7 @@ func FleetStartJitter(drivers int) time.Duration {
 	return spread.Window(drivers, DefaultStartJitter)
 }
 
-// fleetSizeTimeout bounds PodsOptions.FleetSize's call.
+// fleetSizeTimeout bounds FleetSize's read of the size.
 const fleetSizeTimeout = 10 * time.Second
 
 // PodsOptions configure Pods.
@@ -67,15 +67,16 @@ type PodsOptions struct {
 	// negative means no delay.
 	StartJitter time.Duration
 	// FleetSize, when set, returns how many drivers may start at once with
-	// this one: its DaemonSet's desiredNumberScheduled (Client.DaemonSetSize).
-	// Run asks it once, after a random fraction of StartJitter (so that the
-	// fleet's reads of its size spread too), then waits the same fraction of
-	// the rest of the fleet's window (FleetStartJitter's, no shorter than
-	// StartJitter) before its first list: a fleet-wide restart of 1,000
-	// drivers lists over 25 s, 5,000 over about two minutes, at about 40
-	// drivers a second. An error (RBAC, the API
-	// server down), or no answer within 10 s, leaves StartJitter, logged.
-	// Ignored when StartJitter is negative. Defaults to nil: StartJitter.
+	// this one: its DaemonSet's desiredNumberScheduled, FleetSize.Size
+	// (which remembers it from the last start and spreads a first start's
+	// read over FleetSizeReadWindow). Run asks it once, after a random
+	// fraction of StartJitter, and lists at the same fraction of the fleet's
+	// window (FleetStartJitter's, no shorter than StartJitter), or at once if
+	// the answer came later: a fleet-wide restart of 1,000 drivers lists over
+	// 25 s, 5,000 over about two minutes, at about 40 drivers a second. An
+	// error (RBAC, the API server down), or no answer within 40 s
+	// (FleetSizeReadWindow and 10 s), leaves StartJitter, logged. Ignored
+	// when StartJitter is negative. Defaults to nil: StartJitter.
 	FleetSize func(ctx context.Context) (int, error)
 	// Logger logs the sync. Defaults to klog.Background().
 	Logger klog.Logger
@@ -224,9 +225,10 @@ func (p *Pods) Run(ctx context.Context) error {
 		if ctx.Err() != nil || d > 0 && !p.opts.sleep(ctx, d) {
 			return nil
 		}
+		asked := time.Now()
 		if window := p.window(ctx); window > p.opts.StartJitter {
-			rest := time.Duration(float64(window-p.opts.StartJitter) * float64(d) / float64(p.opts.StartJitter))
-			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, d+rest, logkeys.Window, window)
+			rest := spread.Rest(d, p.opts.StartJitter, window, time.Since(asked))
+			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, rest, logkeys.Window, window)
 			if rest > 0 && !p.opts.sleep(ctx, rest) {
 				return nil
 			}
@@ -260,7 +262,7 @@ func (p *Pods) window(ctx context.Context) time.Duration {
 		return p.opts.StartJitter
 	}
 	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
-	fctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
+	fctx, cancel := context.WithTimeout(ctx, spread.SizeTimeout)
 	n, err := p.opts.FleetSize(fctx)
 	cancel()
 	if err != nil {

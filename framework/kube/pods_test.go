@@ -240,7 +240,9 @@ func TestPodsListThenWatch(t *testing.T) {
 
 // With FleetSize, Run asks the fleet's size once before its first list and
 // draws the delay below the fleet's window (25 ms per driver, at least
-// StartJitter); an error leaves StartJitter; with no jitter it is not asked.
+// StartJitter), less the time the answer took (a first start's read at its
+// point of FleetSizeReadWindow); an error leaves StartJitter; with no jitter
+// it is not asked.
 func TestPodsFleetStartJitter(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -249,13 +251,15 @@ func TestPodsFleetStartJitter(t *testing.T) {
 		err    error
 		want   time.Duration // the longest delay (the window); 0: none
 		asked  int32
+		spent  time.Duration // how long FleetSize takes to answer
 	}{
-		{"1,000 drivers", DefaultStartJitter, 1000, nil, 25 * time.Second, 1},
-		{"5,000 drivers", DefaultStartJitter, 5000, nil, 125 * time.Second, 1},
-		{"a small fleet", DefaultStartJitter, 20, nil, DefaultStartJitter, 1},
-		{"a longer StartJitter wins", time.Minute, 1000, nil, time.Minute, 1},
-		{"unknown", DefaultStartJitter, 0, errors.New("daemonsets.apps is forbidden"), DefaultStartJitter, 1},
-		{"no jitter", -1, 1000, nil, 0, 0},
+		{"1,000 drivers", DefaultStartJitter, 1000, nil, 25 * time.Second, 1, 0},
+		{"5,000 drivers", DefaultStartJitter, 5000, nil, 125 * time.Second, 1, 0},
+		{"an answer that took its time", DefaultStartJitter, 1000, nil, 25 * time.Second, 1, 300 * time.Millisecond},
+		{"a small fleet", DefaultStartJitter, 20, nil, DefaultStartJitter, 1, 0},
+		{"a longer StartJitter wins", time.Minute, 1000, nil, time.Minute, 1, 0},
+		{"unknown", DefaultStartJitter, 0, errors.New("daemonsets.apps is forbidden"), DefaultStartJitter, 1, 0},
+		{"no jitter", -1, 1000, nil, 0, 0, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			client := fake.NewClientset()
@@ -270,6 +274,7 @@ func TestPodsFleetStartJitter(t *testing.T) {
 						t.Errorf("FleetSize asked after %s, want after the delay drawn below StartJitter (%s)", time.Duration(window.Load()), c.jitter)
 					}
 					asked.Add(1)
+					time.Sleep(c.spent)
 					return c.size, c.err
 				},
 				// The longest delay: the whole window is waited.
@@ -283,8 +288,10 @@ func TestPodsFleetStartJitter(t *testing.T) {
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			if got := time.Duration(window.Load()); got != c.want {
-				t.Errorf("delay drawn below %s, want below %s", got, c.want)
+			// The time FleetSize took (and a little more: the real
+			// time between the call and the rest) is not waited again.
+			if got, most := time.Duration(window.Load()), c.want-c.spent; got > most || got < most-2*time.Second {
+				t.Errorf("delays waited in all %s, want %s (the window below which the delay is drawn, less the %s the answer took)", got, most, c.spent)
 			}
 			if got := asked.Load(); got != c.asked {
 				t.Errorf("FleetSize asked %d times, want %d", got, c.asked)

@@ -21,8 +21,9 @@ type Startup struct {
 	Jitter time.Duration // Options.Observability.CSIDriverCheckJitter
 	// FleetSize, when set, returns how many drivers may start at once with
 	// this one (Options.Observability.FleetSize): Run asks it after a random
-	// fraction of Jitter and then waits the same fraction of the rest of the
-	// fleet's window (spread.Window, no shorter than Jitter).
+	// fraction of Jitter (waiting up to spread.SizeTimeout) and reads at the
+	// same fraction of the fleet's window (spread.Window, no shorter than
+	// Jitter), or at once if the answer came later.
 	FleetSize func(ctx context.Context) (int, error)
 	// Get reads the object, or returns an error wrapping api.ErrNotFound.
 	Get func(ctx context.Context, name string) (*api.CSIDriver, error)
@@ -51,7 +52,8 @@ func (s *Startup) Run(ctx context.Context) {
 	if !sleepCtx(ctx, d) {
 		return // the driver is stopping
 	}
-	if w := s.window(ctx); w > s.Jitter && !sleepCtx(ctx, time.Duration(float64(w-s.Jitter)*float64(d)/float64(s.Jitter))) {
+	asked := time.Now()
+	if w := s.window(ctx); w > s.Jitter && !sleepCtx(ctx, spread.Rest(d, s.Jitter, w, time.Since(asked))) {
 		return // the driver is stopping
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -106,16 +108,13 @@ func (s *Startup) Run(ctx context.Context) {
 	}
 }
 
-// fleetSizeTimeout bounds the FleetSize call.
-const fleetSizeTimeout = 10 * time.Second
-
 // window is the longest delay before the first read: Jitter, or the fleet's
 // window when FleetSize answers (an error leaves Jitter, logged).
 func (s *Startup) window(ctx context.Context) time.Duration {
 	if s.FleetSize == nil || s.Jitter <= 0 {
 		return s.Jitter
 	}
-	fctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
+	fctx, cancel := context.WithTimeout(ctx, spread.SizeTimeout)
 	n, err := s.FleetSize(fctx)
 	cancel()
 	if err != nil {

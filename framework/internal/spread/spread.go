@@ -33,3 +33,24 @@ func Window(drivers int, least time.Duration) time.Duration {
 	}
 	return max(w, least)
 }
+
+// FirstRead is the window over which the drivers of a fleet that remember no
+// size spread their one read of it (kube.FleetSize): 30 s, about 170 first
+// contacts with the API server a second at 5,000 drivers.
+const FirstRead = 30 * time.Second
+
+// SizeTimeout bounds a caller's wait for the fleet's size: a read at its
+// point of FirstRead and 10 s for the read itself.
+const SizeTimeout = FirstRead + 10*time.Second
+
+// Rest is what a driver waits after a delay d drawn from [0, least) and the
+// time spent learning the fleet's window w, so that its work falls at the
+// same fraction of w as d is of least: a fleet's work falls uniformly in w.
+// Never negative: work whose point has passed (the answer came late) starts
+// at once.
+func Rest(d, least, w, spent time.Duration) time.Duration {
+	if least <= 0 || w <= least {
+		return 0
+	}
+	return max(time.Duration(float64(w)*float64(d)/float64(least))-d-spent, 0)
+}
