@@ -97,6 +97,9 @@ type fleet struct {
 	driverTokens []string
 	// probeToken is the kube-system client's (CoreDNS's service account).
 	probeToken string
+	// sizeDir holds each driver's remembered size (the scratch driver's
+	// state directory file fleet-size), for the remembered mode.
+	sizeDir string
 }
 
 // driverSim is one node's driver: its API components, run until cancel.
@@ -128,10 +131,12 @@ type mode struct {
 	// changing the driver.
 	slower int
 	// remembered: the drivers know the fleet's size without asking,
-	// remembered from their last start as the scratch driver does
-	// (--fleet-daemonset's file fleet-size), so that their first request is
-	// spread over the fleet's window, not the size read in the first 5 s;
-	// each reads the current size at a random point of the window.
+	// remembered from their last start as the scratch driver does from its
+	// second start on (kube.FleetSize, --fleet-daemonset's file fleet-size),
+	// so that their first request is spread over the fleet's window; each
+	// reads the current size at a random point of the window. Without it,
+	// a first start: each reads the size at a random point of
+	// kube.FleetSizeReadWindow.
 	remembered bool
 }
 
@@ -186,7 +191,7 @@ func TestFleet(t *testing.T) {
 		measure("baseline: kubelet-like watchers only, steady", phase, nil)
 	}
 
-	after := mode{name: "list, then watch, the fleet's window (this branch)", jitter: kube.DefaultStartJitter, fleet: true}
+	after := mode{name: "list, then watch, the fleet's window, a first start (its size read at a random point of 30 s)", jitter: kube.DefaultStartJitter, fleet: true}
 	fixed := mode{name: "list, then watch, fixed 5 s window (issue 34)", jitter: kube.DefaultStartJitter}
 	before := mode{name: "watch-list (main 14ea1a6)", watchList: true}
 	measure("drivers start (list, then watch; the fleet's window)", 0, func() { f.startDrivers(ctx, after); f.waitSynced(5 * time.Minute) })
@@ -250,7 +255,7 @@ func TestFleet(t *testing.T) {
 			// EPHEMERA_FLEET_REMEMBERED=1: the fleet's window with the size
 			// known before the first request.
 			if os.Getenv("EPHEMERA_FLEET_REMEMBERED") != "" {
-				storm(mode{name: "list, then watch, the fleet's window, its size remembered (the size read spread over the window too)",
+				storm(mode{name: "list, then watch, the fleet's window, its size remembered (every later start; the size read spread over the window too)",
 					jitter: kube.DefaultStartJitter, fleet: true, remembered: true}, true)
 			}
 		}
@@ -317,7 +322,7 @@ func TestFleet(t *testing.T) {
 // perNode pods on each of nodes nodes in ten namespaces.
 func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
 	s := startAPIServer(t, findBinaries(t, repo), nodes)
-	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode, loadStart: loadavg()}
+	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode, loadStart: loadavg(), sizeDir: t.TempDir()}
 	ctx := t.Context()
 	// CoreDNS's read of namespaces, for the kube-system client that measures
 	// its latency.
@@ -772,36 +777,32 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 		d.done.Go(func() { _, _ = cs.StorageV1().CSIDrivers().Get(ctx, driverName, metav1.GetOptions{}) }) // from etcd
 		return d
 	}
-	// --fleet-daemonset: one read of the DaemonSet's size, shared by the pod
-	// informer and the CSIDriver check.
+	// --fleet-daemonset: the scratch driver's kube.FleetSize, one answer
+	// shared by the pod informer and the CSIDriver check; remembered in a
+	// file of the driver's own (the remembered mode), else read at a random
+	// point of kube.FleetSizeReadWindow.
 	var fleetSize func(ctx context.Context) (int, error)
 	if m.fleet {
-		var once sync.Once
-		var n int
-		var ferr error
-		fleetSize = func(ctx context.Context) (int, error) {
-			once.Do(func() {
-				if m.remembered {
-					n = f.nodes
-				} else {
-					n, ferr = client.DaemonSetSize(ctx, "kube-system", daemonSetName)
-				}
-				n *= max(m.slower, 1)
-			})
-			return n, ferr
-		}
-	}
-	if m.remembered {
-		// As the scratch driver's fleetSizeMemory: the current size read
-		// at a random point of the remembered size's window, for the next
-		// start.
-		d.done.Go(func() {
-			if sleep(ctx, rand.N(kube.FleetStartJitter(f.nodes*max(m.slower, 1)))) {
-				if _, err := client.DaemonSetSize(ctx, "kube-system", daemonSetName); err != nil && ctx.Err() == nil {
-					f.fleetSizeErrors.Add(1)
-				}
+		slower := max(m.slower, 1)
+		opts := kube.FleetSizeOptions{Get: func(ctx context.Context) (int, error) {
+			n, err := client.DaemonSetSize(ctx, "kube-system", daemonSetName)
+			if err != nil && ctx.Err() == nil {
+				f.fleetSizeErrors.Add(1)
 			}
-		})
+			return n * slower, err
+		}}
+		if m.remembered {
+			opts.Path = filepath.Join(f.sizeDir, nodeName(i))
+			if err := os.WriteFile(opts.Path, []byte(strconv.Itoa(f.nodes*slower)), 0o600); err != nil {
+				f.t.Fatal(err)
+			}
+		}
+		size, err := kube.NewFleetSize(opts)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		fleetSize = size.Size
+		d.done.Go(func() { _ = size.Run(ctx) })
 	}
 	pods, err := kube.NewPods(kube.PodsOptions{Client: client.Pods(), NodeName: nodeName(i), StartJitter: orNone(m.jitter), FleetSize: fleetSize})
 	if err != nil {
@@ -822,11 +823,15 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 				return
 			}
 			if fleetSize != nil {
-				n, err := fleetSize(ctx)
-				if err != nil && ctx.Err() == nil {
-					f.fleetSizeErrors.Add(1)
-				}
-				if w := max(least, kube.FleetStartJitter(n)); err == nil && !sleep(ctx, time.Duration(float64(w-least)*float64(wait)/float64(least))) {
+				asked := time.Now()
+				sctx, cancel := context.WithTimeout(ctx, kube.FleetSizeReadWindow+10*time.Second)
+				n, err := fleetSize(sctx)
+				cancel()
+				// At wait's fraction of the window, less what the
+				// answer took (internal/spread's Rest).
+				w := max(least, kube.FleetStartJitter(n))
+				rest := max(time.Duration(float64(w)*float64(wait)/float64(least))-wait-time.Since(asked), 0)
+				if err == nil && !sleep(ctx, rest) {
 					return
 				}
 			}
