@@ -270,10 +270,11 @@ lint: $(TOOLS)/staticcheck $(TOOLS)/logcheck $(TOOLS)/goimports
 vet:
 	$(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
 
-## cross: the module and the examples vet, and its tests compile, for Windows (with the images' flags:
+## cross: the module and the examples vet (test/e2e with its tag: Linux-only, its doc.go alone), and its tests compile, for Windows (with the images' flags:
 ## build-windows then finds the Windows graph compiled)
 cross: cross-test-windows
 	GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) $(PKGS)
+	GOOS=windows $(GOSTATIC) vet -trimpath $(call tags,e2e) ./test/e2e/
 	GOOS=windows $(GOSTATIC) build $(STATICFLAGS) -o /dev/null ./drivers/scratch
 	@for d in $(EXAMPLES); do echo "GOOS=windows go vet ($$d)"; (cd $$d && GOOS=windows $(GOSTATIC) vet $(STATICFLAGS) ./...) || exit 1; done
 
