@@ -602,8 +602,8 @@ type ObservabilityOptions struct {
 	// Size (shared with kube.PodsOptions.FleetSize: one answer per start).
 	// The startup check then asks it once, after a random fraction of
 	// CSIDriverCheckJitter, and reads at the same fraction of a window that
-	// grows with the fleet (or at once if the answer came later), 25 ms per driver
-	// (about 40 reads a second fleet-wide, at most five minutes), no shorter
+	// grows with the fleet (or at once if the answer came later), 50 ms per driver
+	// (about 20 reads a second fleet-wide, at most five minutes), no shorter
 	// than CSIDriverCheckJitter: the same window as kube.PodsOptions.FleetSize
 	// gives the pod informer's first list. An error leaves
 	// CSIDriverCheckJitter (logged). Ignored when CSIDriverCheckJitter is

@@ -30,9 +30,9 @@ const defaultSyncTimeout = time.Minute
 const DefaultStartJitter = 5 * time.Second
 
 // FleetStartJitter is the window over which Pods spreads its first list when
-// PodsOptions.FleetSize says drivers may start at once: 25 ms per driver
-// (about 40 starts a second), at least DefaultStartJitter (up to 200
-// drivers), at most five minutes (12,000 drivers and more). A driver that
+// PodsOptions.FleetSize says drivers may start at once: 50 ms per driver
+// (about 20 starts a second), at least DefaultStartJitter (up to 100
+// drivers), at most five minutes (6,000 drivers and more). A driver that
 // spreads other start-up work of its own may use it too.
 func FleetStartJitter(drivers int) time.Duration {
 	return spread.Window(drivers, DefaultStartJitter)
@@ -73,7 +73,7 @@ type PodsOptions struct {
 	// fraction of StartJitter, and lists at the same fraction of the fleet's
 	// window (FleetStartJitter's, no shorter than StartJitter), or at once if
 	// the answer came later: a fleet-wide restart of 1,000 drivers lists over
-	// 25 s, 5,000 over about two minutes, at about 40 drivers a second. An
+	// 50 s, 5,000 over about four minutes, at about 20 drivers a second. An
 	// error (RBAC, the API server down), or no answer within 40 s
 	// (FleetSizeReadWindow and 10 s), leaves StartJitter, logged. Ignored
 	// when StartJitter is negative. Defaults to nil: StartJitter.

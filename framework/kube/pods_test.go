@@ -239,7 +239,7 @@ func TestPodsListThenWatch(t *testing.T) {
 }
 
 // With FleetSize, Run asks the fleet's size once before its first list and
-// draws the delay below the fleet's window (25 ms per driver, at least
+// draws the delay below the fleet's window (50 ms per driver, at least
 // StartJitter), less the time the answer took (a first start's read at its
 // point of FleetSizeReadWindow); an error leaves StartJitter; with no jitter
 // it is not asked.
@@ -253,9 +253,9 @@ func TestPodsFleetStartJitter(t *testing.T) {
 		asked  int32
 		spent  time.Duration // how long FleetSize takes to answer
 	}{
-		{"1,000 drivers", DefaultStartJitter, 1000, nil, 25 * time.Second, 1, 0},
-		{"5,000 drivers", DefaultStartJitter, 5000, nil, 125 * time.Second, 1, 0},
-		{"an answer that took its time", DefaultStartJitter, 1000, nil, 25 * time.Second, 1, 300 * time.Millisecond},
+		{"1,000 drivers", DefaultStartJitter, 1000, nil, 50 * time.Second, 1, 0},
+		{"5,000 drivers", DefaultStartJitter, 5000, nil, 250 * time.Second, 1, 0},
+		{"an answer that took its time", DefaultStartJitter, 1000, nil, 50 * time.Second, 1, 300 * time.Millisecond},
 		{"a small fleet", DefaultStartJitter, 20, nil, DefaultStartJitter, 1, 0},
 		{"a longer StartJitter wins", time.Minute, 1000, nil, time.Minute, 1, 0},
 		{"unknown", DefaultStartJitter, 0, errors.New("daemonsets.apps is forbidden"), DefaultStartJitter, 1, 0},
@@ -298,8 +298,8 @@ func TestPodsFleetStartJitter(t *testing.T) {
 			}
 		})
 	}
-	if got := FleetStartJitter(600); got != 15*time.Second {
-		t.Errorf("FleetStartJitter(600) = %s, want 15s", got)
+	if got := FleetStartJitter(600); got != 30*time.Second {
+		t.Errorf("FleetStartJitter(600) = %s, want 30s", got)
 	}
 }
 

@@ -127,7 +127,7 @@ type mode struct {
 	// at least jitter.
 	fleet bool
 	// slower (> 1) takes the DaemonSet's size as that many times larger: a
-	// window of slower × 25 ms per driver, to compare start rates without
+	// window of slower × kube.FleetStartJitter's, to compare start rates without
 	// changing the driver.
 	slower int
 	// remembered: the drivers know the fleet's size without asking,
@@ -243,8 +243,8 @@ func TestFleet(t *testing.T) {
 		// EPHEMERA_FLEET_STORM_ROUNDS (1): the pair again, interleaved, to
 		// see the spread between rounds on a shared machine.
 		// EPHEMERA_FLEET_SLOWER=K adds a storm whose window is K times
-		// the fleet's (K × 25 ms per driver).
-		slower := mode{name: fmt.Sprintf("list, then watch, %d × the fleet's window (%d ms per driver)", envInt("EPHEMERA_FLEET_SLOWER", 1), 25*envInt("EPHEMERA_FLEET_SLOWER", 1)),
+		// the fleet's (K × 50 ms per driver).
+		slower := mode{name: fmt.Sprintf("list, then watch, %d × the fleet's window (%s per driver)", envInt("EPHEMERA_FLEET_SLOWER", 1), kube.FleetStartJitter(1000*envInt("EPHEMERA_FLEET_SLOWER", 1))/1000),
 			jitter: kube.DefaultStartJitter, fleet: true, slower: envInt("EPHEMERA_FLEET_SLOWER", 1)}
 		for range envInt("EPHEMERA_FLEET_STORM_ROUNDS", 1) {
 			storm(fixed, true)

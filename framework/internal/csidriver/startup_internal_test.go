@@ -38,7 +38,7 @@ func TestSleepCtx(t *testing.T) {
 	}
 }
 
-// The check's window: Jitter, or the fleet's (25 ms per driver, at least
+// The check's window: Jitter, or the fleet's (50 ms per driver, at least
 // Jitter) when FleetSize answers; an error leaves Jitter; no jitter asks
 // nothing.
 func TestStartupWindow(t *testing.T) {
@@ -58,7 +58,7 @@ func TestStartupWindow(t *testing.T) {
 		asked int
 	}{
 		{Startup{Jitter: 10 * time.Second}, 10 * time.Second, 0},
-		{Startup{Jitter: 10 * time.Second, FleetSize: size(1000, nil)}, 25 * time.Second, 1},
+		{Startup{Jitter: 10 * time.Second, FleetSize: size(1000, nil)}, 50 * time.Second, 1},
 		{Startup{Jitter: 10 * time.Second, FleetSize: size(200, nil)}, 10 * time.Second, 1},
 		{Startup{Jitter: 10 * time.Second, FleetSize: size(0, errors.New("forbidden"))}, 10 * time.Second, 1},
 		{Startup{Jitter: -1, FleetSize: size(1000, nil)}, -1, 0},

@@ -17,14 +17,15 @@ func TestWindow(t *testing.T) {
 		{0, 5 * time.Second, 5 * time.Second},           // unknown: the default
 		{-1, 5 * time.Second, 5 * time.Second},          // unknown
 		{20, 5 * time.Second, 5 * time.Second},          // a small fleet: the default
-		{200, 5 * time.Second, 5 * time.Second},         // 200 × 25 ms: the default exactly
-		{201, 5 * time.Second, 5025 * time.Millisecond}, // grows past it
-		{600, 5 * time.Second, 15 * time.Second},
-		{1000, 5 * time.Second, 25 * time.Second},
-		{5000, 5 * time.Second, 125 * time.Second},
-		{1000, 10 * time.Second, 25 * time.Second}, // the CSIDriver check's least
+		{100, 5 * time.Second, 5 * time.Second},         // 100 × 50 ms: the default exactly
+		{101, 5 * time.Second, 5050 * time.Millisecond}, // grows past it
+		{600, 5 * time.Second, 30 * time.Second},
+		{1000, 5 * time.Second, 50 * time.Second},
+		{5000, 5 * time.Second, 250 * time.Second},
+		{1000, 10 * time.Second, 50 * time.Second}, // the CSIDriver check's least
 		{200, 10 * time.Second, 10 * time.Second},
-		{12000, 5 * time.Second, 5 * time.Minute},              // Max
+		{6000, 5 * time.Second, 5 * time.Minute},               // Max
+		{12000, 5 * time.Second, 5 * time.Minute},              // beyond it
 		{1 << 40, 5 * time.Second, 5 * time.Minute},            // no overflow
 		{int(^uint(0) >> 1), 5 * time.Second, 5 * time.Minute}, // the largest int
 		{1 << 40, 10 * time.Minute, 10 * time.Minute},          // a least above Max wins
