@@ -601,8 +601,8 @@ type ObservabilityOptions struct {
 	// this one: its DaemonSet's desiredNumberScheduled, kube.FleetSize's
 	// Size (shared with kube.PodsOptions.FleetSize: one answer per start).
 	// The startup check then asks it once, after a random fraction of
-	// CSIDriverCheckJitter, and reads at the same fraction of a window that
-	// grows with the fleet (or at once if the answer came later), 50 ms per driver
+	// CSIDriverCheckJitter, and reads after the same fraction of the rest of
+	// a window that grows with the fleet, 50 ms per driver
 	// (about 20 reads a second fleet-wide, at most five minutes), no shorter
 	// than CSIDriverCheckJitter: the same window as kube.PodsOptions.FleetSize
 	// gives the pod informer's first list. An error leaves

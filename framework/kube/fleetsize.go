@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,15 @@ import (
 // 5 s made the kube-system client's slow requests (docs/operations.md, "At
 // fleet scale").
 const FleetSizeReadWindow = spread.FirstRead
+
+// FleetSizeRefresh is how often Run reads the size again while the driver
+// runs (jittered from half to one and a half times): one GET a driver, so
+// that a fleet of 5,000 makes about 0.2 a second, and a driver that runs
+// for months still remembers its fleet's size of late.
+const FleetSizeRefresh = 6 * time.Hour
+
+// fleetSizeTimeout bounds one read of the size.
+const fleetSizeTimeout = 10 * time.Second
 
 // FleetSizeOptions configure NewFleetSize.
 type FleetSizeOptions struct {
@@ -43,15 +53,19 @@ type FleetSizeOptions struct {
 // remembered in Path answers from it without a request, so that its first
 // request is the spread work itself; Run then reads the current size at a
 // random point of that size's window (FleetStartJitter) and remembers it for
-// the next start. A start that finds none (the first one) reads it at a random
-// point of FleetSizeReadWindow from NewFleetSize: the callers wait for the
-// answer, which no publish does.
+// the next start. A start that finds none (the first one, a node's first, or
+// every start while the read fails) reads it at a random point of
+// FleetSizeReadWindow from NewFleetSize: the callers' start-up work waits for
+// the answer, which no publish waits for. Run reads it again every
+// FleetSizeRefresh.
 type FleetSize struct {
 	opts  FleetSizeOptions
 	start time.Time
 	// first is the point after start at which a start without a
 	// remembered size reads it.
 	first time.Duration
+	// found is the size Path held at NewFleetSize, 0 if none.
+	found int
 
 	// sem holds the answer's lock: a channel, so that a caller waiting
 	// for it can give up with its context.
@@ -70,7 +84,10 @@ func NewFleetSize(opts FleetSizeOptions) (*FleetSize, error) {
 	if opts.delay == nil {
 		opts.delay = func(max time.Duration) time.Duration { return rand.N(max) }
 	}
-	return &FleetSize{opts: opts, start: time.Now(), first: opts.delay(FleetSizeReadWindow), sem: make(chan struct{}, 1)}, nil
+	m := &FleetSize{opts: opts, start: time.Now(), sem: make(chan struct{}, 1)}
+	m.first = opts.delay(FleetSizeReadWindow)
+	m.found = m.remembered()
+	return m, nil
 }
 
 // Size answers PodsOptions.FleetSize and ObservabilityOptions.FleetSize: the
@@ -79,6 +96,9 @@ func NewFleetSize(opts FleetSizeOptions) (*FleetSize, error) {
 // error too; a call whose ctx ends first returns ctx's error and leaves the
 // read to the next call.
 func (m *FleetSize) Size(ctx context.Context) (int, error) {
+	if m.found > 0 {
+		return m.found, nil
+	}
 	select {
 	case m.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -88,11 +108,10 @@ func (m *FleetSize) Size(ctx context.Context) (int, error) {
 	if m.done {
 		return m.n, m.err
 	}
-	if n := m.remembered(); n > 0 {
-		m.n, m.done = n, true
-		return n, nil
+	if wait := time.Until(m.start.Add(m.first)); wait > 0 && !sleepCtx(ctx, wait) {
+		return 0, ctx.Err()
 	}
-	if !sleepCtx(ctx, time.Until(m.start.Add(m.first))) {
+	if ctx.Err() != nil {
 		return 0, ctx.Err()
 	}
 	gctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
@@ -108,20 +127,23 @@ func (m *FleetSize) Size(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// Run refreshes the remembered size when this start found one: after a
-// random part of its window, one read, written for the next start. Then it
-// waits for ctx and returns nil.
+// Run reads the size again while the driver runs, for the next start: a
+// start that found it remembered, at a random point of its window (as the
+// fleet's lists); then every FleetSizeRefresh (jittered). It returns nil
+// when ctx ends.
 func (m *FleetSize) Run(ctx context.Context) error {
-	if n := m.remembered(); n > 0 && m.opts.Path != "" {
-		if sleepCtx(ctx, m.opts.delay(FleetStartJitter(n))) {
-			gctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
-			if n, err := m.opts.Get(gctx); err == nil {
-				m.remember(n)
-			}
-			cancel()
-		}
+	next := jitter(FleetSizeRefresh)
+	if m.found > 0 {
+		next = m.opts.delay(FleetStartJitter(m.found))
 	}
-	<-ctx.Done()
+	for sleepCtx(ctx, next) {
+		gctx, cancel := context.WithTimeout(ctx, fleetSizeTimeout)
+		if n, err := m.opts.Get(gctx); err == nil {
+			m.remember(n)
+		}
+		cancel()
+		next = jitter(FleetSizeRefresh)
+	}
 	return nil
 }
 
@@ -142,17 +164,19 @@ func (m *FleetSize) remembered() int {
 	return n
 }
 
-// remember writes n to Path, through a temporary file and a rename; a
-// failure leaves the next start to read the size again.
+// remember writes n to Path, through a temporary file of its own and a
+// rename (two drivers on one state directory, a rollout's surge, cannot
+// interleave); a failure leaves the next start to read the size again.
 func (m *FleetSize) remember(n int) {
 	if m.opts.Path == "" {
 		return
 	}
-	tmp := m.opts.Path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(n)+"\n"), 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(m.opts.Path), filepath.Base(m.opts.Path)+".tmp-*")
+	if err != nil {
 		return
 	}
-	if err := os.Rename(tmp, m.opts.Path); err != nil {
-		_ = os.Remove(tmp)
+	_, werr := f.WriteString(strconv.Itoa(n) + "\n")
+	if cerr := f.Close(); werr != nil || cerr != nil || os.Rename(f.Name(), m.opts.Path) != nil {
+		_ = os.Remove(f.Name())
 	}
 }

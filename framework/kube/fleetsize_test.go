@@ -36,17 +36,19 @@ func TestFleetSize(t *testing.T) {
 	if drawn != FleetSizeReadWindow {
 		t.Errorf("first start: read point drawn below %s, want below FleetSizeReadWindow (%s)", drawn, FleetSizeReadWindow)
 	}
-	begin := time.Now()
 	for range 2 {
 		if n, err := m.Size(t.Context()); n != 1000 || err != nil {
 			t.Fatalf("first start: Size = %d, %v, want 1000", n, err)
 		}
 	}
-	if since := time.Since(begin); since < 250*time.Millisecond {
-		t.Errorf("first start: the size was read after %s, want at its point, 300ms after NewFleetSize", since)
+	if since := time.Since(m.start); since < 300*time.Millisecond {
+		t.Errorf("first start: the size was read %s after NewFleetSize, want at its point, 300ms", since)
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "1000\n" || reads.Load() != 1 {
 		t.Fatalf("first start: file %q (%v), %d reads, want 1000 and one read", b, err, reads.Load())
+	}
+	if tmp, _ := filepath.Glob(path + ".tmp*"); len(tmp) != 0 {
+		t.Errorf("temporary files left beside the file: %v", tmp)
 	}
 
 	// Next start: the remembered size at once, no read (whatever the
@@ -115,7 +117,7 @@ func TestFleetSizeCallers(t *testing.T) {
 	var reads atomic.Int64
 	fail := errors.New("forbidden")
 	get := func(context.Context) (int, error) { reads.Add(1); return 0, fail }
-	m, err := NewFleetSize(FleetSizeOptions{Get: get, delay: func(time.Duration) time.Duration { return 200 * time.Millisecond }})
+	m, err := NewFleetSize(FleetSizeOptions{Get: get, delay: func(time.Duration) time.Duration { return 2 * time.Second }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +136,31 @@ func TestFleetSizeCallers(t *testing.T) {
 	}
 	if _, err := NewFleetSize(FleetSizeOptions{}); err == nil {
 		t.Error("NewFleetSize without Get: no error")
+	}
+}
+
+// Two callers at once (the pod informer and the CSIDriver check): the one
+// that holds the read gives up (its driver stops, its own timeout), the other
+// still gets the answer, read once.
+func TestFleetSizeConcurrentCallers(t *testing.T) {
+	var reads atomic.Int64
+	get := func(context.Context) (int, error) { reads.Add(1); return 700, nil }
+	m, err := NewFleetSize(FleetSizeOptions{Get: get, delay: func(time.Duration) time.Duration { return 500 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, cancel := context.WithCancel(t.Context())
+	firstErr := make(chan error, 1)
+	go func() { _, err := m.Size(first); firstErr <- err }()
+	time.Sleep(50 * time.Millisecond) // the first holds the read, waiting for its point
+	second := make(chan int, 1)
+	go func() { n, _ := m.Size(t.Context()); second <- n }()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	if err := <-firstErr; !errors.Is(err, context.Canceled) {
+		t.Errorf("the caller that gave up: %v, want context.Canceled", err)
+	}
+	if n := <-second; n != 700 || reads.Load() != 1 {
+		t.Errorf("the other caller: %d after %d reads, want 700 read once", n, reads.Load())
 	}
 }

@@ -38,9 +38,6 @@ func FleetStartJitter(drivers int) time.Duration {
 	return spread.Window(drivers, DefaultStartJitter)
 }
 
-// fleetSizeTimeout bounds FleetSize's read of the size.
-const fleetSizeTimeout = 10 * time.Second
-
 // PodsOptions configure Pods.
 type PodsOptions struct {
 	// Client lists and watches the pods of all namespaces: Client.Pods, or
@@ -70,9 +67,9 @@ type PodsOptions struct {
 	// this one: its DaemonSet's desiredNumberScheduled, FleetSize.Size
 	// (which remembers it from the last start and spreads a first start's
 	// read over FleetSizeReadWindow). Run asks it once, after a random
-	// fraction of StartJitter, and lists at the same fraction of the fleet's
-	// window (FleetStartJitter's, no shorter than StartJitter), or at once if
-	// the answer came later: a fleet-wide restart of 1,000 drivers lists over
+	// fraction f of StartJitter, and lists after f of the rest of the fleet's
+	// window (FleetStartJitter's, no shorter than StartJitter) from the
+	// answer: a fleet-wide restart of 1,000 drivers lists over
 	// 50 s, 5,000 over about four minutes, at about 20 drivers a second. An
 	// error (RBAC, the API server down), or no answer within 40 s
 	// (FleetSizeReadWindow and 10 s), leaves StartJitter, logged. Ignored
@@ -218,16 +215,21 @@ func (p *Pods) Run(ctx context.Context) error {
 		// The delay is a fraction f of the window, drawn once: f of
 		// StartJitter is waited before FleetSize is asked (so that a
 		// fleet's reads of its size are spread too), f of the rest of the
-		// fleet's window after. Every driver's list then falls uniformly in
-		// the fleet's window.
+		// fleet's window after the answer (spread.Rest). With sizes that
+		// answer at once (remembered), every driver's list falls uniformly
+		// in the fleet's window; a first start's, after its read, spread
+		// over the read's window and the fleet's.
 		d := p.opts.delay(p.opts.StartJitter)
 		log.V(4).Info("Waiting before the first list of the node's pods (StartJitter)", logkeys.Duration, d)
 		if ctx.Err() != nil || d > 0 && !p.opts.sleep(ctx, d) {
 			return nil
 		}
-		asked := time.Now()
-		if window := p.window(ctx); window > p.opts.StartJitter {
-			rest := spread.Rest(d, p.opts.StartJitter, window, time.Since(asked))
+		window := p.window(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if window > p.opts.StartJitter {
+			rest := spread.Rest(d, p.opts.StartJitter, window)
 			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, rest, logkeys.Window, window)
 			if rest > 0 && !p.opts.sleep(ctx, rest) {
 				return nil

@@ -823,14 +823,17 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 				return
 			}
 			if fleetSize != nil {
-				asked := time.Now()
+				// As the framework's: its wait for the size
+				// (internal/spread's SizeTimeout), then wait's
+				// fraction of the window, less wait (spread.Rest).
 				sctx, cancel := context.WithTimeout(ctx, kube.FleetSizeReadWindow+10*time.Second)
 				n, err := fleetSize(sctx)
+				if errors.Is(sctx.Err(), context.DeadlineExceeded) {
+					f.fleetSizeErrors.Add(1) // no answer in time (a failed read counts in Get)
+				}
 				cancel()
-				// At wait's fraction of the window, less what the
-				// answer took (internal/spread's Rest).
 				w := max(least, kube.FleetStartJitter(n))
-				rest := max(time.Duration(float64(w)*float64(wait)/float64(least))-wait-time.Since(asked), 0)
+				rest := max(time.Duration(float64(w)*float64(wait)/float64(least))-wait, 0)
 				if err == nil && !sleep(ctx, rest) {
 					return
 				}

@@ -21,9 +21,9 @@ type Startup struct {
 	Jitter time.Duration // Options.Observability.CSIDriverCheckJitter
 	// FleetSize, when set, returns how many drivers may start at once with
 	// this one (Options.Observability.FleetSize): Run asks it after a random
-	// fraction of Jitter (waiting up to spread.SizeTimeout) and reads at the
-	// same fraction of the fleet's window (spread.Window, no shorter than
-	// Jitter), or at once if the answer came later.
+	// fraction f of Jitter (waiting up to spread.SizeTimeout) and reads after
+	// f of the rest of the fleet's window (spread.Window, no shorter than
+	// Jitter) from the answer.
 	FleetSize func(ctx context.Context) (int, error)
 	// Get reads the object, or returns an error wrapping api.ErrNotFound.
 	Get func(ctx context.Context, name string) (*api.CSIDriver, error)
@@ -46,14 +46,14 @@ const timeout = time.Minute
 func (s *Startup) Run(ctx context.Context) {
 	log := klog.FromContext(ctx)
 	// A fraction f of Jitter first, then FleetSize, then f of the rest of
-	// the fleet's window: the fleet's reads of its size are spread too, and
-	// every driver's check falls uniformly in the fleet's window.
+	// the fleet's window (spread.Rest): the fleet's reads of its size are
+	// spread too, and with sizes that answer at once every driver's check
+	// falls uniformly in the fleet's window.
 	d := randDuration(s.Jitter)
 	if !sleepCtx(ctx, d) {
 		return // the driver is stopping
 	}
-	asked := time.Now()
-	if w := s.window(ctx); w > s.Jitter && !sleepCtx(ctx, spread.Rest(d, s.Jitter, w, time.Since(asked))) {
+	if w := s.window(ctx); ctx.Err() != nil || w > s.Jitter && !sleepCtx(ctx, spread.Rest(d, s.Jitter, w)) {
 		return // the driver is stopping
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

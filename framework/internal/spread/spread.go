@@ -45,14 +45,17 @@ const FirstRead = 30 * time.Second
 // point of FirstRead and 10 s for the read itself.
 const SizeTimeout = FirstRead + 10*time.Second
 
-// Rest is what a driver waits after a delay d drawn from [0, least) and the
-// time spent learning the fleet's window w, so that its work falls at the
-// same fraction of w as d is of least: a fleet's work falls uniformly in w.
-// Never negative: work whose point has passed (the answer came late) starts
-// at once.
-func Rest(d, least, w, spent time.Duration) time.Duration {
+// Rest is what a driver waits, once it has learnt the fleet's window w, after
+// a delay d drawn from [0, least): the same fraction of w as d is of least,
+// less d. When the answer came at once (a remembered size), a fleet's work
+// falls uniformly in w. The time the answer took is not taken off: a first
+// start's answers come spread over FirstRead, and its work then falls over
+// that and w, never faster than a fleet's N/w a second (had it been taken
+// off, the work of the drivers whose answer came late would bunch up at the
+// end of FirstRead, at up to twice that rate).
+func Rest(d, least, w time.Duration) time.Duration {
 	if least <= 0 || w <= least {
 		return 0
 	}
-	return max(time.Duration(float64(w)*float64(d)/float64(least))-d-spent, 0)
+	return max(time.Duration(float64(w)*float64(d)/float64(least))-d, 0)
 }
