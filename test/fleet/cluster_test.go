@@ -51,6 +51,7 @@ type apiServer struct {
 	tokens  map[string]string // user -> token
 	apiArgs []string
 	etcd    *exec.Cmd
+	etcdURL string // its client URL (plain HTTP, loopback)
 	api     *exec.Cmd
 	hc      *http.Client
 	pool    *x509.CertPool
@@ -143,6 +144,7 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 
 	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	client := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	s.etcdURL = client
 	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 	s.etcd = s.start("etcd", filepath.Join(binDir, "etcd"), "--name=fleet", "--data-dir="+filepath.Join(root, "etcd"),
 		"--listen-client-urls="+client, "--advertise-client-urls="+client, "--listen-peer-urls="+peer,
