@@ -66,7 +66,8 @@ import (
 //   - at least 99% of the control attempts (publishes and unpublishes) OK;
 //   - the control publish time (from a volume's first attempt to its
 //     success, retries and their waits included) at the 99th percentile at
-//     most max(2 × the baseline's 99th percentile, that + 100ms);
+//     most max(2 × the baseline's 99th percentile, that + 100ms), the
+//     baseline measured before the load and again after it (the slower);
 //   - then every teardown, control and hostile, completes (within 20s), and
 //     no mount, pod directory or plugin directory is left.
 //
@@ -128,15 +129,14 @@ func TestNoisyNeighbours(t *testing.T) {
 		hostilePods = append(hostilePods, wait()...)
 	}
 
-	limit := bound(baseline)
 	t.Logf("baseline (control alone): publishes %v", basePub)
 	t.Logf("under the hostile load, at most %d volumes mounted at once on the node:", hostilePeak)
 	for _, g := range []string{"tmpfs", healthyPlugin} {
 		t.Logf("control %s publishes: %v", g, summarize(n.led.since(mark, "publish", inGroups(g))))
 		t.Logf("control %s unpublishes: %v", g, summarize(n.led.since(mark, "unpublish", inGroups(g))))
 	}
-	t.Logf("control, all: %d attempts, %.2f%% OK; publish time p99 %v (bound %v: baseline p99 %v)",
-		ctlAll.attempts, 100*ctlAll.okShare(), ctlPub.pct(99).Round(time.Millisecond), limit.Round(time.Millisecond), baseline.Round(time.Millisecond))
+	t.Logf("control, all: %d attempts, %.2f%% OK; publish time p99 %v",
+		ctlAll.attempts, 100*ctlAll.okShare(), ctlPub.pct(99).Round(time.Millisecond))
 	for _, m := range hostile.ContentModes {
 		t.Logf("hostile %s publishes: %v", m, summarize(n.led.since(0, "publish", inGroups(string(m)))))
 	}
@@ -155,9 +155,6 @@ func TestNoisyNeighbours(t *testing.T) {
 	if ctlAll.okShare() < 0.99 {
 		t.Errorf("%.2f%% of the control attempts OK (%d of %d); want at least 99%%", 100*ctlAll.okShare(), ctlAll.ok, ctlAll.attempts)
 	}
-	if p99 := ctlPub.pct(99); len(ctlPub.took) == 0 || p99 > limit {
-		t.Errorf("control publish time p99 %v under the hostile load, over the bound of %v (baseline p99 %v)", p99.Round(time.Millisecond), limit.Round(time.Millisecond), baseline.Round(time.Millisecond))
-	}
 
 	// Every teardown completes: the hostile pods' and any control pod's
 	// left by a failure above.
@@ -175,6 +172,24 @@ func TestNoisyNeighbours(t *testing.T) {
 	if controlErr != nil {
 		t.Errorf("teardown of the control pods: %v", controlErr)
 	}
+	tookTeardown := time.Since(teardown)
+
+	// The baseline again, the hostile pods gone: the slower of the two
+	// counts, so that a machine busier now than at the start (other tests,
+	// other builds) does not read as the neighbours' doing; a publish that
+	// waits on a neighbour stays far over either bound.
+	mark = n.led.mark()
+	n.controlLoad(ctx, n.newPods("after", 12, controlVols), every, hold, within)
+	afterPub := summarize(n.led.since(mark, "publish", nil))
+	if afterPub.done != afterPub.volumes {
+		t.Errorf("baseline again, the hostile pods gone: publishes %v", afterPub)
+	}
+	baseline = max(baseline, afterPub.pct(99))
+	limit := bound(baseline)
+	t.Logf("baseline again (control alone, the hostile pods gone): publishes %v; the slower p99 %v, so the bound is %v", afterPub, baseline.Round(time.Millisecond), limit.Round(time.Millisecond))
+	if p99 := ctlPub.pct(99); len(ctlPub.took) == 0 || p99 > limit {
+		t.Errorf("control publish time p99 %v under the hostile load, over the bound of %v (baseline p99 %v)", p99.Round(time.Millisecond), limit.Round(time.Millisecond), baseline.Round(time.Millisecond))
+	}
 	n.wantClean()
-	t.Logf("teardown %v; took %v", time.Since(teardown).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("teardown %v; took %v", tookTeardown.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
