@@ -317,7 +317,8 @@ bench-memory: build-static
 ## pod, a connection of their own: EPHEMERA_FLEET_CONNS=shared for one) beside kubelet-like watchers, pods
 ## written by the ReplicaSet controller's service account; phases of EPHEMERA_FLEET_PHASE (60s), an API
 ## server outage of EPHEMERA_FLEET_OUTAGE (2m); EPHEMERA_FLEET_STORMS=shipped for the steady phase and the
-## shipped storms only (EPHEMERA_FLEET_WATCHERS_FIRST=1, EPHEMERA_FLEET_SLOWER=K). About 10 minutes at 200
+## shipped storms only (EPHEMERA_FLEET_WATCHERS_FIRST=1, EPHEMERA_FLEET_SLOWER=K; EPHEMERA_FLEET_APART=1: the
+## control plane and the kube-system probe in a cgroup of 10x the simulation's CPU weight). About 10 minutes at 200
 ## nodes on 2 cores, 14 at 1,000, 30 at 2,000 (the API server then holds about 3 GB per 1,000 nodes); the report goes to
 ## _output/bench-fleet.md, or EPHEMERA_FLEET_REPORT (docs/operations.md, "At fleet scale")
 bench-fleet:

@@ -13,14 +13,17 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,8 +56,13 @@ type apiServer struct {
 	etcd    *exec.Cmd
 	etcdURL string // its client URL (plain HTTP, loopback)
 	api     *exec.Cmd
-	hc      *http.Client
-	pool    *x509.CertPool
+	// cpuGroup, with EPHEMERA_FLEET_APART, is the cgroup (v1 cpu) of the
+	// control plane and the kube-system probe: ten times the CPU weight of
+	// the simulation's process, as a control plane has cores of its own
+	// and the drivers' client work runs on their nodes.
+	cpuGroup string
+	hc       *http.Client
+	pool     *x509.CertPool
 }
 
 func findBinaries(t testing.TB, repo string) string {
@@ -142,6 +150,9 @@ func startAPIServer(t testing.TB, binDir string, nodes int) *apiServer {
 		t.Fatal(err)
 	}
 
+	if os.Getenv("EPHEMERA_FLEET_APART") != "" {
+		s.cpuGroup = controlPlaneGroup(t)
+	}
 	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	client := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	s.etcdURL = client
@@ -191,8 +202,43 @@ func (s *apiServer) start(name, bin string, args ...string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
+	s.join(cmd.Process.Pid)
 	go func() { _ = cmd.Wait(); log.Close() }()
 	return cmd
+}
+
+// controlPlaneGroup makes the cgroup of EPHEMERA_FLEET_APART (cpu.shares
+// 10240, the default 1024) and removes it at the end, once its processes
+// are gone.
+func controlPlaneGroup(t testing.TB) string {
+	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/ephemera-fleet-%d", os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("EPHEMERA_FLEET_APART needs the cgroup v1 cpu controller: %v", err)
+	}
+	// Registered before stopAll, so run after it.
+	t.Cleanup(func() {
+		for range 50 {
+			if err := os.Remove(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("cgroup %s left behind", dir)
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte("10240"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// join moves process pid (all its threads) into cpuGroup, if any.
+func (s *apiServer) join(pid int) {
+	if s.cpuGroup == "" {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(s.cpuGroup, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		s.t.Fatalf("moving process %d into %s: %v", pid, s.cpuGroup, err)
+	}
 }
 
 // startAPI starts kube-apiserver and waits for /readyz.

@@ -3,6 +3,7 @@
 package fleet
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,12 +11,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ephemera-csi/ephemera/api"
@@ -517,6 +521,9 @@ func (f *fleet) report(results []phaseResult, began time.Time, phase, outage tim
 	if !f.ownConns {
 		conns = "every driver and kubelet-like watcher on one shared connection (EPHEMERA_FLEET_CONNS=shared)"
 	}
+	if f.s.cpuGroup != "" {
+		conns += "; the control plane and the kube-system probe (a process of its own) at ten times the simulation's CPU weight (EPHEMERA_FLEET_APART)"
+	}
 	report := fmt.Sprintf("## bench-fleet: %d nodes, %d pods per node (%d pods, and a driver pod per node), phases of %s, outage %s; run time %s\n\n"+
 		"%s; load average at start %s, at end %s\n\n",
 		f.nodes, f.pods, f.nodes*f.pods, phase, outage, time.Since(began).Round(time.Second), conns, f.loadStart, loadavg())
@@ -904,26 +911,31 @@ func (f *fleet) churn(ctx context.Context, d time.Duration) {
 // probeKubeSystem lists namespaces as a kube-system service account every
 // 50 ms (CoreDNS's cluster-wide reads fall in the same bootstrap flow as the
 // drivers' without their FlowSchema) until the returned stop, which reports
-// the latencies.
+// the latencies. With EPHEMERA_FLEET_APART it runs in a process of its own
+// (TestFleetProbe, in the control plane's cgroup), as CoreDNS runs apart from
+// the drivers; else in this one, whose 4,000 clients then share its CPU.
 func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
-	// A connection of its own, as CoreDNS has, whatever EPHEMERA_FLEET_CONNS:
-	// the probe's requests queue in the API server only.
-	cfg := f.s.tokenConfig(f.probeToken, "coredns", 100, 100, true)
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	// Its connection (TLS handshake, token check) set up before the clock
-	// starts, as CoreDNS's long-lived one is.
-	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
-		f.t.Logf("kube-system client's first request: %v", err)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	var lat []time.Duration
 	var slow []string // when the requests over 100 ms started, from the probe's start
 	var errs int
+	record := func(at, d time.Duration, failed bool) {
+		if failed {
+			errs++
+		}
+		lat = append(lat, d)
+		if d > 100*time.Millisecond {
+			slow = append(slow, fmt.Sprintf("+%.1fs %s", at.Seconds(), d.Round(time.Millisecond)))
+		}
+	}
 	done := make(chan struct{})
-	begin := time.Now()
+	var begin time.Time
+	var finish func()
+	if f.s.cpuGroup != "" {
+		begin, finish = f.probeApart(ctx, record, done)
+	} else {
+		begin, finish = f.probeHere(ctx, record, done)
+	}
 	// etcd's compactions (the API server asks for one every 5 minutes),
 	// polled every second: when a slow request of the probe falls on one,
 	// the report says so.
@@ -943,32 +955,11 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 			}
 		}
 	}()
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			t0 := time.Now()
-			_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				errs++
-			}
-			d := time.Since(t0)
-			lat = append(lat, d)
-			if d > 100*time.Millisecond {
-				slow = append(slow, fmt.Sprintf("+%.1fs %s", t0.Sub(begin).Seconds(), d.Round(time.Millisecond)))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
 	return func() string {
 		cancel()
 		<-done
 		<-compacted
-		if tr, ok := cfg.Transport.(*http.Transport); ok {
-			tr.CloseIdleConnections()
-		}
+		finish()
 		if len(lat) == 0 {
 			return "no request"
 		}
@@ -982,6 +973,116 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 			out += "; etcd compacted at " + strings.Join(compactions, ", ") + " (within the second before)"
 		}
 		return out
+	}
+}
+
+// probeHere is probeKubeSystem's loop in this process: it records every
+// request until ctx ends, then closes done.
+func (f *fleet) probeHere(ctx context.Context, record func(at, d time.Duration, failed bool), done chan struct{}) (begin time.Time, finish func()) {
+	// A connection of its own, as CoreDNS has, whatever EPHEMERA_FLEET_CONNS:
+	// the probe's requests queue in the API server only.
+	cfg := f.s.tokenConfig(f.probeToken, "coredns", 100, 100, true)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	// Its connection (TLS handshake, token check) set up before the clock
+	// starts, as CoreDNS's long-lived one is.
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		f.t.Logf("kube-system client's first request: %v", err)
+	}
+	begin = time.Now()
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			t0 := time.Now()
+			_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+			if ctx.Err() != nil {
+				return
+			}
+			record(t0.Sub(begin), time.Since(t0), err != nil)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return begin, func() {
+		if tr, ok := cfg.Transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
+	}
+}
+
+// probeApart runs probeKubeSystem's loop as TestFleetProbe in a process of
+// its own, in the control plane's cgroup, and records the requests it
+// reports (one line each) until ctx ends; then closes done.
+func (f *fleet) probeApart(ctx context.Context, record func(at, d time.Duration, failed bool), done chan struct{}) (begin time.Time, finish func()) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFleetProbe$")
+	cmd.Env = append(os.Environ(), "EPHEMERA_FLEET_PROBE_URL="+f.s.url, "EPHEMERA_FLEET_PROBE_CA="+f.s.caFile, "EPHEMERA_FLEET_PROBE_TOKEN="+f.probeToken)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.s.join(cmd.Process.Pid)
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && lines.Text() != "ready" {
+	}
+	begin = time.Now()
+	go func() {
+		defer close(done)
+		for lines.Scan() {
+			var at, d int64
+			var failed bool
+			if n, _ := fmt.Sscan(lines.Text(), &at, &d, &failed); n == 3 {
+				record(time.Duration(at), time.Duration(d), failed)
+			}
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = stdin.Close() // the probe stops at its stdin's end
+	}()
+	return begin, func() { _ = cmd.Wait() }
+}
+
+// TestFleetProbe is the kube-system probe in a process of its own
+// (EPHEMERA_FLEET_APART; probeApart starts it): after one request that sets
+// up its connection it prints "ready", then a line per request, "START
+// DURATION FAILED" (nanoseconds from ready, nanoseconds, true or false),
+// every 50 ms until its stdin ends.
+func TestFleetProbe(t *testing.T) {
+	url := os.Getenv("EPHEMERA_FLEET_PROBE_URL")
+	if url == "" {
+		t.Skip("the fleet simulation's kube-system probe, run by TestFleet (EPHEMERA_FLEET_APART)")
+	}
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: url, BearerToken: os.Getenv("EPHEMERA_FLEET_PROBE_TOKEN"), QPS: 100, Burst: 100,
+		UserAgent: "fleet-sim/coredns", TLSClientConfig: rest.TLSClientConfig{CAFile: os.Getenv("EPHEMERA_FLEET_PROBE_CA")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Logf("first request: %v", err)
+	}
+	fmt.Println("ready")
+	begin := time.Now()
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if ctx.Err() != nil {
+			return
+		}
+		fmt.Printf("%d %d %t\n", t0.Sub(begin), time.Since(t0), err != nil)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
