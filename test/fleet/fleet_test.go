@@ -535,6 +535,12 @@ func (f *fleet) report(results []phaseResult, began time.Time, phase, outage tim
 		if err := os.WriteFile(p, []byte(report), 0o644); err != nil {
 			f.t.Error(err)
 		}
+		// The API server's log beside it (with GODEBUG=gctrace=1, its
+		// collections, "@" seconds since its start, against the probe's
+		// slow requests and its start in UTC).
+		if b, err := os.ReadFile(filepath.Join(f.s.root, "kube-apiserver.log")); err == nil {
+			_ = os.WriteFile(strings.TrimSuffix(p, ".md")+"-apiserver.log", b, 0o644)
+		}
 	}
 }
 
@@ -967,7 +973,7 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(100 * time.Microsecond) }
 		out := fmt.Sprintf("%d requests, %d failed, p50 %s, p99 %s, max %s; %d over 100 ms", len(lat), errs, q(0.5), q(0.99), lat[len(lat)-1].Round(100*time.Microsecond), len(slow))
 		if len(slow) > 0 {
-			out += " (from the client's start: " + strings.Join(slow[:min(len(slow), 24)], ", ") + ")"
+			out += " (from the client's start: " + strings.Join(slow[:min(len(slow), 24)], ", ") + "; it started " + begin.UTC().Format("15:04:05.000") + " UTC)"
 		}
 		if len(compactions) > 0 {
 			out += "; etcd compacted at " + strings.Join(compactions, ", ") + " (within the second before)"
