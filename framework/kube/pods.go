@@ -230,7 +230,7 @@ func (p *Pods) Run(ctx context.Context) error {
 		}
 		if window > p.opts.StartJitter {
 			rest := spread.Rest(d, p.opts.StartJitter, window)
-			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, rest, logkeys.Window, window)
+			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, d+rest, logkeys.Window, window)
 			if rest > 0 && !p.opts.sleep(ctx, rest) {
 				return nil
 			}
