@@ -87,6 +87,7 @@ func NewFleetSize(opts FleetSizeOptions) (*FleetSize, error) {
 	m := &FleetSize{opts: opts, start: time.Now(), sem: make(chan struct{}, 1)}
 	m.first = opts.delay(FleetSizeReadWindow)
 	m.found = m.remembered()
+	m.sweep()
 	return m, nil
 }
 
@@ -162,6 +163,26 @@ func (m *FleetSize) remembered() int {
 		return 0
 	}
 	return n
+}
+
+// staleTemp is the age from which a temporary file beside Path is a
+// leftover: one written is renamed within microseconds, unless its process
+// died in between (a kill, the node's reboot).
+const staleTemp = time.Minute
+
+// sweep removes the temporary files beside Path that remember left when its
+// process died between writing and renaming; a driver of a rollout's surge
+// still writing one of its own (younger than staleTemp) keeps it.
+func (m *FleetSize) sweep() {
+	if m.opts.Path == "" {
+		return
+	}
+	tmp, _ := filepath.Glob(m.opts.Path + ".tmp-*")
+	for _, p := range tmp {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() && time.Since(fi.ModTime()) > staleTemp {
+			_ = os.Remove(p)
+		}
+	}
 }
 
 // remember writes n to Path, through a temporary file of its own and a

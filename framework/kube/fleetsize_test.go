@@ -109,6 +109,41 @@ func TestFleetSize(t *testing.T) {
 	}
 }
 
+// A driver killed between writing the size and renaming it left a temporary
+// file beside Path: the next NewFleetSize removes it, not one younger than
+// staleTemp (another driver's on the same state directory, still writing)
+// nor anything else in the directory.
+func TestFleetSizeSweepsLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fleet-size")
+	old := filepath.Join(dir, "fleet-size.tmp-111")
+	young := filepath.Join(dir, "fleet-size.tmp-222")
+	other := filepath.Join(dir, "volumes.db.tmp-333")
+	for _, p := range []string{old, young, other} {
+		if err := os.WriteFile(p, []byte("1000\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := time.Now().Add(-2 * staleTemp)
+	for _, p := range []string{old, other} {
+		if err := os.Chtimes(p, long, long); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(context.Context) (int, error) { return 1000, nil }
+	if _, err := NewFleetSize(FleetSizeOptions{Path: path, Get: get}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the leftover %s: %v, want it removed", old, err)
+	}
+	for _, p := range []string{young, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: %v, want it kept", p, err)
+		}
+	}
+}
+
 // A caller that gives up before the read's point gets its context's error and
 // leaves the read to the next caller; a failed read is the answer of every
 // caller (they fall back to their own windows), remembered nowhere; no Path

@@ -38,6 +38,23 @@ func FleetStartJitter(drivers int) time.Duration {
 	return spread.Window(drivers, DefaultStartJitter)
 }
 
+// FleetSizeWait is how long the framework's start-up work (Pods' first list,
+// the CSIDriver check) waits for FleetSize.Size: the read at its point of
+// FleetSizeReadWindow and 10 s for the read itself. A driver that spreads
+// start-up work of its own as they do waits as long.
+const FleetSizeWait = spread.SizeTimeout
+
+// FleetStartRest is what start-up work spread as Pods' first list waits once
+// it has learnt the fleet's window w, after a delay d drawn from [0, least)
+// before it asked: the same fraction of w as d is of least, less d (0 when w
+// is no longer than least). So the work of a fleet whose size was remembered
+// falls uniformly over w; the time the answer took is not taken off, so that
+// a first start's work, whose answers come over FleetSizeReadWindow, never
+// bunches up.
+func FleetStartRest(d, least, w time.Duration) time.Duration {
+	return spread.Rest(d, least, w)
+}
+
 // PodsOptions configure Pods.
 type PodsOptions struct {
 	// Client lists and watches the pods of all namespaces: Client.Pods, or
@@ -71,8 +88,8 @@ type PodsOptions struct {
 	// window (FleetStartJitter's, no shorter than StartJitter) from the
 	// answer: a fleet-wide restart of 1,000 drivers lists over
 	// 50 s, 5,000 over about four minutes, at about 20 drivers a second. An
-	// error (RBAC, the API server down), or no answer within 40 s
-	// (FleetSizeReadWindow and 10 s), leaves StartJitter, logged. Ignored
+	// error (RBAC, the API server down), or no answer within FleetSizeWait
+	// (40 s), leaves StartJitter, logged. Ignored
 	// when StartJitter is negative. Defaults to nil: StartJitter.
 	FleetSize func(ctx context.Context) (int, error)
 	// Logger logs the sync. Defaults to klog.Background().
@@ -215,7 +232,7 @@ func (p *Pods) Run(ctx context.Context) error {
 		// The delay is a fraction f of the window, drawn once: f of
 		// StartJitter is waited before FleetSize is asked (so that a
 		// fleet's reads of its size are spread too), f of the rest of the
-		// fleet's window after the answer (spread.Rest). With sizes that
+		// fleet's window after the answer (FleetStartRest). With sizes that
 		// answer at once (remembered), every driver's list falls uniformly
 		// in the fleet's window; a first start's, after its read, spread
 		// over the read's window and the fleet's.
@@ -229,7 +246,7 @@ func (p *Pods) Run(ctx context.Context) error {
 			return nil
 		}
 		if window > p.opts.StartJitter {
-			rest := spread.Rest(d, p.opts.StartJitter, window)
+			rest := FleetStartRest(d, p.opts.StartJitter, window)
 			log.V(4).Info("Waiting before the first list of the node's pods (the fleet's window)", logkeys.Duration, d+rest, logkeys.Window, window)
 			if rest > 0 && !p.opts.sleep(ctx, rest) {
 				return nil
@@ -264,7 +281,7 @@ func (p *Pods) window(ctx context.Context) time.Duration {
 		return p.opts.StartJitter
 	}
 	log := p.opts.Logger.WithValues(logkeys.Node, p.opts.NodeName)
-	fctx, cancel := context.WithTimeout(ctx, spread.SizeTimeout)
+	fctx, cancel := context.WithTimeout(ctx, FleetSizeWait)
 	n, err := p.opts.FleetSize(fctx)
 	cancel()
 	if err != nil {
