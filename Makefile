@@ -330,10 +330,11 @@ bench-fleet:
 ## kube-apiserver and etcd it takes): EPHEMERA_FLEET_NODES (default 20) nodes of 30 pods whose drivers all
 ## restart at once, failing unless the restart's counts are exactly O(node): one LIST per driver by the
 ## spec.nodeName index fetching its node's 30 pods and its own, no watch-list initial events, one CSIDriver read, no 429
-## (about a minute with the API server's start)
+## (about a minute with the API server's start); and TestGCMarks, the report's reading of the API server's
+## GODEBUG=gctrace=1 collections against the kube-system probe's slow requests
 bench-fleet-smoke:
 	EPHEMERA_FLEET_SMOKE=1 EPHEMERA_FLEET_NODES=$${EPHEMERA_FLEET_NODES:-20} \
-	  $(GO) test -tags fleet -count=1 -timeout 10m -run '^TestFleetSmoke$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
+	  $(GO) test -tags fleet -count=1 -timeout 10m -run '^(TestFleetSmoke|TestGCMarks)$$' -v ./test/fleet/ 2>&1 | grep -v '^[IEW][0-9]'; exit $${PIPESTATUS[0]}
 
 ## manifests: test/manifests (own module): tidy check, invariant tests (the chart's README current among
 ## them), helm lint, and every deploy target (kustomize overlays, admission policy, helm template) rendered into _output/manifests

@@ -31,6 +31,7 @@ import (
 
 	"github.com/ephemera-csi/ephemera/api"
 	"github.com/ephemera-csi/ephemera/test/e2e/logind"
+	"github.com/ephemera-csi/ephemera/test/internal/machine"
 )
 
 // The soak (issue 45): workloads churn through their real owners (Deployments
@@ -729,10 +730,10 @@ func (s *soak) runSchedule(ctx context.Context, length time.Duration) {
 	kinds := s.kinds
 	rounds := soakRoundsFor(length)
 	end := s.start.Add(length)
-	s.load = append(s.load, loadAvg())
+	s.load = append(s.load, machine.LoadAvg())
 	defer func() {
 		s.churned = time.Since(s.start)
-		s.load = append(s.load, loadAvg())
+		s.load = append(s.load, machine.LoadAvg())
 	}()
 	// A first calm: the workloads start.
 	first := time.Now().Add(20 * time.Second)
@@ -837,16 +838,6 @@ func (s *soak) inject(ctx context.Context, k faultKind) bool {
 	s.phase = "calm"
 	s.mu.Unlock()
 	return true
-}
-
-// loadAvg is /proc/loadavg's first three fields.
-func loadAvg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func (s *soak) sleepUntil(t time.Time) {

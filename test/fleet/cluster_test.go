@@ -56,6 +56,11 @@ type apiServer struct {
 	etcd    *exec.Cmd
 	etcdURL string // its client URL (plain HTTP, loopback)
 	api     *exec.Cmd
+	// apiStarted is when the running kube-apiserver was started and
+	// apiLogAt where its output begins in kube-apiserver.log (for
+	// gcMarks, with GODEBUG=gctrace=1).
+	apiStarted time.Time
+	apiLogAt   int64
 	// cpuGroup, with EPHEMERA_FLEET_APART, is the cgroup (v1 cpu) of the
 	// control plane and the kube-system probe: ten times the CPU weight of
 	// the simulation's process, as a control plane has cores of its own
@@ -243,6 +248,11 @@ func (s *apiServer) join(pid int) {
 
 // startAPI starts kube-apiserver and waits for /readyz.
 func (s *apiServer) startAPI() {
+	s.apiLogAt = 0
+	if fi, err := os.Stat(filepath.Join(s.root, "kube-apiserver.log")); err == nil {
+		s.apiLogAt = fi.Size()
+	}
+	s.apiStarted = time.Now()
 	s.api = s.start("kube-apiserver", filepath.Join(s.binDir, "kube-apiserver"), s.apiArgs...)
 	s.waitHTTP(s.url+"/readyz", s.tokens[adminUser], 90*time.Second)
 }
@@ -292,6 +302,16 @@ func (s *apiServer) waitHTTP(url, tok string, d time.Duration) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// apiGCMarks are the running kube-apiserver's collections so far (none
+// without GODEBUG=gctrace=1).
+func (s *apiServer) apiGCMarks() []span {
+	b, err := os.ReadFile(filepath.Join(s.root, "kube-apiserver.log"))
+	if err != nil || int64(len(b)) < s.apiLogAt {
+		return nil
+	}
+	return gcMarks(b[s.apiLogAt:], s.apiStarted)
 }
 
 func tail(b []byte, n int) []byte {
@@ -404,17 +424,6 @@ func machineCPU() (busy, total float64) {
 		}
 	}
 	return busy, total
-}
-
-// loadavg is the machine's load average (1, 5, 15 minutes), as uptime
-// prints it.
-func loadavg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func (s *apiServer) admin() kubernetes.Interface {

@@ -19,7 +19,12 @@
 // Each phase is measured from the API server's /metrics (per priority level
 // and flow schema too), its priority levels' queues
 // (/debug/api_priority_and_fairness/dump_queues, sampled) and /proc; the
-// report goes to stdout and EPHEMERA_FLEET_REPORT.
+// report goes to stdout and EPHEMERA_FLEET_REPORT (the API server's log
+// beside it). The kube-system client's slow requests are put against etcd's
+// compactions and, when the bench runs with GODEBUG=gctrace=1 (which the API
+// server inherits), against the API server's garbage collections: how many
+// fell within a collection's mark phase, and what share of the phase the
+// marks covered.
 //
 // docs/operations.md, "At fleet scale", has the numbers and the extrapolation.
 package fleet

@@ -40,6 +40,7 @@ import (
 	"github.com/ephemera-csi/ephemera/framework"
 	"github.com/ephemera-csi/ephemera/framework/events"
 	"github.com/ephemera-csi/ephemera/framework/kube"
+	"github.com/ephemera-csi/ephemera/test/internal/machine"
 )
 
 const driverName = "scratch.csi.ephemera.dev"
@@ -327,7 +328,7 @@ func TestFleet(t *testing.T) {
 // perNode pods on each of nodes nodes in ten namespaces.
 func newFleet(t *testing.T, repo string, nodes, perNode int) *fleet {
 	s := startAPIServer(t, findBinaries(t, repo), nodes)
-	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode, loadStart: loadavg(), sizeDir: t.TempDir()}
+	f := &fleet{t: t, s: s, admin: s.admin(), nodes: nodes, pods: perNode, loadStart: machine.LoadAvg(), sizeDir: t.TempDir()}
 	ctx := t.Context()
 	// CoreDNS's read of namespaces, for the kube-system client that measures
 	// its latency.
@@ -526,7 +527,7 @@ func (f *fleet) report(results []phaseResult, began time.Time, phase, outage tim
 	}
 	report := fmt.Sprintf("## bench-fleet: %d nodes, %d pods per node (%d pods, and a driver pod per node), phases of %s, outage %s; run time %s\n\n"+
 		"%s; load average at start %s, at end %s\n\n",
-		f.nodes, f.pods, f.nodes*f.pods, phase, outage, time.Since(began).Round(time.Second), conns, f.loadStart, loadavg())
+		f.nodes, f.pods, f.nodes*f.pods, phase, outage, time.Since(began).Round(time.Second), conns, f.loadStart, machine.LoadAvg())
 	for _, r := range results {
 		report += r.String()
 	}
@@ -837,18 +838,16 @@ func (f *fleet) startDriver(ctx context.Context, i int, m mode) *driverSim {
 				return
 			}
 			if fleetSize != nil {
-				// As the framework's: its wait for the size
-				// (internal/spread's SizeTimeout), then wait's
-				// fraction of the window, less wait (spread.Rest).
-				sctx, cancel := context.WithTimeout(ctx, kube.FleetSizeReadWindow+10*time.Second)
+				// As the framework's: its wait for the size, then
+				// wait's fraction of the window, less wait.
+				sctx, cancel := context.WithTimeout(ctx, kube.FleetSizeWait)
 				n, err := fleetSize(sctx)
 				if errors.Is(sctx.Err(), context.DeadlineExceeded) {
 					f.fleetSizeErrors.Add(1) // no answer in time (a failed read counts in Get)
 				}
 				cancel()
 				w := max(least, kube.FleetStartJitter(n))
-				rest := max(time.Duration(float64(w)*float64(wait)/float64(least))-wait, 0)
-				if err == nil && !sleep(ctx, rest) {
+				if err == nil && !sleep(ctx, kube.FleetStartRest(wait, least, w)) {
 					return
 				}
 			}
@@ -924,6 +923,7 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 	ctx, cancel := context.WithCancel(ctx)
 	var lat []time.Duration
 	var slow []string // when the requests over 100 ms started, from the probe's start
+	var slowAt []time.Duration
 	var errs int
 	record := func(at, d time.Duration, failed bool) {
 		if failed {
@@ -932,6 +932,7 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		lat = append(lat, d)
 		if d > 100*time.Millisecond {
 			slow = append(slow, fmt.Sprintf("+%.1fs %s", at.Seconds(), d.Round(time.Millisecond)))
+			slowAt = append(slowAt, at, at+d)
 		}
 	}
 	done := make(chan struct{})
@@ -963,6 +964,7 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 	}()
 	return func() string {
 		cancel()
+		end := time.Now()
 		<-done
 		<-compacted
 		finish()
@@ -977,6 +979,15 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		}
 		if len(compactions) > 0 {
 			out += "; etcd compacted at " + strings.Join(compactions, ", ") + " (within the second before)"
+		}
+		// With GODEBUG=gctrace=1 (passed on to the API server): its
+		// collections against the slow requests.
+		var spans []span
+		for i := 0; i+1 < len(slowAt); i += 2 {
+			spans = append(spans, span{begin.Add(slowAt[i]), begin.Add(slowAt[i+1])})
+		}
+		if gc := gcAgainst(f.s.apiGCMarks(), span{begin, end}, spans); gc != "" {
+			out += "; " + gc
 		}
 		return out
 	}
