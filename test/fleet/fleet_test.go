@@ -922,8 +922,8 @@ func (f *fleet) churn(ctx context.Context, d time.Duration) {
 func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 	ctx, cancel := context.WithCancel(ctx)
 	var lat []time.Duration
-	var slow []string // when the requests over 100 ms started, from the probe's start
-	var slowAt []time.Duration
+	var slow []string             // when the requests over 100 ms started, from the probe's start
+	var slowAt [][2]time.Duration // their start and end, from the probe's start
 	var errs int
 	record := func(at, d time.Duration, failed bool) {
 		if failed {
@@ -932,7 +932,7 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		lat = append(lat, d)
 		if d > 100*time.Millisecond {
 			slow = append(slow, fmt.Sprintf("+%.1fs %s", at.Seconds(), d.Round(time.Millisecond)))
-			slowAt = append(slowAt, at, at+d)
+			slowAt = append(slowAt, [2]time.Duration{at, at + d})
 		}
 	}
 	done := make(chan struct{})
@@ -983,8 +983,8 @@ func (f *fleet) probeKubeSystem(ctx context.Context) (stop func() string) {
 		// With GODEBUG=gctrace=1 (passed on to the API server): its
 		// collections against the slow requests.
 		var spans []span
-		for i := 0; i+1 < len(slowAt); i += 2 {
-			spans = append(spans, span{begin.Add(slowAt[i]), begin.Add(slowAt[i+1])})
+		for _, r := range slowAt {
+			spans = append(spans, span{begin.Add(r[0]), begin.Add(r[1])})
 		}
 		if gc := gcAgainst(f.s.apiGCMarks(), span{begin, end}, spans); gc != "" {
 			out += "; " + gc
